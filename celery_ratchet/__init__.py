@@ -1,0 +1,38 @@
+"""celery_ratchet: Celery tasks run out of your SQL database, with no message broker.
+
+    app = Celery("shop", task_cls="celery_ratchet:RatchetTask")
+    app.conf.ratchet_url = "postgresql://localhost/shop"
+
+Names are imported lazily, so the pure and store layers never pull in Celery.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "RatchetTask": "celery_ratchet.celery.task",
+    "install": "celery_ratchet.celery.app",
+    "bulk": "celery_ratchet.celery.sender",
+    "RatchetError": "celery_ratchet.errors",
+    "StoreUnavailable": "celery_ratchet.errors",
+    "PayloadTooLarge": "celery_ratchet.errors",
+    "DuplicateJob": "celery_ratchet.errors",
+    "SerializerNotAllowed": "celery_ratchet.errors",
+    "ConfigurationError": "celery_ratchet.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'celery_ratchet' has no attribute {name!r}") from None
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value

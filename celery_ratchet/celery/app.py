@@ -1,0 +1,149 @@
+"""Turning a Celery app into a ratchet app, and the per-app ratchet state."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from celery import Celery, signals
+from celery.utils.imports import symbol_by_name
+
+from celery_ratchet.errors import ConfigurationError
+from celery_ratchet.settings import RatchetSettings
+from celery_ratchet.store.jobstore import JobStore
+
+logger = logging.getLogger(__name__)
+
+_STATE_ATTR = "_ratchet_state"
+_INSTALL_LOCK = threading.RLock()
+#: Broker URL of every ratchet app: an in-process transport, so nothing is ever contacted.
+NO_BROKER = "memory://"
+
+
+class RatchetState:
+    """What one Celery app needs to talk to its job store."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self._settings: RatchetSettings | None = None
+        self._store: JobStore | None = None
+        self._store_pid = 0
+        self._lock = threading.Lock()
+        #: The running worker's runtime, in the worker's main process only.
+        self.runtime: Any = None
+
+    @property
+    def settings(self) -> RatchetSettings:
+        if self._settings is None:
+            self._settings = RatchetSettings.from_sources(self.app.conf, os.environ)
+        return self._settings
+
+    @property
+    def store(self) -> JobStore:
+        """The job store of this app in this process (re-created after a fork)."""
+        with self._lock:
+            if self._store is None or self._store_pid != os.getpid():
+                settings = self.settings
+                self._store = JobStore(settings.url, create_schema=settings.create_schema)
+                self._store_pid = os.getpid()
+            return self._store
+
+    def reset(self) -> None:
+        """Forget cached settings and store, e.g. after the configuration changed."""
+        with self._lock:
+            self._settings = None
+            self._store = None
+
+
+def ratchet_state(app: Celery) -> RatchetState:
+    state = app.__dict__.get(_STATE_ATTR)
+    if state is None:
+        with _INSTALL_LOCK:
+            state = app.__dict__.get(_STATE_ATTR)
+            if state is None:
+                state = RatchetState(app)
+                setattr(app, _STATE_ATTR, state)
+    return state
+
+
+def is_ratchet_app(app: Celery) -> bool:
+    if _STATE_ATTR in app.__dict__:
+        return True
+    from celery_ratchet.celery.task import RatchetTask
+
+    try:
+        task_cls = symbol_by_name(app.task_cls)
+    except Exception:
+        return False
+    return isinstance(task_cls, type) and issubclass(task_cls, RatchetTask)
+
+
+def install(app: Celery) -> Celery:
+    """Make ``app`` send to and run from its job store. Idempotent; ``task_cls`` does this."""
+    from celery_ratchet.celery.consumer import JobConsumer
+
+    with _INSTALL_LOCK:
+        if getattr(app, "_ratchet_installed", False):
+            return app
+        app._ratchet_installed = True  # type: ignore[attr-defined]
+        ratchet_state(app)
+        app.amqp_cls = "celery_ratchet.celery.sender:RatchetAMQP"
+        app.__dict__.pop("amqp", None)
+        app.control_cls = "celery_ratchet.celery.control:RatchetControl"
+        app.__dict__.pop("control", None)
+        app.steps["consumer"].add(JobConsumer)
+        _connect_worker_signals()
+        if app.configured:
+            apply_defaults(app)
+        else:
+            app.on_after_configure.connect(_on_configured, weak=False)
+    return app
+
+
+def _on_configured(sender: Celery, **_: Any) -> None:
+    apply_defaults(sender)
+
+
+def apply_defaults(app: Celery) -> None:
+    """Settings every ratchet app needs: results in the store, no broker."""
+    conf = app.conf
+    backend = conf.result_backend
+    if not backend:
+        conf.result_backend = "ratchet://"
+        app._local.__dict__.pop("backend", None)
+    elif isinstance(backend, str) and backend.startswith("rpc"):
+        raise ConfigurationError(
+            "result_backend 'rpc://' sends results over the broker, and a ratchet app has none; "
+            "remove result_backend to store results in the job store (the default)"
+        )
+    forget_broker(app)
+
+
+def forget_broker(app: Celery) -> None:
+    conf = app.conf
+    conf.broker_url = NO_BROKER
+    conf.broker_read_url = None
+    conf.broker_write_url = None
+    # Remote control travels over the broker; ratchet workers are managed through the store.
+    conf.worker_enable_remote_control = False
+
+
+_signals_connected = False
+
+
+def _connect_worker_signals() -> None:
+    global _signals_connected
+    if not _signals_connected:
+        _signals_connected = True
+        signals.celeryd_init.connect(_on_worker_init, weak=False)
+
+
+def _on_worker_init(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    # Runs before the worker looks at its broker: the user's broker_url may have been set
+    # (or set again) after the app was configured.
+    app = getattr(instance, "app", None)
+    if app is not None and is_ratchet_app(app):
+        install(app)
+        forget_broker(app)

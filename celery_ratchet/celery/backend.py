@@ -1,0 +1,232 @@
+"""Celery result backend reading and writing the job rows themselves.
+
+A task's result is stored on its job row (``job_result`` as JSON, ``result_type`` the Python
+type name); failures keep Celery's exception record in ``last_error``. Writes made while a
+claim is held are compare-and-swaps on that claim, so a worker that lost the job cannot
+overwrite what its new owner stores.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import states
+from celery.backends.base import BaseBackend
+from celery.result import result_from_tuple
+from kombu.exceptions import EncodeError
+from kombu.serialization import loads
+from kombu.utils import json as kjson
+
+from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.message import CLAIM_HEADER, check_serializer
+from celery_ratchet.domain.job import JobStatus, ResultRecord
+from celery_ratchet.errors import StoreUnavailable
+from celery_ratchet.store.jobstore import JobStore
+
+logger = logging.getLogger(__name__)
+
+_FINAL = {
+    states.SUCCESS: JobStatus.SUCCEEDED,
+    states.FAILURE: JobStatus.FAILED,
+    states.REVOKED: JobStatus.REVOKED,
+}
+_CELERY_STATE = {
+    JobStatus.SUCCEEDED: states.SUCCESS,
+    JobStatus.FAILED: states.FAILURE,
+    JobStatus.REVOKED: states.REVOKED,
+    JobStatus.IGNORED: states.IGNORED,
+}
+
+
+def type_name(value: Any) -> str:
+    kind = type(value)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def exception_record(exc: BaseException) -> str:
+    """Celery's JSON form of an exception, as stored in ``last_error``."""
+    kind = type(exc)
+    return str(kjson.dumps({
+        "exc_type": kind.__qualname__,
+        "exc_message": [str(a) for a in exc.args] if exc.args else [str(exc)],
+        "exc_module": kind.__module__,
+    }))
+
+
+class RatchetBackend(BaseBackend):
+    """Results in the job store (``result_backend = "ratchet://"``, the default of ratchet apps)."""
+
+    persistent = True
+    supports_autoexpire = False
+
+    def __init__(self, app: Any = None, url: str | None = None, **kwargs: Any) -> None:
+        super().__init__(app, url=url, **kwargs)
+        check_serializer(self.serializer, ratchet_state(self.app).settings.allow_pickle)
+
+    @property
+    def store(self) -> JobStore:
+        return ratchet_state(self.app).store
+
+    def as_uri(self, include_password: bool = False) -> str:
+        return f"ratchet://{self.store.url if include_password else self.store.display_url}"
+
+    def exception_safe_to_retry(self, exc: BaseException) -> bool:
+        return isinstance(exc, StoreUnavailable)
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def _store_result(self, task_id: str, result: Any, state: str, traceback: str | None = None,
+                      request: Any = None, **kwargs: Any) -> Any:
+        token = _claim_token(request)
+        status = _FINAL.get(state)
+        if status is None:  # STARTED, RETRY, or a custom state from update_state()
+            self._store_progress(task_id, token, result, state, traceback)
+            return result
+        values: dict[str, Any] = {"result_meta": self._result_meta(request)}
+        if status is JobStatus.SUCCEEDED:
+            values["job_result"], values["result_type"] = self._encode_value(task_id, result)
+        else:
+            values["error"] = self._encode_json(result)
+            values["traceback"] = traceback
+        if token is not None:
+            if not self.store.store_outcome(task_id, token, status, **values):
+                logger.warning(
+                    "ratchet: result of job %s not stored: the job is no longer held by this "
+                    "execution (already finished, or recovered from a node presumed dead)",
+                    task_id,
+                )
+        else:
+            name = getattr(request, "task", None) or ""
+            self.store.store_untracked_result(task_id, name, status, **values)
+        return result
+
+    def _store_progress(self, task_id: str, token: str | None, result: Any, state: str,
+                        traceback: str | None) -> None:
+        if state == states.RETRY:
+            self.store.note_retry(task_id, self._encode_json(result), traceback)
+        elif token is not None:
+            meta = self._encode_json({"state": state, "result": result})
+            self.store.store_progress(task_id, token, meta, started=state == states.STARTED)
+
+    def _encode_json(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        try:
+            return str(kjson.dumps(value))
+        except TypeError:
+            return str(kjson.dumps(repr(value)))
+
+    def _encode_value(self, task_id: str, value: Any) -> tuple[str | None, str | None]:
+        if value is None:
+            return None, None
+        try:
+            encoded = self.encode(value)
+        except (EncodeError, TypeError, ValueError) as exc:
+            logger.warning(
+                "ratchet: result of job %s (a %s) cannot be serialised as %s and is not "
+                "stored; the job still succeeded: %s",
+                task_id, type_name(value), self.serializer, exc,
+            )
+            return None, type_name(value)
+        text = encoded.decode(self.content_encoding) if isinstance(encoded, bytes) else encoded
+        return text, type_name(value)
+
+    def _result_meta(self, request: Any) -> str | None:
+        children = self.current_task_children(request)
+        return self._encode_json({"children": children}) if children else None
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _get_task_meta_for(self, task_id: str) -> dict[str, Any]:
+        record = self.store.result(task_id)
+        if record is None:
+            return {"status": states.PENDING, "result": None, "task_id": task_id}
+        return self._meta(record)
+
+    def _meta(self, record: ResultRecord) -> dict[str, Any]:
+        extra = kjson.loads(record.result_meta) if record.result_meta else {}
+        state, result = self._state_and_result(record, extra)
+        meta: dict[str, Any] = {
+            "task_id": record.job_id,
+            "status": state,
+            "result": result,
+            "traceback": record.error_traceback if state in states.EXCEPTION_STATES else None,
+            "children": extra.get("children") or [],
+            "date_done": record.finished_at,
+        }
+        if self.app.conf.find_value_for_key("extended", "result"):
+            args, kwargs = self._arguments(record)
+            meta.update(name=record.task_name, args=args, kwargs=kwargs,
+                        worker=record.picked_by, retries=record.attempts, queue=record.queue)
+        return meta
+
+    def _state_and_result(self, record: ResultRecord, extra: dict[str, Any]) -> tuple[str, Any]:
+        status = record.status
+        if status is JobStatus.SUCCEEDED:
+            value = self.decode(record.job_result) if record.job_result is not None else None
+            return states.SUCCESS, value
+        if status in (JobStatus.FAILED, JobStatus.REVOKED):
+            return _CELERY_STATE[status], self._exception(record.last_error)
+        if status is JobStatus.IGNORED:
+            return states.IGNORED, None
+        if status is JobStatus.RUNNING and "state" in extra:
+            return extra["state"], extra.get("result")
+        if status is JobStatus.PENDING and record.attempts > 0 and record.last_error:
+            return states.RETRY, self._exception(record.last_error)
+        return states.PENDING, None
+
+    def _exception(self, stored: str | None) -> BaseException | None:
+        if not stored:
+            return None
+        try:
+            record = kjson.loads(stored)
+        except ValueError:
+            record = stored
+        if isinstance(record, dict) and "exc_type" in record:
+            return self.exception_to_python(record)
+        return Exception(str(record))
+
+    def _arguments(self, record: ResultRecord) -> tuple[Any, Any]:
+        if not record.payload or not record.content_type:
+            return None, None
+        try:
+            body = loads(record.payload, record.content_type, record.content_encoding,
+                         accept=self.accept)
+        except Exception:
+            return None, None
+        return body[0], body[1]
+
+    # -- the rest of Celery's backend contract ----------------------------------------------
+
+    def _forget(self, task_id: str) -> None:
+        self.store.forget(task_id)
+
+    def _save_group(self, group_id: str, result: Any) -> Any:
+        self.store.save_group(group_id, str(self.encode({"result": result.as_tuple()})))
+        return result
+
+    def _restore_group(self, group_id: str) -> dict[str, Any] | None:
+        stored = self.store.load_group(group_id)
+        if stored is None:
+            return None
+        meta = self.decode(stored)
+        meta["result"] = result_from_tuple(meta["result"], self.app)
+        return meta  # type: ignore[no-any-return]
+
+    def _delete_group(self, group_id: str) -> None:
+        self.store.delete_group(group_id)
+
+    def cleanup(self) -> None:
+        """Clear stored return values older than ``result_expires`` (the rows stay)."""
+        if self.expires:
+            self.store.expire_results(float(self.expires))
+
+
+def _claim_token(request: Any) -> str | None:
+    if request is None:
+        return None
+    token = getattr(request, CLAIM_HEADER, None)
+    if token is None and isinstance(getattr(request, "headers", None), dict):
+        token = request.headers.get(CLAIM_HEADER)
+    return token

@@ -1,0 +1,140 @@
+"""The consumer bootstep that feeds Celery's worker from the job store instead of a broker.
+
+Each claimed row becomes a kombu message handed to the task's own strategy, exactly as a
+delivery from a broker would be: Celery then checks expiry and revocation, fires signals and
+events, applies rate limits, runs the task in the pool with its time limits, and reports the
+outcome through :class:`~celery_ratchet.celery.request.RatchetRequest`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from typing import Any
+
+from celery import bootsteps, signals
+from celery.exceptions import InvalidTaskError, NotRegistered
+from celery.utils.imports import symbol_by_name
+from kombu.exceptions import ContentDisallowed, DecodeError
+from kombu.serialization import prepare_accept_content
+
+from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.backend import exception_record
+from celery_ratchet.celery.message import JobMessage
+from celery_ratchet.celery.request import ratchet_request_class
+from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
+from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
+
+logger = logging.getLogger(__name__)
+
+_MALFORMED = (InvalidTaskError, ContentDisallowed, DecodeError, KeyError, TypeError, ValueError)
+
+
+def capacity_for(consumer: Any) -> Capacity:
+    """Jobs in the pool at once, and claimed ahead, from ``-c`` and the prefetch multiplier.
+
+    The pool gets twice its concurrency so its processes never wait for the next job to
+    arrive; the rest of the prefetch stays in a local buffer that is handed back on shutdown.
+    """
+    concurrency = max(int(getattr(consumer.pool, "limit", 0) or consumer.controller.concurrency
+                          or 1), 1)
+    multiplier = int(consumer.app.conf.worker_prefetch_multiplier or 0)
+    running = concurrency * 2
+    total = concurrency * multiplier if multiplier > 0 else running * 2
+    return Capacity(running=running, buffered=max(total - running, concurrency))
+
+
+class Dispatcher:
+    """Starts one claimed job in Celery; fails it cleanly when Celery cannot take it."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        self.accept = prepare_accept_content(consumer.app.conf.accept_content)
+        self.runtime: WorkerRuntime | None = None
+
+    def __call__(self, job: ClaimedJob) -> None:
+        strategy = self.consumer.strategies.get(job.task_name)
+        if strategy is None:
+            self._unknown(job)
+            return
+        message = JobMessage(job, accept=self.accept, on_end=self._on_end)
+        try:
+            strategy(message, None, message.ack_log_error, message.reject_log_error, None)
+        except _MALFORMED as exc:
+            logger.error("ratchet: job %s is malformed and cannot run: %r", job.job_id, exc)
+            message.end(JobStatus.FAILED, error=exception_record(
+                InvalidTaskError(f"malformed job row ({type(exc).__name__}: {exc})")))
+
+    def _on_end(self, job: ClaimedJob, status: JobStatus | None, error: str | None,
+                traceback: str | None) -> None:
+        assert self.runtime is not None
+        if status is None:
+            self.runtime.release(job.job_id, job.token)
+        else:
+            self.runtime.settle(Settlement(job.job_id, job.token, status, error, traceback))
+
+    def _unknown(self, job: ClaimedJob) -> None:
+        exc = NotRegistered(
+            f"task {job.task_name!r} is not registered on worker {self.consumer.hostname}; "
+            "import its module in the worker (include=, imports=, autodiscover_tasks) or route "
+            "it to a queue served by workers that know it, then retry the job"
+        )
+        logger.error("ratchet: job %s failed: %s", job.job_id, exc)
+        signals.task_unknown.send(sender=self.consumer, message=None, exc=exc,
+                                  name=job.task_name, id=job.job_id)
+        self._on_end(job, JobStatus.FAILED, exception_record(exc), None)
+
+
+class JobConsumer(bootsteps.StartStopStep):
+    """Claims due jobs for this worker's queues and hands them to Celery."""
+
+    label = "Ratchet"
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        self.runtime: WorkerRuntime | None = None
+
+    def start(self, c: Any) -> None:
+        if self.runtime is not None:  # the consumer restarted: keep the same node
+            self.runtime.resume()
+            return
+        app = c.app
+        state = ratchet_state(app)
+        _report_outcomes_to_store(app)
+        c.update_strategies()
+        dispatcher = Dispatcher(c)
+        runtime = WorkerRuntime(
+            state.store,
+            state.settings,
+            node_id=f"{c.hostname}/{os.getpid()}/{uuid.uuid4().hex[:8]}",
+            queues=sorted(app.amqp.queues.consume_from),
+            capacity=capacity_for(c),
+            dispatch=dispatcher,
+            hostname=c.hostname,
+        )
+        dispatcher.runtime = runtime
+        self.runtime = state.runtime = runtime
+        # Outcomes keep arriving while the pool drains; leave the cluster only after that.
+        signals.worker_shutdown.connect(self._on_worker_shutdown, weak=False)
+        runtime.start()
+
+    def stop(self, c: Any) -> None:
+        if self.runtime is not None:
+            self.runtime.stop_claiming()
+
+    def shutdown(self, c: Any) -> None:
+        self.stop(c)
+
+    def _on_worker_shutdown(self, sender: Any = None, **_: Any) -> None:
+        signals.worker_shutdown.disconnect(self._on_worker_shutdown)
+        if self.runtime is not None:
+            self.runtime.close()
+
+
+def _report_outcomes_to_store(app: Any) -> None:
+    """Every task, whatever its base class, reports its end to the store."""
+    for task in app.tasks.values():
+        request_cls = symbol_by_name(task.Request)
+        task.Request = ratchet_request_class(request_cls)

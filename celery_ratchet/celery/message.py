@@ -1,0 +1,163 @@
+"""Celery task messages ⇄ job rows.
+
+On send, a protocol-2 message (headers, properties, body) becomes a :class:`NewJob`; on claim,
+a :class:`ClaimedJob` becomes a kombu :class:`~kombu.message.Message` that Celery's own
+strategy and request classes accept as if a broker had delivered it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone, tzinfo
+from typing import Any
+
+from kombu.compression import compress
+from kombu.message import Message as KombuMessage
+from kombu.serialization import dumps
+from kombu.utils import json as kjson
+
+from celery_ratchet.domain.job import ClaimedJob, JobStatus, Message, NewJob
+from celery_ratchet.errors import PayloadTooLarge, SerializerNotAllowed
+
+#: Header carrying the claim token into ``self.request``; never stored with the job.
+CLAIM_HEADER = "ratchet_claim"
+
+_UNSAFE_SERIALIZERS = frozenset({"pickle"})
+
+
+def parse_time(value: Any, default_tz: tzinfo) -> datetime | None:
+    """An ISO-8601 string or datetime from a message header, as aware UTC."""
+    if value is None or value == "":
+        return None
+    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=default_tz)
+    return moment.astimezone(timezone.utc)
+
+
+def check_serializer(serializer: str, allow_pickle: bool) -> None:
+    if serializer in _UNSAFE_SERIALIZERS and not allow_pickle:
+        raise SerializerNotAllowed(serializer)
+
+
+def job_from_message(
+    *,
+    headers: dict[str, Any],
+    properties: dict[str, Any],
+    body: Any,
+    queue: str,
+    serializer: str,
+    compression: str | None,
+    default_priority: int,
+    max_payload_kb: int,
+    allow_pickle: bool,
+    timezone_: tzinfo,
+) -> NewJob:
+    check_serializer(serializer, allow_pickle)
+    content_type, content_encoding, data = dumps(body, serializer=serializer)
+    payload = data.encode(content_encoding) if isinstance(data, str) else data
+    if compression:
+        payload, headers["compression"] = compress(payload, compression)
+    name = headers["task"]
+    if len(payload) > max_payload_kb * 1024:
+        raise PayloadTooLarge(name, len(payload), max_payload_kb)
+    priority = properties.get("priority")
+    if priority is None:
+        priority = default_priority
+    if not isinstance(priority, int) or not 0 <= priority <= 255:
+        raise ValueError(f"priority of task {name!r} must be an integer 0-9, got {priority!r}")
+    properties["priority"] = priority
+    headers.pop(CLAIM_HEADER, None)
+    return NewJob(
+        job_id=headers["id"],
+        task_name=name,
+        queue=queue,
+        priority=priority,
+        message=Message(
+            payload=payload,
+            content_type=content_type,
+            content_encoding=content_encoding,
+            headers=_to_json(headers, name, "headers"),
+            properties=_to_json(properties, name, "options"),
+        ),
+        due=parse_time(headers.get("eta"), timezone_),
+        expires_at=parse_time(headers.get("expires"), timezone_),
+        attempts=int(headers.get("retries") or 0),
+        root_id=headers.get("root_id"),
+        parent_id=headers.get("parent_id"),
+        group_id=headers.get("group"),
+    )
+
+
+def _to_json(value: dict[str, Any], task_name: str, what: str) -> str:
+    try:
+        return str(kjson.dumps(value))
+    except TypeError as exc:
+        raise ValueError(
+            f"the {what} of task {task_name!r} cannot be stored as JSON: {exc}"
+        ) from exc
+
+
+#: Called once per claimed execution: (job, status or None, error record, traceback).
+EndCallback = Callable[[ClaimedJob, JobStatus | None, str | None, str | None], None]
+
+
+class JobMessage(KombuMessage):
+    """A claimed job dressed as a delivered message.
+
+    It owns the end of its execution: :meth:`end` reports the outcome once, and later
+    reports for the same execution are ignored. Acknowledging means nothing to the row.
+    """
+
+    def __init__(
+        self, job: ClaimedJob, *, accept: Sequence[str] | None, on_end: EndCallback
+    ) -> None:
+        headers = kjson.loads(job.message.headers)
+        headers[CLAIM_HEADER] = job.token
+        properties = kjson.loads(job.message.properties)
+        properties["priority"] = job.priority
+        super().__init__(
+            body=job.message.payload,
+            delivery_tag=job.id,
+            content_type=job.message.content_type,
+            content_encoding=job.message.content_encoding,
+            delivery_info={
+                "exchange": "",
+                "routing_key": job.queue,
+                "priority": job.priority,
+                "redelivered": job.claims > 1,
+            },
+            properties=properties,
+            headers=headers,
+            accept=accept,
+        )
+        self.job = job
+        self._on_end = on_end
+        self._ended = False
+
+    def end(self, status: JobStatus | None, error: str | None = None,
+            traceback: str | None = None) -> None:
+        """Report how this execution ended; ``None``: the row already moved on (a retry)."""
+        if not self._ended:
+            self._ended = True
+            self._on_end(self.job, status, error, traceback)
+
+    def ack(self, multiple: bool = False) -> None:
+        self._state = "ACK"
+
+    def reject(self, requeue: bool = False) -> None:
+        self._state = "REQUEUED" if requeue else "REJECTED"
+        if requeue:
+            self.end(JobStatus.PENDING)
+        else:
+            self.end(JobStatus.FAILED, error=REJECTED)
+
+    def requeue(self) -> None:
+        self.reject(requeue=True)
+
+
+REJECTED = str(kjson.dumps({
+    "exc_type": "Reject",
+    "exc_message": ["the task rejected its message without requeue"],
+    "exc_module": "celery.exceptions",
+}))

@@ -1,0 +1,102 @@
+"""Celery's worker Request, reporting each execution's end to the job store.
+
+Celery decides what happened (success, failure, retry, revoke, reject, time limit, lost child);
+these hooks report each outcome to the execution's :class:`JobMessage`, which settles the
+claimed row. The first outcome wins; later ones for the same execution are ignored.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
+from celery.exceptions import Ignore, Retry, TaskRevokedError, Terminated, TimeLimitExceeded
+from celery.worker.request import Request
+
+from celery_ratchet.celery.backend import RatchetBackend, exception_record
+from celery_ratchet.celery.message import JobMessage
+from celery_ratchet.domain.job import JobStatus
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    return exc.exc if isinstance(exc, ExceptionWithTraceback) else exc  # type: ignore[return-value]
+
+
+class RatchetRequest(Request):
+    def _end(self, status: JobStatus | None, exc: BaseException | None = None,
+             traceback: str | None = None) -> None:
+        message = self._message
+        if isinstance(message, JobMessage):
+            error = exception_record(exc) if exc is not None else None
+            message.end(status, error, traceback)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Celery's strategy subclasses the task's Request class with an optimised on_success
+        # that does not call up (celery.worker.request.create_request_cls); wrap it there too.
+        super().__init_subclass__(**kwargs)
+        if "on_success" in cls.__dict__:
+            cls.on_success = _reporting_success(cls.__dict__["on_success"])  # type: ignore
+
+    def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
+        failed = failed__retval__runtime[0]
+        try:
+            return super().on_success(failed__retval__runtime, **kwargs)
+        finally:
+            if not failed:
+                self._end_success()
+
+    def _end_success(self) -> None:
+        # Where the task's result went to the store, that write already finished the row.
+        stored = not self._ignore_result and isinstance(self._task.backend, RatchetBackend)
+        self._end(None if stored else JobStatus.SUCCEEDED)
+
+    def on_failure(self, exc_info: ExceptionInfo, send_failed_event: bool = True,
+                   return_ok: bool = False) -> Any:
+        exc = _unwrap(exc_info.exception)
+        try:
+            return super().on_failure(exc_info, send_failed_event=send_failed_event,
+                                      return_ok=return_ok)
+        finally:
+            if isinstance(exc, Retry):
+                self._end(None)  # the retry already rescheduled the row
+            elif isinstance(exc, Ignore):
+                self._end(JobStatus.IGNORED)
+            elif isinstance(exc, Terminated):
+                self._end(JobStatus.REVOKED, exc)
+            elif isinstance(exc, (SystemExit, KeyboardInterrupt)) and (
+                self._already_cancelled or self._already_revoked
+            ):
+                self._end(JobStatus.PENDING)
+            else:
+                self._end(JobStatus.FAILED, exc, str(exc_info.traceback or "") or None)
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        super().on_timeout(soft, timeout)
+        if not soft:
+            self._end(JobStatus.FAILED, TimeLimitExceeded(timeout))
+
+    def _announce_revoked(self, reason: str, terminated: bool, signum: Any,
+                          expired: bool) -> None:
+        super()._announce_revoked(reason, terminated, signum, expired)
+        self._end(JobStatus.REVOKED, TaskRevokedError(reason))
+
+
+def _reporting_success(on_success: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(on_success)
+    def wrapper(self: RatchetRequest, failed__retval__runtime: Any, **kwargs: Any) -> Any:
+        try:
+            return on_success(self, failed__retval__runtime, **kwargs)
+        finally:
+            if not failed__retval__runtime[0]:
+                self._end_success()
+
+    return wrapper
+
+
+def ratchet_request_class(base: type[Request]) -> type[Request]:
+    """``base`` itself if it already reports to the store, else a subclass that does."""
+    if issubclass(base, RatchetRequest):
+        return base
+    return type(f"Ratchet{base.__name__}", (RatchetRequest, base), {})

@@ -1,0 +1,263 @@
+"""Where every Celery send ends: ``app.amqp.send_task_message`` writes a job row instead.
+
+``.delay``, ``apply_async``, ``send_task``, ``self.retry``, ``replace``, canvas and chord
+callbacks all pass through here with routing, ids, eta and links already resolved.
+
+A "producer" acquired from the pool is a :class:`JobBatch`: jobs sent through it are written
+together, in one statement, when it is released. A group holds one producer for all its
+members, so a group of 1,000 is one multi-row insert, and all or none of it is stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from celery import Celery, signals
+from celery.app.amqp import AMQP
+from kombu import Connection
+from kombu.common import Broadcast
+
+from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.message import CLAIM_HEADER, job_from_message
+from celery_ratchet.domain.job import NewJob
+from celery_ratchet.errors import StoreUnavailable, UnsupportedRouting
+
+logger = logging.getLogger(__name__)
+
+
+class _NoTransport:
+    driver_type = "ratchet"
+
+
+class _NoConnection:
+    transport = _NoTransport()
+
+
+class _NoConnections:
+    connection = _NoConnection()
+
+
+class JobBatch:
+    """Stands where Celery expects a kombu producer; collects jobs until released."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self.jobs: list[NewJob] = []
+        self._connection: Connection | None = None
+
+    def add(self, job: NewJob) -> None:
+        self.jobs.append(job)
+
+    def flush(self) -> None:
+        jobs, self.jobs = self.jobs, []
+        if jobs:
+            ratchet_state(self.app).store.enqueue_many(jobs)
+
+    def release(self) -> None:
+        try:
+            self.flush()
+        finally:
+            if self._connection is not None:
+                self._connection.release()
+                self._connection = None
+
+    def __enter__(self) -> JobBatch:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is not None:
+            self.jobs = []  # the sending code failed part-way: store none of it
+        self.release()
+
+    # Celery's event dispatcher borrows a producer's connection and channel; hand it the
+    # in-process transport so custom task events never reach for a broker.
+    @property
+    def connection(self) -> Connection:
+        if self._connection is None:
+            self._connection = Connection("memory://")
+        return self._connection
+
+    @property
+    def channel(self) -> Any:
+        return self.connection.default_channel
+
+    def publish(self, *args: Any, **kwargs: Any) -> None:
+        """Broadcasts (remote control, events) have no broker to go to; they go nowhere."""
+
+
+class JobBatchPool:
+    """The producer pool of a ratchet app: every acquire yields a fresh :class:`JobBatch`."""
+
+    connections = _NoConnections()
+    limit = None
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> JobBatch:
+        return JobBatch(self.app)
+
+    def release(self, batch: JobBatch) -> None:
+        batch.release()
+
+    def force_close_all(self) -> None:
+        pass
+
+
+class RatchetAMQP(AMQP):
+    @property
+    def producer_pool(self) -> JobBatchPool:  # type: ignore[override]
+        if self._producer_pool is None:
+            self._producer_pool = JobBatchPool(self.app)
+        return self._producer_pool  # type: ignore[return-value]
+
+    publisher_pool = producer_pool
+
+    def _create_task_sender(self) -> Any:
+        app = self.app
+        amqp = self
+        conf = app.conf
+        default_serializer = conf.task_serializer
+        default_compressor = conf.task_compression
+        default_retry = conf.task_publish_retry
+        default_policy = conf.task_publish_retry_policy
+        send_before_publish = signals.before_task_publish.send
+        send_after_publish = signals.after_task_publish.send
+
+        def send_task_message(
+            producer: Any,
+            name: str,
+            message: Any,
+            exchange: Any = None,
+            routing_key: str | None = None,
+            queue: Any = None,
+            event_dispatcher: Any = None,
+            retry: bool | None = None,
+            retry_policy: dict[str, Any] | None = None,
+            serializer: str | None = None,
+            delivery_mode: Any = None,
+            compression: str | None = None,
+            declare: Any = None,
+            headers: dict[str, Any] | None = None,
+            exchange_type: str | None = None,
+            timeout: float | None = None,
+            confirm_timeout: float | None = None,
+            **kwargs: Any,
+        ) -> None:
+            headers2, properties, body, _sent_event = message
+            if headers:
+                headers2.update(headers)
+            kwargs.pop("ratchet", None)  # ratchet options: read by later features
+            if kwargs:
+                properties.update(kwargs)
+            qname = _queue_name(amqp, queue, exchange, routing_key)
+            policy = dict(default_policy, **(retry_policy or {}))
+            send_before_publish(
+                sender=name, body=body, exchange=exchange, routing_key=routing_key,
+                declare=declare, headers=headers2, properties=properties, retry_policy=policy,
+            )
+            state = ratchet_state(app)
+            settings = state.settings
+            claim = _claim_of_current_job(app, headers2.get("id"))
+            job = job_from_message(
+                headers=headers2,
+                properties=properties,
+                body=body,
+                queue=qname,
+                serializer=serializer or default_serializer,
+                compression=compression or default_compressor,
+                default_priority=settings.default_priority,
+                max_payload_kb=settings.max_payload_kb,
+                allow_pickle=settings.allow_pickle,
+                timezone_=app.timezone,
+            )
+            if claim is not None:
+                # A retry or a replace of the running job: the same row, rescheduled.
+                _with_retry(
+                    lambda: _reschedule(state.store, claim, job),
+                    default_retry if retry is None else retry, policy,
+                )
+            elif isinstance(producer, JobBatch):
+                producer.add(job)
+            else:
+                _with_retry(lambda: state.store.enqueue(job),
+                            default_retry if retry is None else retry, policy)
+            send_after_publish(
+                sender=name, body=body, headers=headers2,
+                exchange=exchange, routing_key=routing_key,
+            )
+
+        return send_task_message
+
+
+def _queue_name(amqp: AMQP, queue: Any, exchange: Any, routing_key: str | None) -> str:
+    if queue is None and exchange is None:
+        queue = amqp.default_queue
+    if isinstance(queue, str):
+        queue = amqp.queues[queue]
+    if isinstance(queue, Broadcast):
+        raise UnsupportedRouting(
+            f"broadcast queue {queue.name!r}: a job row is claimed by exactly one worker; "
+            "send one task per target instead"
+        )
+    if queue is not None:
+        return str(queue.name)
+    if routing_key:
+        return routing_key
+    return str(amqp.default_queue.name)
+
+
+def _claim_of_current_job(app: Celery, task_id: str | None) -> str | None:
+    """The claim token when ``task_id`` is the job this process is running right now."""
+    current = app.current_worker_task
+    if current is None or task_id is None:
+        return None
+    request = current.request
+    if request.id != task_id:
+        return None
+    token = getattr(request, CLAIM_HEADER, None)
+    if token is None and isinstance(request.headers, dict):
+        token = request.headers.get(CLAIM_HEADER)
+    return token
+
+
+def _reschedule(store: Any, token: str, job: NewJob) -> None:
+    if not store.replace_running(token, job):
+        logger.warning(
+            "ratchet: job %s was not rescheduled: its claim was taken over (the node was "
+            "presumed dead); the execution that now owns it decides its fate", job.job_id,
+        )
+
+
+def _with_retry(action: Any, retry: bool, policy: dict[str, Any]) -> None:
+    """Run ``action``; on :class:`StoreUnavailable` retry as ``task_publish_retry_policy``
+    says (max_retries, interval_start, interval_step, interval_max), then raise."""
+    if not retry:
+        action()
+        return
+    max_retries = policy.get("max_retries", 3)
+    interval = float(policy.get("interval_start", 0))
+    step = float(policy.get("interval_step", 0.2))
+    cap = float(policy.get("interval_max", 0.2))
+    attempt = 0
+    while True:
+        try:
+            action()
+            return
+        except StoreUnavailable:
+            if max_retries is not None and attempt >= max_retries:
+                raise
+            attempt += 1
+            time.sleep(min(interval, cap))
+            interval += step
+
+
+@contextmanager
+def bulk(app: Celery) -> Iterator[JobBatch]:
+    """Send many tasks as one insert: ``with bulk(app) as p: t.apply_async(..., producer=p)``."""
+    with app.producer_or_acquire() as producer:
+        yield producer

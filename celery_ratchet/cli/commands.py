@@ -1,0 +1,170 @@
+"""Operations commands, shared by ``celery -A app ratchet`` and the standalone ``ratchet``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import click
+
+from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.settings import mask_password
+from celery_ratchet.store.ddl import DIALECTS, ddl_script
+from celery_ratchet.store.jobstore import JobStore
+
+
+class CliContext:
+    """What every command needs: the store, opened on first use."""
+
+    def __init__(self, open_store: Callable[[], JobStore]) -> None:
+        self._open_store = open_store
+        self._store: JobStore | None = None
+
+    @property
+    def store(self) -> JobStore:
+        if self._store is None:
+            self._store = self._open_store()
+        return self._store
+
+
+pass_cli = click.make_pass_decorator(CliContext)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, JobStatus):
+        return value.value
+    return value
+
+
+def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], as_json: bool) -> None:
+    """Print rows as JSON lines of objects, or as an aligned table."""
+    if as_json:
+        click.echo(json.dumps([{k: _jsonable(r.get(k)) for k in columns} for r in rows],
+                              indent=2))
+        return
+    table = [[str(_jsonable(r.get(c)) if r.get(c) is not None else "") for c in columns]
+             for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in table]) for i, c in enumerate(columns)]
+    click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
+    for row in table:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def fail(message: str) -> None:
+    click.echo(f"error: {mask_password(message)}", err=True)
+    sys.exit(2)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+_STATUSES = [s.value for s in JobStatus]
+
+
+@click.group("jobs", invoke_without_command=True)
+@click.option("--status", type=click.Choice(_STATUSES, case_sensitive=False))
+@click.option("--task", "task_name", help="Only jobs of this task name.")
+@click.option("--queue")
+@click.option("--limit", default=50, show_default=True)
+@json_option
+@click.pass_context
+def jobs(ctx: click.Context, status: str | None, task_name: str | None, queue: str | None,
+         limit: int, as_json: bool) -> None:
+    """List jobs, newest first."""
+    if ctx.invoked_subcommand is not None:
+        return
+    store = ctx.find_object(CliContext).store  # type: ignore[union-attr]
+    found = store.list_jobs(status=JobStatus(status.upper()) if status else None,
+                            task_name=task_name, queue=queue, limit=limit)
+    emit([vars(j) for j in found],
+         ["job_id", "task_name", "queue", "status", "priority", "attempts", "scheduled_time",
+          "finished_at", "picked_by"], as_json)
+
+
+@jobs.command("show")
+@click.argument("job_id")
+@json_option
+@pass_cli
+def jobs_show(cli: CliContext, job_id: str, as_json: bool) -> None:
+    """Everything stored about one job."""
+    record = cli.store.result(job_id)
+    if record is None:
+        fail(f"no job {job_id!r}")
+        return
+    values = {k: v for k, v in vars(record).items() if k != "payload"}
+    if record.payload is not None:
+        values["payload"] = record.payload.decode("utf-8", "replace")
+    if as_json:
+        click.echo(json.dumps({k: _jsonable(v) for k, v in values.items()}, indent=2))
+        return
+    for key, value in values.items():
+        click.echo(f"{key:16} {_jsonable(value) if value is not None else ''}")
+
+
+@click.command("stats")
+@json_option
+@pass_cli
+def stats(cli: CliContext, as_json: bool) -> None:
+    """Job counts per status."""
+    counts = cli.store.count_by_status()
+    emit([{"status": s, "count": counts.get(s, 0)} for s in _STATUSES], ["status", "count"],
+         as_json)
+
+
+@click.command("nodes")
+@json_option
+@pass_cli
+def nodes(cli: CliContext, as_json: bool) -> None:
+    """Worker nodes with their last heartbeat and running jobs."""
+    emit(cli.store.list_nodes(),
+         ["node_id", "hostname", "pid", "queues", "concurrency", "heartbeat_ts", "running"],
+         as_json)
+
+
+@click.group("schema")
+def schema() -> None:
+    """The database schema: print it, apply it, check a live database against it."""
+
+
+@schema.command("show")
+@click.option("--dialect", type=click.Choice(sorted(DIALECTS)),
+              help="Default: the dialect of the store URL.")
+@click.pass_context
+def schema_show(ctx: click.Context, dialect: str | None) -> None:
+    """Print the DDL (the same as ddl/<dialect>.sql)."""
+    if dialect is None:
+        dialect = ctx.find_object(CliContext).store.family  # type: ignore[union-attr]
+    click.echo(ddl_script(dialect), nl=False)
+
+
+@schema.command("apply")
+@pass_cli
+def schema_apply(cli: CliContext) -> None:
+    """Create missing tables and their indexes."""
+    created = cli.store.create_missing_tables()
+    click.echo(f"created: {', '.join(created)}" if created else "schema up to date")
+
+
+@schema.command("check")
+@pass_cli
+def schema_check(cli: CliContext) -> None:
+    """Exit 1 when the live database lacks a table, column or index of the schema."""
+    problems = cli.store.schema_differences()
+    for problem in problems:
+        click.echo(problem)
+    if problems:
+        sys.exit(1)
+    click.echo("schema matches")
+
+
+COMMANDS: Iterable[click.Command] = (jobs, stats, nodes, schema)
+
+
+def add_commands(group: click.Group) -> click.Group:
+    for command in COMMANDS:
+        group.add_command(command)
+    return group

@@ -1,0 +1,130 @@
+"""What a job is, independent of where it is stored and of Celery."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+class JobStatus(str, enum.Enum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    REVOKED = "REVOKED"
+    #: The task asked for its state not to be recorded (Celery's ``Ignore``).
+    IGNORED = "IGNORED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+ACTIVE_STATUSES = frozenset({JobStatus.PENDING, JobStatus.RUNNING})
+TERMINAL_STATUSES = frozenset(set(JobStatus) - ACTIVE_STATUSES)
+
+
+class JobType(str, enum.Enum):
+    SINGLE = "SINGLE"
+    RECURRING = "RECURRING"
+    BATCH_PARENT = "BATCH_PARENT"
+    BATCH_CHILD = "BATCH_CHILD"
+    CHAIN_STEP = "CHAIN_STEP"
+    WORKFLOW_BRANCH = "WORKFLOW_BRANCH"
+    WORKFLOW_JOIN = "WORKFLOW_JOIN"
+    SYSTEM = "SYSTEM"
+
+
+@dataclass(frozen=True)
+class Message:
+    """A serialized task message: what the worker hands to the executor."""
+
+    payload: bytes
+    content_type: str
+    content_encoding: str
+    headers: str  # JSON object
+    properties: str  # JSON object
+
+
+@dataclass(frozen=True)
+class NewJob:
+    job_id: str
+    task_name: str
+    queue: str
+    priority: int
+    message: Message
+    #: When the job becomes due; ``None`` means now, by the database clock.
+    due: datetime | None = None
+    expires_at: datetime | None = None
+    attempts: int = 0
+    root_id: str | None = None
+    parent_id: str | None = None
+    group_id: str | None = None
+    job_type: JobType = JobType.SINGLE
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    id: int
+    job_id: str
+    task_name: str
+    queue: str
+    priority: int
+    attempts: int
+    #: How many times this row has been claimed since it was (re)scheduled; >1 means redelivery.
+    claims: int
+    token: str
+    scheduled_time: datetime
+    message: Message
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """The end of one claimed execution, as the worker saw it."""
+
+    job_id: str
+    token: str
+    status: JobStatus
+    error: str | None = None
+    traceback: str | None = None
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    """What a finished (or running) job says about its result."""
+
+    job_id: str
+    task_name: str
+    status: JobStatus
+    attempts: int
+    queue: str
+    job_result: str | None
+    result_type: str | None
+    result_meta: str | None
+    last_error: str | None
+    error_traceback: str | None
+    finished_at: datetime | None
+    picked_by: str | None
+    headers: str | None
+    payload: bytes | None
+    content_type: str | None
+    content_encoding: str | None
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """A row of ``ratchet jobs``."""
+
+    job_id: str
+    task_name: str
+    queue: str
+    status: JobStatus
+    priority: int
+    attempts: int
+    scheduled_time: datetime
+    created_at: datetime
+    finished_at: datetime | None
+    picked_by: str | None
+    last_error: str | None = None
+    extra: dict[str, object] = field(default_factory=dict)

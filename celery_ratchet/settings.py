@@ -1,0 +1,138 @@
+"""Ratchet settings: lower-case Celery settings ``ratchet_*``, each overridable by ``RATCHET_*``.
+
+Precedence: environment variable, then the Celery setting, then the default. Pure: the caller
+passes the Celery configuration mapping and the environment.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from celery_ratchet.errors import ConfigurationError
+
+DEFAULT_URL = "sqlite:///ratchet.db"
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in {"1", "true", "yes", "on"}:
+        return True
+    if text in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(f"expected true/false, got {value!r}")
+
+
+def _to_optional_str(value: Any) -> str | None:
+    return None if value in (None, "") else str(value)
+
+
+_CONVERTERS: dict[str, Callable[[Any], Any]] = {
+    "bool": _to_bool,
+    "int": int,
+    "float": float,
+    "str": str,
+    "str | None": _to_optional_str,
+    "int | None": lambda v: None if v in (None, "") else int(v),
+    "float | None": lambda v: None if v in (None, "") else float(v),
+}
+
+
+@dataclass(frozen=True)
+class RatchetSettings:
+    url: str = DEFAULT_URL
+    create_schema: bool = True
+    #: Longest wait between two claim queries while the worker is idle (seconds).
+    poll_interval: float = 1.0
+    #: First wait after the queue runs dry; doubles up to ``poll_interval``.
+    poll_interval_min: float = 0.05
+    claim_batch_size: int = 100
+    max_payload_kb: int = 100
+    allow_pickle: bool = False
+    #: Priority of a job sent without one (Celery's 0-9, higher runs first).
+    default_priority: int = 4
+    node_heartbeat_interval_seconds: float = 10.0
+    node_orphan_grace_seconds: float = 60.0
+    orphan_scan_interval_minutes: float = 5.0
+    #: Finer control of the orphan scan; wins over the minutes setting when set.
+    orphan_scan_interval_seconds: float | None = None
+    events_url: str | None = None
+
+    @property
+    def orphan_scan_interval(self) -> float:
+        if self.orphan_scan_interval_seconds is not None:
+            return self.orphan_scan_interval_seconds
+        return self.orphan_scan_interval_minutes * 60.0
+
+    @classmethod
+    def from_sources(
+        cls, conf: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+    ) -> RatchetSettings:
+        conf = conf or {}
+        environ = environ or {}
+        values: dict[str, Any] = {}
+        for field in fields(cls):
+            setting = f"ratchet_{field.name}"
+            env_name = setting.upper()
+            type_name = str(field.type)
+            convert = _CONVERTERS[type_name]
+            if env_name in environ:
+                raw, source = environ[env_name], f"environment variable {env_name}"
+            else:
+                raw = _conf_get(conf, setting)
+                if raw is None:
+                    continue
+                source = f"setting {setting}"
+            try:
+                values[field.name] = convert(raw)
+            except (TypeError, ValueError) as exc:
+                raise ConfigurationError(
+                    f"{source} = {raw!r} is not a valid {type_name}: {exc}"
+                ) from exc
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        positive = {
+            "poll_interval": self.poll_interval,
+            "poll_interval_min": self.poll_interval_min,
+            "claim_batch_size": self.claim_batch_size,
+            "max_payload_kb": self.max_payload_kb,
+            "node_heartbeat_interval_seconds": self.node_heartbeat_interval_seconds,
+            "node_orphan_grace_seconds": self.node_orphan_grace_seconds,
+            "orphan_scan_interval": self.orphan_scan_interval,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ConfigurationError(f"ratchet_{name} must be positive, got {value!r}")
+        if not 0 <= self.default_priority <= 9:
+            raise ConfigurationError(
+                f"ratchet_default_priority must be within 0-9, got {self.default_priority!r}"
+            )
+        if self.node_orphan_grace_seconds <= self.node_heartbeat_interval_seconds:
+            raise ConfigurationError(
+                "ratchet_node_orphan_grace_seconds "
+                f"({self.node_orphan_grace_seconds}) must exceed "
+                f"ratchet_node_heartbeat_interval_seconds ({self.node_heartbeat_interval_seconds}),"
+                " or live nodes would be declared dead between two heartbeats"
+            )
+
+
+def _conf_get(conf: Mapping[str, Any], key: str) -> Any:
+    try:
+        return conf.get(key)
+    except Exception:  # Celery's lazy settings may raise while loading
+        return None
+
+
+_PASSWORD_IN_URL = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.\-]*://[^:/@\s]*:)[^@\s]*(?P<at>@)")
+
+
+def mask_password(text: str) -> str:
+    """Replace the password of every URL in ``text`` with ``***``."""
+    return _PASSWORD_IN_URL.sub(r"\g<head>***\g<at>", text)

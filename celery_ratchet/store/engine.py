@@ -1,0 +1,238 @@
+"""Engines, connections and the database clock, per dialect.
+
+Every connection runs in autocommit: a single INSERT or UPDATE costs one round trip. Where
+several statements must be atomic, :func:`transaction` issues BEGIN/COMMIT itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+
+from celery_ratchet.errors import ConfigurationError, StoreUnavailable
+from celery_ratchet.settings import mask_password
+from celery_ratchet.store.schema import UTCDateTime
+
+logger = logging.getLogger(__name__)
+
+_DRIVERS = {
+    "postgresql": "postgresql+psycopg",
+    "postgres": "postgresql+psycopg",
+    "mysql": "mysql+pymysql",
+    "mariadb": "mysql+pymysql",
+}
+_EXTRAS = {"postgresql": "postgres", "mysql": "mysql"}
+
+
+def normalize_url(url: str) -> str:
+    """Pick the drivers celery_ratchet is tested with when the URL names none."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ConfigurationError(
+            f"ratchet_url {mask_password(url)!r} is not a database URL; expected e.g. "
+            "postgresql://user@host/db, mysql://user@host/db or sqlite:///path/ratchet.db"
+        )
+    return f"{_DRIVERS.get(scheme, scheme)}://{rest}"
+
+
+def family(dialect_name: str) -> str:
+    """``mysql`` for MySQL and MariaDB, else the dialect name."""
+    return "mysql" if dialect_name in ("mysql", "mariadb") else dialect_name
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+
+def _configure_mysql(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _session(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        # Claims lock exact rows; gap locks under REPEATABLE READ would only add contention.
+        cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        cursor.execute("SET SESSION time_zone = '+00:00'")
+        cursor.close()
+
+
+def build_engine(url: str) -> Engine:
+    url = normalize_url(url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ConfigurationError(f"ratchet_url {mask_password(url)!r}: {exc}") from exc
+    kind = family(parsed.get_backend_name())
+    options: dict[str, Any] = {
+        "isolation_level": "AUTOCOMMIT",
+        # Autocommit connections hold no transaction when returned; a reset ROLLBACK would
+        # cost a round trip on every checkout.
+        "pool_reset_on_return": None,
+    }
+    if kind == "sqlite":
+        database = parsed.database
+        if database and database != ":memory:":
+            Path(database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+        options["connect_args"] = {"check_same_thread": False, "timeout": 30}
+    else:
+        options.update(pool_size=10, max_overflow=20, pool_recycle=1800, pool_timeout=30)
+        if kind == "postgresql":
+            options["connect_args"] = {"connect_timeout": 10}
+        elif kind == "mysql":
+            options["connect_args"] = {"connect_timeout": 10, "charset": "utf8mb4"}
+    try:
+        engine = create_engine(parsed, **options)
+    except (NoSuchModuleError, ImportError) as exc:
+        extra = _EXTRAS.get(kind, kind)
+        raise ConfigurationError(
+            f"no driver for {parsed.get_backend_name()}: install celery-ratchet[{extra}] ({exc})"
+        ) from exc
+    if kind == "sqlite":
+        _configure_sqlite(engine)
+    elif kind == "mysql":
+        _configure_mysql(engine)
+    return engine
+
+
+_engines: dict[str, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def engine_for(url: str) -> Engine:
+    """One engine (and connection pool) per URL per process."""
+    key = normalize_url(url)
+    with _engines_lock:
+        engine = _engines.get(key)
+        if engine is None:
+            engine = _engines[key] = build_engine(key)
+        return engine
+
+
+def _forget_parent_connections() -> None:
+    # A forked child must never talk over its parent's sockets: drop them without closing.
+    for engine in _engines.values():
+        engine.dispose(close=False)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parent_connections)
+
+
+@contextmanager
+def transaction(conn: Connection) -> Iterator[Connection]:
+    """An explicit transaction on an autocommit connection; SQLite takes the write lock at once."""
+    begin = "BEGIN IMMEDIATE" if conn.dialect.name == "sqlite" else "BEGIN"
+    conn.exec_driver_sql(begin)
+    try:
+        yield conn
+    except BaseException:
+        try:
+            conn.exec_driver_sql("ROLLBACK")
+        except DBAPIError:
+            conn.invalidate()
+        raise
+    conn.exec_driver_sql("COMMIT")
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` means the database could not be reached (as opposed to a bad query)."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        name = type(exc.orig).__name__ if exc.orig is not None else ""
+        return name in {"OperationalError", "InterfaceError"} and not _is_lock_error(exc)
+    return False
+
+
+def _is_lock_error(exc: DBAPIError) -> bool:
+    text = str(exc.orig).lower()
+    return "deadlock" in text or "lock wait timeout" in text or "database is locked" in text
+
+
+def is_retryable_conflict(exc: BaseException) -> bool:
+    """Deadlocks and lock timeouts: the statement can simply run again."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    if _is_lock_error(exc):
+        return True
+    code = getattr(exc.orig, "sqlstate", None)
+    return code in {"40001", "40P01"}
+
+
+def unavailable(url: str, exc: BaseException, what: str) -> StoreUnavailable:
+    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+    return StoreUnavailable(
+        f"cannot reach the job store at {mask_password(url)} ({reason}); {what}"
+    )
+
+
+class db_now(FunctionElement[Any]):
+    """The database's current UTC time: one clock for every node."""
+
+    type = UTCDateTime()
+    inherit_cache = True
+    name = "db_now"
+
+
+@compiles(db_now, "postgresql")
+def _now_pg(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "now()"
+
+
+@compiles(db_now, "mysql")
+@compiles(db_now, "mariadb")
+def _now_mysql(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "UTC_TIMESTAMP(6)"
+
+
+@compiles(db_now, "sqlite")
+def _now_sqlite(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    # Six fraction digits, the format SQLAlchemy writes and parses for SQLite datetimes.
+    return "(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')"
+
+
+class db_now_minus(FunctionElement[Any]):
+    """The database's current UTC time minus a fixed number of seconds."""
+
+    type = UTCDateTime()
+    inherit_cache = False
+    name = "db_now_minus"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = float(seconds)
+        super().__init__()
+
+
+@compiles(db_now_minus, "postgresql")
+def _ago_pg(element: db_now_minus, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"(now() - interval '{element.seconds:.6f} seconds')"
+
+
+@compiles(db_now_minus, "mysql")
+@compiles(db_now_minus, "mariadb")
+def _ago_mysql(element: db_now_minus, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"(UTC_TIMESTAMP(6) - INTERVAL {int(element.seconds * 1_000_000)} MICROSECOND)"
+
+
+@compiles(db_now_minus, "sqlite")
+def _ago_sqlite(element: db_now_minus, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"(strftime('%Y-%m-%d %H:%M:%f', 'now', '-{element.seconds:.3f} seconds') || '000')"

@@ -1,0 +1,706 @@
+"""The job store: every read and write of job rows, as named operations.
+
+Every completion is a compare-and-swap on (job id, claim token, status RUNNING): a worker whose
+claim was taken away (orphan recovery, a retry that rescheduled the row) can never overwrite it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import (
+    and_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    inspect,
+    or_,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from celery_ratchet.domain.job import (
+    TERMINAL_STATUSES,
+    ClaimedJob,
+    JobStatus,
+    JobSummary,
+    NewJob,
+    ResultRecord,
+    Settlement,
+)
+from celery_ratchet.errors import DuplicateJob
+from celery_ratchet.settings import mask_password
+from celery_ratchet.store.claim import strategy_for
+from celery_ratchet.store.ddl import create_missing_tables, index_applies
+from celery_ratchet.store.engine import (
+    db_now,
+    db_now_minus,
+    engine_for,
+    family,
+    is_retryable_conflict,
+    is_unavailable,
+    transaction,
+    unavailable,
+)
+from celery_ratchet.store.schema import (
+    UTCDateTime,
+    metadata,
+    scheduler_group_result,
+    scheduler_job,
+    scheduler_node,
+    scheduler_resource_permit,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+job = scheduler_job
+_TERMINAL = [s.value for s in TERMINAL_STATUSES]
+_CONFLICT_RETRIES = 5
+
+
+def _new_job_values() -> dict[str, Any]:
+    """Column values of a freshly (re)scheduled job, all from bind parameters."""
+    return {
+        "task_name": bindparam("p_task_name"),
+        "queue": bindparam("p_queue"),
+        "status": JobStatus.PENDING.value,
+        "job_type": bindparam("p_job_type"),
+        "priority": bindparam("p_priority"),
+        "scheduled_time": func.coalesce(bindparam("p_due", type_=UTCDateTime()), db_now()),
+        "expires_at": bindparam("p_expires_at", type_=UTCDateTime()),
+        "attempts": bindparam("p_attempts"),
+        "claims": 0,
+        "root_id": bindparam("p_root_id"),
+        "parent_id": bindparam("p_parent_id"),
+        "group_id": bindparam("p_group_id"),
+        "payload": bindparam("p_payload"),
+        "content_type": bindparam("p_content_type"),
+        "content_encoding": bindparam("p_content_encoding"),
+        "headers": bindparam("p_headers"),
+        "properties": bindparam("p_properties"),
+    }
+
+
+_CLEARED_CLAIM = {"picked_by": None, "claim_token": None, "claimed_at": None, "started_at": None}
+_CLEARED_RESULT = {
+    "finished_at": None,
+    "job_result": None,
+    "result_type": None,
+    "result_meta": None,
+    "last_error": None,
+    "error_traceback": None,
+}
+
+
+def _params(new: NewJob) -> dict[str, Any]:
+    m = new.message
+    return {
+        "p_job_id": new.job_id,
+        "p_task_name": new.task_name,
+        "p_queue": new.queue,
+        "p_job_type": new.job_type.value,
+        "p_priority": new.priority,
+        "p_due": new.due,
+        "p_expires_at": new.expires_at,
+        "p_attempts": new.attempts,
+        "p_root_id": new.root_id,
+        "p_parent_id": new.parent_id,
+        "p_group_id": new.group_id,
+        "p_payload": m.payload,
+        "p_content_type": m.content_type,
+        "p_content_encoding": m.content_encoding,
+        "p_headers": m.headers,
+        "p_properties": m.properties,
+    }
+
+
+class JobStore:
+    """Job rows in one database. Thread-safe; one instance per URL per process is enough."""
+
+    def __init__(self, url: str, *, create_schema: bool = True, engine: Engine | None = None):
+        self.url = url
+        self.display_url = mask_password(url)
+        self.engine = engine or engine_for(url)
+        self.family = family(self.engine.dialect.name)
+        self._claim = strategy_for(self.engine.dialect)
+        self._create_schema = create_schema
+        self._schema_ready = False
+        self._insert = insert(job).values(job_id=bindparam("p_job_id"), **_new_job_values(),
+                                          created_at=db_now())
+        self._replace_running = (
+            update(job)
+            .where(
+                job.c.job_id == bindparam("p_job_id"),
+                job.c.claim_token == bindparam("p_token"),
+                job.c.status == JobStatus.RUNNING.value,
+            )
+            .values(**_new_job_values(), **_CLEARED_CLAIM)
+        )
+        owned = (
+            job.c.job_id == bindparam("p_job_id"),
+            job.c.claim_token == bindparam("p_token"),
+            job.c.status == JobStatus.RUNNING.value,
+        )
+        finished = {"status": bindparam("p_status"), "finished_at": db_now()}
+        self._store_outcome = update(job).where(*owned).values(
+            **finished,
+            job_result=bindparam("p_job_result"),
+            result_type=bindparam("p_result_type"),
+            result_meta=bindparam("p_result_meta"),
+            last_error=bindparam("p_error"),
+            error_traceback=bindparam("p_traceback"),
+        )
+        self._settle_with_error = update(job).where(*owned).values(
+            **finished, last_error=bindparam("p_error"), error_traceback=bindparam("p_traceback")
+        )
+        self._reuse_finished = (
+            update(job)
+            .where(job.c.job_id == bindparam("p_job_id"), job.c.status.in_(_TERMINAL))
+            .values(**_new_job_values(), **_CLEARED_CLAIM, **_CLEARED_RESULT, created_at=db_now())
+        )
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _run(self, work: Callable[[Connection], T], what: str) -> T:
+        self.ensure_schema()
+        return self._attempt(work, what)
+
+    def _attempt(self, work: Callable[[Connection], T], what: str) -> T:
+        """Run ``work`` on a pooled connection: once more after a dropped connection, a few
+        more times after a deadlock; :class:`StoreUnavailable` when the database is gone."""
+        reconnected = False
+        conflicts = 0
+        while True:
+            try:
+                with self.engine.connect() as conn:
+                    return work(conn)
+            except DBAPIError as exc:
+                if is_retryable_conflict(exc) and conflicts < _CONFLICT_RETRIES:
+                    conflicts += 1
+                    time.sleep(0.005 * conflicts)
+                    continue
+                if is_unavailable(exc):
+                    if exc.connection_invalidated and not reconnected:
+                        reconnected = True
+                        continue
+                    raise unavailable(self.url, exc, what) from exc
+                raise
+            except Exception as exc:
+                if is_unavailable(exc):
+                    raise unavailable(self.url, exc, what) from exc
+                raise
+
+    def ensure_schema(self) -> None:
+        if self._schema_ready or not self._create_schema:
+            return
+        created = self._attempt(self._create_tables, "the schema was not created")
+        self._schema_ready = True
+        if created:
+            logger.info("ratchet: created tables %s", ", ".join(created))
+
+    def create_missing_tables(self) -> list[str]:
+        return self._attempt(self._create_tables, "the schema was not created")
+
+    def schema_differences(self) -> list[str]:
+        """What the live database lacks of the schema: tables, columns, indexes."""
+
+        def work(conn: Connection) -> list[str]:
+            inspector = inspect(conn)
+            existing = set(inspector.get_table_names())
+            problems = []
+            for table in metadata.sorted_tables:
+                if table.name not in existing:
+                    problems.append(f"missing table {table.name}")
+                    continue
+                columns = {c["name"] for c in inspector.get_columns(table.name)}
+                problems += [f"missing column {table.name}.{c.name}"
+                             for c in table.columns if c.name not in columns]
+                indexes = {i["name"] for i in inspector.get_indexes(table.name)}
+                indexes |= {u["name"] for u in inspector.get_unique_constraints(table.name)}
+                problems += [f"missing index {ix.name} on {table.name}"
+                             for ix in table.indexes
+                             if index_applies(ix, conn.dialect.name) and ix.name not in indexes]
+            return problems
+
+        return self._attempt(work, "the schema was not checked")
+
+    def _create_tables(self, conn: Connection) -> list[str]:
+        existing = set(inspect(conn).get_table_names())
+        if all(t in existing for t in metadata.tables):
+            return []
+        try:
+            return create_missing_tables(conn, existing)
+        except DBAPIError:
+            # Another process created them between our look and our CREATE.
+            if all(t in set(inspect(conn).get_table_names()) for t in metadata.tables):
+                return []
+            raise
+
+    # -- enqueue ----------------------------------------------------------------------------
+
+    def enqueue(self, new: NewJob) -> None:
+        """Insert one job; a finished job with the same id is replaced, an active one is not."""
+        self.enqueue_many([new])
+
+    def enqueue_many(self, jobs: Sequence[NewJob]) -> None:
+        """Insert jobs in one statement (executemany); all or nothing."""
+        if not jobs:
+            return
+        params = [_params(j) for j in jobs]
+
+        def work(conn: Connection) -> None:
+            if len(params) == 1:
+                try:
+                    conn.execute(self._insert, params[0])
+                except IntegrityError:
+                    self._reuse_or_refuse(conn, params[0])
+                return
+            try:
+                with transaction(conn):
+                    conn.execute(self._insert, params)
+                return
+            except IntegrityError:
+                pass
+            # An id already taken: one row at a time, still all or nothing.
+            with transaction(conn):
+                for p in params:
+                    try:
+                        with _Savepoint(conn):
+                            conn.execute(self._insert, p)
+                    except IntegrityError:
+                        self._reuse_or_refuse(conn, p)
+
+        self._run(work, "no job was enqueued")
+
+    def _reuse_or_refuse(self, conn: Connection, params: dict[str, Any]) -> None:
+        if conn.execute(self._reuse_finished, params).rowcount != 1:
+            raise DuplicateJob(params["p_job_id"])
+
+    def replace_running(self, token: str, new: NewJob) -> bool:
+        """Reschedule the row this claim owns with a new message (a retry, a replace).
+
+        False when the claim was lost: the row belongs to another execution now.
+        """
+        params = {**_params(new), "p_token": token}
+        return self._run(
+            lambda conn: conn.execute(self._replace_running, params).rowcount == 1,
+            "the job was not rescheduled",
+        )
+
+    # -- claim and settle -------------------------------------------------------------------
+
+    def claim(self, node_id: str, queues: Sequence[str], limit: int) -> list[ClaimedJob]:
+        if limit <= 0 or not queues:
+            return []
+        token = uuid.uuid4().hex
+        claimed = self._run(
+            lambda conn: self._claim.claim(conn, node_id, token, queues, limit),
+            "no job was claimed",
+        )
+        claimed.sort(key=lambda j: (-j.priority, j.scheduled_time, j.id))
+        return claimed
+
+    def settle(self, settlements: Iterable[Settlement]) -> int:
+        """Finish claimed executions, one statement per outcome kind. Rows whose claim is gone
+        are left alone; returns the number of rows changed."""
+        plain: dict[JobStatus, list[tuple[str, str]]] = defaultdict(list)
+        detailed: list[dict[str, Any]] = []
+        for s in settlements:
+            if s.error is None and s.traceback is None:
+                plain[s.status].append((s.job_id, s.token))
+            else:
+                detailed.append({"p_job_id": s.job_id, "p_token": s.token,
+                                 "p_status": s.status.value, "p_error": s.error,
+                                 "p_traceback": s.traceback})
+        if not plain and not detailed:
+            return 0
+
+        def work(conn: Connection) -> int:
+            changed = 0
+            for status, claims in plain.items():
+                stmt = (
+                    update(job)
+                    .where(
+                        job.c.status == JobStatus.RUNNING.value,
+                        tuple_(job.c.job_id, job.c.claim_token).in_(claims),
+                    )
+                    .values(**_settled_values(status))
+                )
+                changed += conn.execute(stmt).rowcount
+            for params in detailed:
+                changed += conn.execute(self._settle_with_error, params).rowcount
+            return changed
+
+        return self._run(work, "job outcomes were not recorded")
+
+    def store_outcome(
+        self,
+        job_id: str,
+        token: str,
+        status: JobStatus,
+        *,
+        job_result: str | None = None,
+        result_type: str | None = None,
+        result_meta: str | None = None,
+        error: str | None = None,
+        traceback: str | None = None,
+    ) -> bool:
+        """Finish the execution this claim owns, with its result; False if the claim was lost."""
+        params = {
+            "p_job_id": job_id,
+            "p_token": token,
+            "p_status": status.value,
+            "p_job_result": job_result,
+            "p_result_type": result_type,
+            "p_result_meta": result_meta,
+            "p_error": error,
+            "p_traceback": traceback,
+        }
+        return self._run(
+            lambda conn: conn.execute(self._store_outcome, params).rowcount == 1,
+            "the result was not stored",
+        )
+
+    def store_untracked_result(
+        self,
+        job_id: str,
+        task_name: str,
+        status: JobStatus,
+        *,
+        job_result: str | None = None,
+        result_type: str | None = None,
+        result_meta: str | None = None,
+        error: str | None = None,
+        traceback: str | None = None,
+    ) -> None:
+        """A result written without a claim (an eager run, a manual ``mark_as_*``).
+
+        A finished row takes the new state; an active row keeps its state (its claim decides)
+        but records the result; with no row, a finished row is inserted.
+        """
+        result_values = {
+            "job_result": job_result,
+            "result_type": result_type,
+            "result_meta": result_meta,
+            "last_error": error,
+            "error_traceback": traceback,
+        }
+
+        def work(conn: Connection) -> None:
+            finished = conn.execute(
+                update(job)
+                .where(job.c.job_id == job_id, job.c.status.in_(_TERMINAL))
+                .values(status=status.value, finished_at=db_now(), **result_values)
+            ).rowcount
+            if finished:
+                return
+            active = conn.execute(
+                update(job).where(job.c.job_id == job_id).values(**result_values)
+            ).rowcount
+            if active:
+                return
+            try:
+                conn.execute(
+                    insert(job).values(
+                        job_id=job_id,
+                        task_name=task_name,
+                        queue="",
+                        status=status.value,
+                        priority=0,
+                        scheduled_time=db_now(),
+                        created_at=db_now(),
+                        finished_at=db_now(),
+                        payload=b"",
+                        content_type="",
+                        content_encoding="",
+                        headers="{}",
+                        properties="{}",
+                        **result_values,
+                    )
+                )
+            except IntegrityError:  # inserted concurrently: the other writer's row stands
+                pass
+
+        self._run(work, "the result was not stored")
+
+    def note_retry(self, job_id: str, error: str | None, traceback: str | None) -> None:
+        """Record why a job that was just rescheduled for a retry failed."""
+        stmt = (
+            update(job)
+            .where(job.c.job_id == job_id, job.c.status == JobStatus.PENDING.value)
+            .values(last_error=error, error_traceback=traceback)
+        )
+        self._run(lambda conn: conn.execute(stmt), "the retry reason was not stored")
+
+    def store_progress(self, job_id: str, token: str, meta: str | None, *, started: bool) -> None:
+        """A running job's interim state (STARTED, or a custom one from ``update_state``)."""
+        values: dict[str, Any] = {"result_meta": meta}
+        if started:
+            values["started_at"] = db_now()
+        stmt = (
+            update(job)
+            .where(
+                job.c.job_id == job_id,
+                job.c.claim_token == token,
+                job.c.status == JobStatus.RUNNING.value,
+            )
+            .values(**values)
+        )
+        self._run(lambda conn: conn.execute(stmt), "the job's progress was not stored")
+
+    # -- results ----------------------------------------------------------------------------
+
+    def result(self, job_id: str) -> ResultRecord | None:
+        stmt = select(
+            job.c.job_id,
+            job.c.task_name,
+            job.c.status,
+            job.c.attempts,
+            job.c.queue,
+            job.c.job_result,
+            job.c.result_type,
+            job.c.result_meta,
+            job.c.last_error,
+            job.c.error_traceback,
+            job.c.finished_at,
+            job.c.picked_by,
+            job.c.headers,
+            job.c.payload,
+            job.c.content_type,
+            job.c.content_encoding,
+        ).where(job.c.job_id == job_id)
+        row = self._run(lambda conn: conn.execute(stmt).first(), "the result was not read")
+        if row is None:
+            return None
+        return ResultRecord(**{**row._asdict(), "status": JobStatus(row.status),
+                               "payload": _bytes(row.payload)})
+
+    def forget(self, job_id: str) -> None:
+        """Drop a finished job's row; an active job only loses its stored result."""
+
+        def work(conn: Connection) -> None:
+            deleted = conn.execute(
+                delete(job).where(job.c.job_id == job_id, job.c.status.in_(_TERMINAL))
+            ).rowcount
+            if not deleted:
+                conn.execute(
+                    update(job)
+                    .where(job.c.job_id == job_id)
+                    .values(job_result=None, result_type=None, result_meta=None)
+                )
+
+        self._run(work, "the result was not forgotten")
+
+    def expire_results(self, older_than_seconds: float) -> int:
+        """Clear stored return values of jobs finished longer ago than the given age."""
+        stmt = (
+            update(job)
+            .where(
+                job.c.status.in_(_TERMINAL),
+                job.c.finished_at < db_now_minus(older_than_seconds),
+                job.c.job_result.is_not(None),
+            )
+            .values(job_result=None, result_meta=None)
+        )
+        return self._run(lambda conn: conn.execute(stmt).rowcount, "results were not expired")
+
+    def save_group(self, group_id: str, result: str) -> None:
+        g = scheduler_group_result
+
+        def work(conn: Connection) -> None:
+            with transaction(conn):
+                conn.execute(delete(g).where(g.c.group_id == group_id))
+                conn.execute(insert(g).values(group_id=group_id, result=result,
+                                              created_at=db_now()))
+
+        self._run(work, "the group was not saved")
+
+    def load_group(self, group_id: str) -> str | None:
+        g = scheduler_group_result
+        stmt = select(g.c.result).where(g.c.group_id == group_id)
+        return self._run(lambda conn: conn.execute(stmt).scalar(), "the group was not read")
+
+    def delete_group(self, group_id: str) -> None:
+        g = scheduler_group_result
+        stmt = delete(g).where(g.c.group_id == group_id)
+        self._run(lambda conn: conn.execute(stmt), "the group was not deleted")
+
+    def revoke_pending(self, job_ids: Sequence[str], error: str) -> int:
+        """Pending jobs become REVOKED and never run; returns how many were pending."""
+        if not job_ids:
+            return 0
+        stmt = (
+            update(job)
+            .where(job.c.job_id.in_(list(job_ids)), job.c.status == JobStatus.PENDING.value)
+            .values(status=JobStatus.REVOKED.value, finished_at=db_now(), last_error=error)
+        )
+        return self._run(lambda conn: conn.execute(stmt).rowcount, "no job was revoked")
+
+    def purge_pending(self, queues: Sequence[str]) -> int:
+        stmt = delete(job).where(
+            job.c.status == JobStatus.PENDING.value, job.c.queue.in_(list(queues))
+        )
+        return self._run(lambda conn: conn.execute(stmt).rowcount, "no job was purged")
+
+    # -- inspection -------------------------------------------------------------------------
+
+    def list_jobs(
+        self,
+        *,
+        status: JobStatus | None = None,
+        task_name: str | None = None,
+        queue: str | None = None,
+        limit: int = 50,
+    ) -> list[JobSummary]:
+        conditions = []
+        if status is not None:
+            conditions.append(job.c.status == status.value)
+        if task_name is not None:
+            conditions.append(job.c.task_name == task_name)
+        if queue is not None:
+            conditions.append(job.c.queue == queue)
+        stmt = (
+            select(
+                job.c.job_id,
+                job.c.task_name,
+                job.c.queue,
+                job.c.status,
+                job.c.priority,
+                job.c.attempts,
+                job.c.scheduled_time,
+                job.c.created_at,
+                job.c.finished_at,
+                job.c.picked_by,
+                job.c.last_error,
+            )
+            .where(and_(*conditions))
+            .order_by(job.c.id.desc())
+            .limit(limit)
+        )
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "jobs were not listed")
+        return [_summary(r) for r in rows]
+
+    # -- nodes ------------------------------------------------------------------------------
+
+    def register_node(
+        self, node_id: str, hostname: str, pid: int, queues: Sequence[str], concurrency: int
+    ) -> None:
+        n = scheduler_node
+        stmt = insert(n).values(
+            node_id=node_id,
+            hostname=hostname,
+            pid=pid,
+            queues=",".join(queues),
+            concurrency=concurrency,
+            started_at=db_now(),
+            heartbeat_ts=db_now(),
+        )
+        self._run(lambda conn: conn.execute(stmt), "the node was not registered")
+
+    def heartbeat(self, node_id: str) -> bool:
+        """Refresh the node's heartbeat; False when the row is gone (declared dead)."""
+        n = scheduler_node
+        stmt = update(n).where(n.c.node_id == node_id).values(heartbeat_ts=db_now())
+        return self._run(lambda conn: conn.execute(stmt).rowcount == 1, "no heartbeat was written")
+
+    def remove_node(self, node_id: str) -> None:
+        n = scheduler_node
+        self._run(
+            lambda conn: conn.execute(delete(n).where(n.c.node_id == node_id)),
+            "the node was not removed",
+        )
+
+    def recover_orphans(self, grace_seconds: float) -> list[str]:
+        """Hand RUNNING jobs of nodes silent for longer than ``grace_seconds`` back to PENDING,
+        release their permits and delete the dead nodes, atomically. Returns the job ids.
+
+        Jobs owned by a node with no row at all (removed by hand, or a node that died while
+        registering) count as orphaned once their claim is older than the grace period.
+        """
+        n, p = scheduler_node, scheduler_resource_permit
+        cutoff = db_now_minus(grace_seconds)
+        silent = select(n.c.node_id).where(n.c.heartbeat_ts < cutoff)
+        if self.family != "sqlite":
+            silent = silent.with_for_update(skip_locked=True)
+        owned_by = job.c.picked_by.in_(bindparam("dead", expanding=True))
+        unowned = and_(
+            job.c.picked_by.not_in(select(n.c.node_id)), job.c.claimed_at < cutoff
+        )
+
+        def work(conn: Connection) -> list[str]:
+            with transaction(conn):
+                dead = list(conn.execute(silent).scalars())
+                running = job.c.status == JobStatus.RUNNING.value
+                where = and_(running, or_(owned_by, unowned) if dead else unowned)
+                params = {"dead": dead} if dead else {}
+                orphans = list(conn.execute(select(job.c.job_id).where(where), params).scalars())
+                if orphans:
+                    conn.execute(
+                        update(job)
+                        .where(where, job.c.job_id.in_(orphans))
+                        .values(status=JobStatus.PENDING.value, **_CLEARED_CLAIM),
+                        params,
+                    )
+                    conn.execute(delete(p).where(p.c.job_id.in_(orphans)))
+                if dead:
+                    conn.execute(delete(p).where(p.c.node_id.in_(dead)))
+                    conn.execute(delete(n).where(n.c.node_id.in_(dead)))
+                return orphans
+
+        return self._run(work, "orphaned jobs were not recovered")
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        n = scheduler_node
+        running = (
+            select(func.count())
+            .where(job.c.picked_by == n.c.node_id, job.c.status == JobStatus.RUNNING.value)
+            .scalar_subquery()
+        )
+        stmt = select(n, running.label("running")).order_by(n.c.started_at)
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "nodes were not listed")
+        return [r._asdict() for r in rows]
+
+    def count_by_status(self) -> dict[str, int]:
+        stmt = select(job.c.status, func.count()).group_by(job.c.status)
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "jobs were not counted")
+        return {status: count for status, count in rows}
+
+
+def _settled_values(status: JobStatus) -> dict[str, Any]:
+    if status is JobStatus.PENDING:  # handed back: due again at once, for any node
+        return {"status": status.value, **_CLEARED_CLAIM}
+    return {"status": status.value, "finished_at": db_now()}
+
+
+def _bytes(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+def _summary(row: Row[Any]) -> JobSummary:
+    values = row._asdict()
+    values["status"] = JobStatus(values["status"])
+    return JobSummary(**values)
+
+
+class _Savepoint:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> None:
+        self.conn.exec_driver_sql("SAVEPOINT ratchet_row")
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is None:
+            self.conn.exec_driver_sql("RELEASE SAVEPOINT ratchet_row")
+        else:
+            self.conn.exec_driver_sql("ROLLBACK TO SAVEPOINT ratchet_row")

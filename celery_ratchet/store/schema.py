@@ -1,0 +1,196 @@
+"""The one definition of the database schema; ``ddl/*.sql`` is generated from it."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
+
+metadata = MetaData()
+
+#: Due time of rows that must stay invisible to the poller until something else schedules them.
+FAR_FUTURE = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc)
+
+_MYSQL = ("mysql", "mariadb")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in Python; ``timestamptz`` on PostgreSQL, UTC ``DATETIME(6)`` elsewhere."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name in _MYSQL:
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(DateTime(timezone=dialect.name == "postgresql"))
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r} given to the job store; pass aware UTC")
+        value = value.astimezone(timezone.utc)
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):  # SQLite's clock expression yields text
+            value = datetime.fromisoformat(value)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+def _long_text() -> Any:
+    return Text().with_variant(mysql.MEDIUMTEXT(), *_MYSQL)
+
+
+def _blob() -> Any:
+    return LargeBinary().with_variant(mysql.MEDIUMBLOB(), *_MYSQL)
+
+
+def _job_columns() -> list[Column[Any]]:
+    return [
+        Column("job_id", String(255), nullable=False),
+        Column("task_name", String(255), nullable=False),
+        Column("queue", String(255), nullable=False),
+        Column("status", String(16), nullable=False),
+        Column("job_type", String(24), nullable=False, server_default="SINGLE"),
+        Column("priority", SmallInteger, nullable=False),
+        Column("scheduled_time", UTCDateTime, nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+        Column("expires_at", UTCDateTime),
+        Column("attempts", Integer, nullable=False, server_default="0"),
+        Column("claims", Integer, nullable=False, server_default="0"),
+        Column("root_id", String(255)),
+        Column("parent_id", String(255)),
+        Column("group_id", String(255)),
+        Column("picked_by", String(255)),
+        Column("claim_token", String(32)),
+        Column("claimed_at", UTCDateTime),
+        Column("started_at", UTCDateTime),
+        Column("finished_at", UTCDateTime),
+        Column("payload", _blob(), nullable=False),
+        Column("content_type", String(128), nullable=False),
+        Column("content_encoding", String(64), nullable=False),
+        Column("headers", _long_text(), nullable=False),
+        Column("properties", Text, nullable=False),
+        Column("job_result", _long_text()),
+        Column("result_type", String(255)),
+        Column("result_meta", _long_text()),
+        Column("last_error", _long_text()),
+        Column("error_traceback", _long_text()),
+    ]
+
+
+_id_type = BigInteger().with_variant(Integer, "sqlite")
+# Binary collation: task ids and queue names are case-sensitive strings, as in Celery.
+_MYSQL_OPTIONS = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
+
+scheduler_job = Table(
+    "scheduler_job",
+    metadata,
+    Column("id", _id_type, primary_key=True, autoincrement=True),
+    *_job_columns(),
+    **_MYSQL_OPTIONS,
+    # Every job is inserted and updated a few times: vacuum early, so claims do not wade
+    # through dead index entries.
+    postgresql_with={
+        "autovacuum_vacuum_scale_factor": "0.02",
+        "autovacuum_vacuum_insert_scale_factor": "0.05",
+        "autovacuum_analyze_scale_factor": "0.02",
+    },
+)
+
+Index("ux_scheduler_job_job_id", scheduler_job.c.job_id, unique=True)
+
+# The claim reads pending rows of a queue in (priority desc, due time) order. A partial index
+# holds only pending rows where the dialect has partial indexes; MySQL/MariaDB lead with status.
+Index(
+    "ix_scheduler_job_claim",
+    scheduler_job.c.queue,
+    scheduler_job.c.priority.desc(),
+    scheduler_job.c.scheduled_time,
+    scheduler_job.c.id,
+    postgresql_where=text("status = 'PENDING'"),
+    sqlite_where=text("status = 'PENDING'"),
+ info={"dialects": ("postgresql", "sqlite")},
+)
+Index(
+    "ix_scheduler_job_claim_status",
+    scheduler_job.c.status,
+    scheduler_job.c.queue,
+    scheduler_job.c.priority.desc(),
+    scheduler_job.c.scheduled_time,
+    scheduler_job.c.id,
+ info={"dialects": _MYSQL},
+)
+# Orphan recovery and node listings look up running rows by owner.
+Index(
+    "ix_scheduler_job_owner",
+    scheduler_job.c.status,
+    scheduler_job.c.picked_by,
+)
+Index("ix_scheduler_job_finished", scheduler_job.c.status, scheduler_job.c.finished_at)
+
+scheduler_job_archive = Table(
+    "scheduler_job_archive",
+    metadata,
+    Column("id", _id_type, primary_key=True, autoincrement=False),
+    *_job_columns(),
+    Column("archived_at", UTCDateTime, nullable=False),
+    **_MYSQL_OPTIONS,
+)
+Index("ix_scheduler_job_archive_job_id", scheduler_job_archive.c.job_id)
+Index("ix_scheduler_job_archive_finished", scheduler_job_archive.c.finished_at)
+
+scheduler_node = Table(
+    "scheduler_node",
+    metadata,
+    Column("node_id", String(255), primary_key=True),
+    Column("hostname", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("queues", Text, nullable=False),
+    Column("concurrency", Integer, nullable=False),
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("heartbeat_ts", UTCDateTime, nullable=False),
+    **_MYSQL_OPTIONS,
+)
+
+scheduler_resource_permit = Table(
+    "scheduler_resource_permit",
+    metadata,
+    Column("resource", String(255), primary_key=True),
+    Column("job_id", String(255), primary_key=True),
+    Column("node_id", String(255), nullable=False),
+    Column("acquired_at", UTCDateTime, nullable=False),
+    **_MYSQL_OPTIONS,
+)
+
+scheduler_group_result = Table(
+    "scheduler_group_result",
+    metadata,
+    Column("group_id", String(255), primary_key=True),
+    Column("result", _long_text(), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    **_MYSQL_OPTIONS,
+)

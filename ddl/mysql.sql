@@ -1,0 +1,109 @@
+-- celery_ratchet schema for mysql. Generated from celery_ratchet/store/schema.py;
+-- `ratchet schema show --dialect mysql` prints it. Do not edit by hand.
+
+CREATE TABLE scheduler_group_result (
+	group_id VARCHAR(255) NOT NULL,
+	result MEDIUMTEXT NOT NULL,
+	created_at DATETIME(6) NOT NULL,
+	PRIMARY KEY (group_id)
+)ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
+
+CREATE TABLE scheduler_job (
+	id BIGINT NOT NULL AUTO_INCREMENT,
+	job_id VARCHAR(255) NOT NULL,
+	task_name VARCHAR(255) NOT NULL,
+	queue VARCHAR(255) NOT NULL,
+	status VARCHAR(16) NOT NULL,
+	job_type VARCHAR(24) NOT NULL DEFAULT 'SINGLE',
+	priority SMALLINT NOT NULL,
+	scheduled_time DATETIME(6) NOT NULL,
+	created_at DATETIME(6) NOT NULL,
+	expires_at DATETIME(6),
+	attempts INTEGER NOT NULL DEFAULT '0',
+	claims INTEGER NOT NULL DEFAULT '0',
+	root_id VARCHAR(255),
+	parent_id VARCHAR(255),
+	group_id VARCHAR(255),
+	picked_by VARCHAR(255),
+	claim_token VARCHAR(32),
+	claimed_at DATETIME(6),
+	started_at DATETIME(6),
+	finished_at DATETIME(6),
+	payload MEDIUMBLOB NOT NULL,
+	content_type VARCHAR(128) NOT NULL,
+	content_encoding VARCHAR(64) NOT NULL,
+	headers MEDIUMTEXT NOT NULL,
+	properties TEXT NOT NULL,
+	job_result MEDIUMTEXT,
+	result_type VARCHAR(255),
+	result_meta MEDIUMTEXT,
+	last_error MEDIUMTEXT,
+	error_traceback MEDIUMTEXT,
+	PRIMARY KEY (id)
+)ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
+
+CREATE INDEX ix_scheduler_job_claim_status ON scheduler_job (status, queue, priority DESC, scheduled_time, id);
+
+CREATE INDEX ix_scheduler_job_finished ON scheduler_job (status, finished_at);
+
+CREATE INDEX ix_scheduler_job_owner ON scheduler_job (status, picked_by);
+
+CREATE UNIQUE INDEX ux_scheduler_job_job_id ON scheduler_job (job_id);
+
+CREATE TABLE scheduler_job_archive (
+	id BIGINT NOT NULL,
+	job_id VARCHAR(255) NOT NULL,
+	task_name VARCHAR(255) NOT NULL,
+	queue VARCHAR(255) NOT NULL,
+	status VARCHAR(16) NOT NULL,
+	job_type VARCHAR(24) NOT NULL DEFAULT 'SINGLE',
+	priority SMALLINT NOT NULL,
+	scheduled_time DATETIME(6) NOT NULL,
+	created_at DATETIME(6) NOT NULL,
+	expires_at DATETIME(6),
+	attempts INTEGER NOT NULL DEFAULT '0',
+	claims INTEGER NOT NULL DEFAULT '0',
+	root_id VARCHAR(255),
+	parent_id VARCHAR(255),
+	group_id VARCHAR(255),
+	picked_by VARCHAR(255),
+	claim_token VARCHAR(32),
+	claimed_at DATETIME(6),
+	started_at DATETIME(6),
+	finished_at DATETIME(6),
+	payload MEDIUMBLOB NOT NULL,
+	content_type VARCHAR(128) NOT NULL,
+	content_encoding VARCHAR(64) NOT NULL,
+	headers MEDIUMTEXT NOT NULL,
+	properties TEXT NOT NULL,
+	job_result MEDIUMTEXT,
+	result_type VARCHAR(255),
+	result_meta MEDIUMTEXT,
+	last_error MEDIUMTEXT,
+	error_traceback MEDIUMTEXT,
+	archived_at DATETIME(6) NOT NULL,
+	PRIMARY KEY (id)
+)ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
+
+CREATE INDEX ix_scheduler_job_archive_finished ON scheduler_job_archive (finished_at);
+
+CREATE INDEX ix_scheduler_job_archive_job_id ON scheduler_job_archive (job_id);
+
+CREATE TABLE scheduler_node (
+	node_id VARCHAR(255) NOT NULL,
+	hostname VARCHAR(255) NOT NULL,
+	pid INTEGER NOT NULL,
+	queues TEXT NOT NULL,
+	concurrency INTEGER NOT NULL,
+	started_at DATETIME(6) NOT NULL,
+	heartbeat_ts DATETIME(6) NOT NULL,
+	PRIMARY KEY (node_id)
+)ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
+
+CREATE TABLE scheduler_resource_permit (
+	resource VARCHAR(255) NOT NULL,
+	job_id VARCHAR(255) NOT NULL,
+	node_id VARCHAR(255) NOT NULL,
+	acquired_at DATETIME(6) NOT NULL,
+	PRIMARY KEY (resource, job_id)
+)ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;

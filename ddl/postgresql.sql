@@ -1,0 +1,110 @@
+-- celery_ratchet schema for postgresql. Generated from celery_ratchet/store/schema.py;
+-- `ratchet schema show --dialect postgresql` prints it. Do not edit by hand.
+
+CREATE TABLE scheduler_group_result (
+	group_id VARCHAR(255) NOT NULL,
+	result TEXT NOT NULL,
+	created_at TIMESTAMP WITH TIME ZONE NOT NULL,
+	PRIMARY KEY (group_id)
+);
+
+CREATE TABLE scheduler_job (
+	id BIGSERIAL NOT NULL,
+	job_id VARCHAR(255) NOT NULL,
+	task_name VARCHAR(255) NOT NULL,
+	queue VARCHAR(255) NOT NULL,
+	status VARCHAR(16) NOT NULL,
+	job_type VARCHAR(24) DEFAULT 'SINGLE' NOT NULL,
+	priority SMALLINT NOT NULL,
+	scheduled_time TIMESTAMP WITH TIME ZONE NOT NULL,
+	created_at TIMESTAMP WITH TIME ZONE NOT NULL,
+	expires_at TIMESTAMP WITH TIME ZONE,
+	attempts INTEGER DEFAULT '0' NOT NULL,
+	claims INTEGER DEFAULT '0' NOT NULL,
+	root_id VARCHAR(255),
+	parent_id VARCHAR(255),
+	group_id VARCHAR(255),
+	picked_by VARCHAR(255),
+	claim_token VARCHAR(32),
+	claimed_at TIMESTAMP WITH TIME ZONE,
+	started_at TIMESTAMP WITH TIME ZONE,
+	finished_at TIMESTAMP WITH TIME ZONE,
+	payload BYTEA NOT NULL,
+	content_type VARCHAR(128) NOT NULL,
+	content_encoding VARCHAR(64) NOT NULL,
+	headers TEXT NOT NULL,
+	properties TEXT NOT NULL,
+	job_result TEXT,
+	result_type VARCHAR(255),
+	result_meta TEXT,
+	last_error TEXT,
+	error_traceback TEXT,
+	PRIMARY KEY (id)
+)
+ WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
+
+CREATE INDEX ix_scheduler_job_claim ON scheduler_job (queue, priority DESC, scheduled_time, id) WHERE status = 'PENDING';
+
+CREATE INDEX ix_scheduler_job_finished ON scheduler_job (status, finished_at);
+
+CREATE INDEX ix_scheduler_job_owner ON scheduler_job (status, picked_by);
+
+CREATE UNIQUE INDEX ux_scheduler_job_job_id ON scheduler_job (job_id);
+
+CREATE TABLE scheduler_job_archive (
+	id BIGINT NOT NULL,
+	job_id VARCHAR(255) NOT NULL,
+	task_name VARCHAR(255) NOT NULL,
+	queue VARCHAR(255) NOT NULL,
+	status VARCHAR(16) NOT NULL,
+	job_type VARCHAR(24) DEFAULT 'SINGLE' NOT NULL,
+	priority SMALLINT NOT NULL,
+	scheduled_time TIMESTAMP WITH TIME ZONE NOT NULL,
+	created_at TIMESTAMP WITH TIME ZONE NOT NULL,
+	expires_at TIMESTAMP WITH TIME ZONE,
+	attempts INTEGER DEFAULT '0' NOT NULL,
+	claims INTEGER DEFAULT '0' NOT NULL,
+	root_id VARCHAR(255),
+	parent_id VARCHAR(255),
+	group_id VARCHAR(255),
+	picked_by VARCHAR(255),
+	claim_token VARCHAR(32),
+	claimed_at TIMESTAMP WITH TIME ZONE,
+	started_at TIMESTAMP WITH TIME ZONE,
+	finished_at TIMESTAMP WITH TIME ZONE,
+	payload BYTEA NOT NULL,
+	content_type VARCHAR(128) NOT NULL,
+	content_encoding VARCHAR(64) NOT NULL,
+	headers TEXT NOT NULL,
+	properties TEXT NOT NULL,
+	job_result TEXT,
+	result_type VARCHAR(255),
+	result_meta TEXT,
+	last_error TEXT,
+	error_traceback TEXT,
+	archived_at TIMESTAMP WITH TIME ZONE NOT NULL,
+	PRIMARY KEY (id)
+);
+
+CREATE INDEX ix_scheduler_job_archive_finished ON scheduler_job_archive (finished_at);
+
+CREATE INDEX ix_scheduler_job_archive_job_id ON scheduler_job_archive (job_id);
+
+CREATE TABLE scheduler_node (
+	node_id VARCHAR(255) NOT NULL,
+	hostname VARCHAR(255) NOT NULL,
+	pid INTEGER NOT NULL,
+	queues TEXT NOT NULL,
+	concurrency INTEGER NOT NULL,
+	started_at TIMESTAMP WITH TIME ZONE NOT NULL,
+	heartbeat_ts TIMESTAMP WITH TIME ZONE NOT NULL,
+	PRIMARY KEY (node_id)
+);
+
+CREATE TABLE scheduler_resource_permit (
+	resource VARCHAR(255) NOT NULL,
+	job_id VARCHAR(255) NOT NULL,
+	node_id VARCHAR(255) NOT NULL,
+	acquired_at TIMESTAMP WITH TIME ZONE NOT NULL,
+	PRIMARY KEY (resource, job_id)
+);

@@ -1,0 +1,130 @@
+"""Databases for the tests: SQLite always; PostgreSQL and MariaDB when reachable.
+
+Each test run creates its own databases on the servers (``ratchet_t<pid>``) and drops them at
+the end, so two runs never share rows. An unreachable server skips its tests, except under
+``CI=true``, where it fails them: CI must never pass by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from celery_ratchet.store.engine import engine_for
+from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.schema import metadata
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+PG_HOST = os.environ.get("RATCHET_TEST_PG", "postgres@127.0.0.1:5432")
+MYSQL_HOST = os.environ.get("RATCHET_TEST_MYSQL", "root@127.0.0.1:3306")
+DB_NAME = f"ratchet_t{os.getpid()}"
+DIALECTS = ("sqlite", "postgresql", "mysql")
+
+
+def _reachable(hostport: str) -> bool:
+    host, _, port = hostport.rpartition("@")[2].partition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+class Servers:
+    """Creates the run's databases on first use; drops them when the run ends."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.created: dict[str, str] = {}
+
+    def url(self, dialect: str) -> str:
+        if dialect == "sqlite":
+            return f"sqlite:///{self.tmp / 'ratchet.db'}"
+        if dialect not in self.created:
+            self.created[dialect] = self._create(dialect)
+        return self.created[dialect]
+
+    def _create(self, dialect: str) -> str:
+        hostport = PG_HOST if dialect == "postgresql" else MYSQL_HOST
+        if not _reachable(hostport):
+            message = f"{dialect} is not reachable at {hostport}"
+            if IN_CI:
+                pytest.fail(f"{message}: CI requires it (start it with ../shared/services.sh)")
+            pytest.skip(message)
+        if dialect == "postgresql":
+            admin = create_engine(f"postgresql+psycopg://{hostport}/postgres",
+                                  isolation_level="AUTOCOMMIT")
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_NAME}"'))
+                conn.execute(text(f'CREATE DATABASE "{DB_NAME}"'))
+            admin.dispose()
+            return f"postgresql://{hostport}/{DB_NAME}"
+        admin = create_engine(f"mysql+pymysql://{hostport}/", isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS `{DB_NAME}`"))
+            conn.execute(text(f"CREATE DATABASE `{DB_NAME}` CHARACTER SET utf8mb4"))
+        admin.dispose()
+        return f"mysql://{hostport}/{DB_NAME}"
+
+    def drop_all(self) -> None:
+        for dialect in self.created:
+            engine_for(self.created[dialect]).dispose()
+            if dialect == "postgresql":
+                admin = create_engine(f"postgresql+psycopg://{PG_HOST}/postgres",
+                                      isolation_level="AUTOCOMMIT")
+                sql = f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)'
+            else:
+                admin = create_engine(f"mysql+pymysql://{MYSQL_HOST}/",
+                                      isolation_level="AUTOCOMMIT")
+                sql = f"DROP DATABASE IF EXISTS `{DB_NAME}`"
+            with admin.connect() as conn:
+                conn.execute(text(sql))
+            admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    found = Servers(tmp_path_factory.mktemp("db"))
+    yield found
+    found.drop_all()
+
+
+def empty_store(url: str) -> JobStore:
+    """A store on ``url`` with its schema present and every table empty."""
+    store = JobStore(url)
+    store.ensure_schema()
+    with store.engine.connect() as conn:
+        for table in reversed(metadata.sorted_tables):
+            conn.execute(table.delete())
+    return store
+
+
+@pytest.fixture(params=DIALECTS)
+def dialect(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def db_url(servers: Servers, dialect: str) -> str:
+    return servers.url(dialect)
+
+
+@pytest.fixture
+def store(db_url: str) -> JobStore:
+    return empty_store(db_url)
+
+
+@pytest.fixture(params=[d for d in DIALECTS if d != "sqlite"])
+def server_dialect(request: pytest.FixtureRequest) -> str:
+    """PostgreSQL and MariaDB only: for tests of concurrency across processes and hosts."""
+    return str(request.param)
+
+
+@pytest.fixture
+def server_store(servers: Servers, server_dialect: str) -> JobStore:
+    return empty_store(servers.url(server_dialect))

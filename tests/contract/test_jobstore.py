@@ -1,0 +1,217 @@
+"""The JobStore contract: one suite, run against SQLite, PostgreSQL and MariaDB."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import text
+
+from celery_ratchet.domain.job import JobStatus, Settlement
+from celery_ratchet.errors import DuplicateJob
+from celery_ratchet.store.jobstore import JobStore
+from tests.helpers import new_job
+
+NOW = datetime.now(timezone.utc)
+
+
+def status_of(store: JobStore, job_id: str) -> JobStatus:
+    record = store.result(job_id)
+    assert record is not None, f"no row for {job_id}"
+    return record.status
+
+
+def test_enqueued_job_is_claimed_with_its_message(store: JobStore) -> None:
+    job = new_job("j1", priority=7)
+    store.enqueue(job)
+    [claimed] = store.claim("node-a", ["celery"], 10)
+    assert claimed.job_id == "j1"
+    assert claimed.priority == 7
+    assert claimed.claims == 1
+    assert claimed.message == job.message
+    assert status_of(store, "j1") is JobStatus.RUNNING
+    assert store.claim("node-b", ["celery"], 10) == []
+
+
+def test_claim_orders_by_priority_then_due_time(store: JobStore) -> None:
+    store.enqueue(new_job("old-low", priority=1, due=NOW - timedelta(minutes=5)))
+    store.enqueue(new_job("new-high", priority=9, due=NOW - timedelta(seconds=1)))
+    store.enqueue(new_job("old-high", priority=9, due=NOW - timedelta(minutes=1)))
+    store.enqueue(new_job("mid", priority=5))
+    claimed = store.claim("n", ["celery"], 2) + store.claim("n", ["celery"], 2)
+    assert [j.job_id for j in claimed] == ["old-high", "new-high", "mid", "old-low"]
+
+
+def test_future_jobs_wait_for_their_due_time(store: JobStore) -> None:
+    store.enqueue(new_job("later", due=NOW + timedelta(hours=1)))
+    store.enqueue(new_job("soon", due=datetime.now(timezone.utc) + timedelta(seconds=0.5)))
+    assert store.claim("n", ["celery"], 10) == []
+    time.sleep(0.7)
+    assert [j.job_id for j in store.claim("n", ["celery"], 10)] == ["soon"]
+
+
+def test_claim_takes_only_the_given_queues_and_limit(store: JobStore) -> None:
+    for i in range(5):
+        store.enqueue(new_job(f"a{i}", queue="alpha"))
+    store.enqueue(new_job("b0", queue="beta"))
+    assert {j.job_id for j in store.claim("n", ["beta"], 10)} == {"b0"}
+    assert len(store.claim("n", ["alpha", "gamma"], 3)) == 3
+    assert len(store.claim("n", ["alpha"], 10)) == 2
+
+
+def test_settlement_is_a_compare_and_swap_on_the_claim(store: JobStore) -> None:
+    store.enqueue(new_job("ok"))
+    store.enqueue(new_job("bad"))
+    ok, bad = sorted(store.claim("n", ["celery"], 10), key=lambda j: j.job_id != "ok")
+    stale = Settlement("ok", "not-my-token", JobStatus.FAILED, error="stale")
+    assert store.settle([stale]) == 0
+    changed = store.settle([
+        Settlement(ok.job_id, ok.token, JobStatus.SUCCEEDED),
+        Settlement(bad.job_id, bad.token, JobStatus.FAILED, error='{"exc_type": "E"}',
+                   traceback="tb"),
+    ])
+    assert changed == 2
+    assert status_of(store, "ok") is JobStatus.SUCCEEDED
+    record = store.result("bad")
+    assert record is not None
+    assert (record.status, record.last_error, record.error_traceback) == (
+        JobStatus.FAILED, '{"exc_type": "E"}', "tb")
+    assert record.finished_at is not None
+    # A finished row never goes back, whoever asks.
+    assert store.settle([Settlement(ok.job_id, ok.token, JobStatus.FAILED)]) == 0
+    assert status_of(store, "ok") is JobStatus.SUCCEEDED
+
+
+def test_result_is_stored_only_by_the_claim_holder(store: JobStore) -> None:
+    store.enqueue(new_job("r"))
+    [job] = store.claim("n", ["celery"], 1)
+    assert not store.store_outcome("r", "other", JobStatus.SUCCEEDED, job_result="1")
+    assert store.store_outcome("r", job.token, JobStatus.SUCCEEDED, job_result="42",
+                               result_type="builtins.int")
+    record = store.result("r")
+    assert record is not None
+    assert (record.status, record.job_result, record.result_type) == (
+        JobStatus.SUCCEEDED, "42", "builtins.int")
+
+
+def test_a_retry_reschedules_the_same_row_and_voids_the_old_claim(store: JobStore) -> None:
+    store.enqueue(new_job("retry-me"))
+    [first] = store.claim("n", ["celery"], 1)
+    due = datetime.now(timezone.utc) + timedelta(seconds=0.5)
+    assert store.replace_running(first.token, new_job("retry-me", attempts=1, due=due))
+    record = store.result("retry-me")
+    assert record is not None and record.status is JobStatus.PENDING
+    # The first execution ends late: its outcome must not touch the rescheduled row.
+    assert not store.store_outcome("retry-me", first.token, JobStatus.SUCCEEDED)
+    assert store.settle([Settlement("retry-me", first.token, JobStatus.FAILED)]) == 0
+    assert store.claim("n", ["celery"], 1) == []  # not due yet
+    time.sleep(0.7)
+    [second] = store.claim("n", ["celery"], 1)
+    assert (second.job_id, second.attempts, second.claims) == ("retry-me", 1, 1)
+    assert not store.replace_running(first.token, new_job("retry-me", attempts=2))
+
+
+def test_an_active_job_id_cannot_be_enqueued_twice(store: JobStore) -> None:
+    store.enqueue(new_job("dup"))
+    with pytest.raises(DuplicateJob, match="dup"):
+        store.enqueue(new_job("dup"))
+    assert store.count_by_status() == {"PENDING": 1}
+
+
+def test_a_finished_job_id_can_be_sent_again(store: JobStore) -> None:
+    store.enqueue(new_job("again"))
+    [job] = store.claim("n", ["celery"], 1)
+    store.store_outcome("again", job.token, JobStatus.FAILED, error="x")
+    store.enqueue(new_job("again", priority=9))
+    record = store.result("again")
+    assert record is not None
+    assert (record.status, record.last_error) == (JobStatus.PENDING, None)
+
+
+def test_bulk_enqueue_is_all_or_nothing(store: JobStore) -> None:
+    store.enqueue(new_job("taken"))
+    batch = [new_job(f"b{i}") for i in range(5)] + [new_job("taken")]
+    with pytest.raises(DuplicateJob):
+        store.enqueue_many(batch)
+    assert store.count_by_status() == {"PENDING": 1}
+    store.enqueue_many([new_job(f"c{i}") for i in range(500)])
+    assert store.count_by_status() == {"PENDING": 501}
+
+
+def test_handed_back_jobs_are_due_again_and_marked_redelivered(store: JobStore) -> None:
+    store.enqueue(new_job("h"))
+    [job] = store.claim("n", ["celery"], 1)
+    store.settle([Settlement("h", job.token, JobStatus.PENDING)])
+    [again] = store.claim("m", ["celery"], 1)
+    assert (again.job_id, again.claims) == ("h", 2)
+    assert again.token != job.token
+
+
+def test_orphans_of_silent_nodes_are_recovered(store: JobStore) -> None:
+    store.register_node("dead", "host-a", 1, ["celery"], 4)
+    store.register_node("alive", "host-b", 2, ["celery"], 4)
+    for i in range(3):
+        store.enqueue(new_job(f"o{i}"))
+    dead_jobs = store.claim("dead", ["celery"], 2)
+    [alive_job] = store.claim("alive", ["celery"], 1)
+    time.sleep(1.2)
+    assert store.heartbeat("alive")
+    recovered = store.recover_orphans(grace_seconds=1.0)
+    assert sorted(recovered) == sorted(j.job_id for j in dead_jobs)
+    assert {n["node_id"] for n in store.list_nodes()} == {"alive"}
+    assert not store.heartbeat("dead")
+    assert status_of(store, alive_job.job_id) is JobStatus.RUNNING
+    reclaimed = store.claim("alive", ["celery"], 5)
+    assert sorted(j.job_id for j in reclaimed) == sorted(recovered)
+    # The dead node's late outcome is refused: the rows belong to new claims now.
+    assert store.settle([Settlement(j.job_id, j.token, JobStatus.SUCCEEDED)
+                         for j in dead_jobs]) == 0
+
+
+def test_jobs_of_nodes_without_a_row_are_recovered_after_the_grace(store: JobStore) -> None:
+    store.enqueue(new_job("ghost"))
+    store.claim("never-registered", ["celery"], 1)
+    assert store.recover_orphans(grace_seconds=30) == []
+    time.sleep(1.2)
+    assert store.recover_orphans(grace_seconds=1.0) == ["ghost"]
+
+
+def test_revoke_and_purge_touch_only_pending_jobs(store: JobStore) -> None:
+    for i in range(4):
+        store.enqueue(new_job(f"p{i}"))
+    [running] = store.claim("n", ["celery"], 1)
+    revoked = store.revoke_pending(["p0", "p1", "p2", "p3"], '{"exc_type": "TaskRevokedError"}')
+    assert revoked == 3
+    assert status_of(store, running.job_id) is JobStatus.RUNNING
+    store.enqueue(new_job("q0"))
+    assert store.purge_pending(["celery"]) == 1
+
+
+def test_untracked_results_get_a_finished_row(store: JobStore) -> None:
+    store.store_untracked_result("eager", "tests.add", JobStatus.SUCCEEDED, job_result="3")
+    record = store.result("eager")
+    assert record is not None and (record.status, record.job_result) == (JobStatus.SUCCEEDED,
+                                                                          "3")
+    store.forget("eager")
+    assert store.result("eager") is None
+
+
+def test_groups_are_saved_and_restored(store: JobStore) -> None:
+    store.save_group("g", '{"result": [1]}')
+    store.save_group("g", '{"result": [2]}')
+    assert store.load_group("g") == '{"result": [2]}'
+    store.delete_group("g")
+    assert store.load_group("g") is None
+
+
+def test_live_schema_matches_the_schema_code(store: JobStore) -> None:
+    assert store.schema_differences() == []
+    with store.engine.connect() as conn:
+        conn.execute(text("DROP INDEX ix_scheduler_job_finished"
+                          + (" ON scheduler_job" if store.family == "mysql" else "")))
+    assert store.schema_differences() == [
+        "missing index ix_scheduler_job_finished on scheduler_job"]
+    with store.engine.connect() as conn:
+        conn.execute(text("CREATE INDEX ix_scheduler_job_finished "
+                          "ON scheduler_job (status, finished_at)"))
