@@ -144,9 +144,19 @@ class WorkerRuntime:
         return unstarted
 
     def close(self, timeout: float = 30.0) -> None:
-        """After the executor has finished: write the last outcomes, leave the cluster."""
+        """After the executor has stopped: hand back what it never finished (jobs queued
+        inside it that never started, or cut off by a cold stop), write the last outcomes,
+        leave the cluster."""
         if not self._stopping.is_set():
             self.stop_claiming()
+        with self._lock:
+            unfinished = list(self._in_flight.items())
+            self._in_flight.clear()
+        for job_id, token in unfinished:
+            self._settlements.put(Settlement(job_id, token, JobStatus.PENDING))
+        if unfinished:
+            logger.info("ratchet: handing back %d jobs the executor did not finish",
+                        len(unfinished))
         self._closed.set()
         deadline = time.monotonic() + timeout
         for thread in self._threads:

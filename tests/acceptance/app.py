@@ -1,0 +1,56 @@
+"""The app the acceptance tests run real ``celery -A tests.acceptance.app worker`` on.
+
+An ordinary Celery app, changed by the two lines of the README: the task base class, and
+the job store URL (here from RATCHET_URL). Its broker_url points at a closed port.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from celery import Celery
+from celery.exceptions import SoftTimeLimitExceeded
+from sqlalchemy import text
+
+from celery_ratchet.store.engine import engine_for
+
+app = Celery("acceptance", task_cls="celery_ratchet:RatchetTask")
+app.conf.broker_url = "amqp://guest:guest@127.0.0.1:1//"
+app.conf.ratchet_poll_interval = 0.2
+
+SIDE_EFFECTS = "acceptance_run"
+
+
+def record_run(key: str) -> None:
+    with engine_for(os.environ["RATCHET_URL"]).connect() as conn:
+        conn.execute(text(f"INSERT INTO {SIDE_EFFECTS} (run_key, pid) VALUES (:k, :p)"),
+                     {"k": key, "p": os.getpid()})
+
+
+@app.task(name="acc.double")
+def double(n: int) -> int:
+    record_run(f"double-{n}")
+    return n * 2
+
+
+@app.task(name="acc.sleep")
+def sleep(key: str, seconds: float) -> str:
+    record_run(key)
+    time.sleep(seconds)
+    return key
+
+
+@app.task(name="acc.soft_limited", soft_time_limit=0.5)
+def soft_limited() -> str:
+    try:
+        time.sleep(5)
+    except SoftTimeLimitExceeded:
+        return "caught soft limit"
+    return "no limit"
+
+
+@app.task(name="acc.hard_limited", time_limit=0.5)
+def hard_limited() -> str:
+    time.sleep(5)
+    return "no limit"

@@ -1,0 +1,92 @@
+"""Real worker processes: ``celery -A tests.acceptance.app worker -P ratchet``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from sqlalchemy import text
+
+from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.store.jobstore import JobStore
+from tests.acceptance.app import SIDE_EFFECTS, app
+from tests.conftest import Servers, empty_store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Worker:
+    def __init__(self, url: str, name: str, log: Path, *extra: str, **env: str) -> None:
+        self.name = name
+        self.log = log
+        command = [sys.executable, "-m", "celery", "-A", "tests.acceptance.app", "worker",
+                   "-P", "ratchet", "-c", "4", "-n", f"{name}@%h", "-l", "info", *extra]
+        environment = {**os.environ, "RATCHET_URL": url, "PYTHONPATH": str(ROOT), **env}
+        self.process = subprocess.Popen(command, cwd=ROOT, env=environment,
+                                        stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout)
+
+
+class Cluster:
+    def __init__(self, url: str, tmp: Path) -> None:
+        self.url = url
+        self.tmp = tmp
+        self.workers: list[Worker] = []
+
+    def start(self, name: str, *extra: str, **env: str) -> Worker:
+        worker = Worker(self.url, name, self.tmp / f"{name}.log", *extra, **env)
+        self.workers.append(worker)
+        return worker
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {w.name}\n{w.log.read_text()[-4000:]}" for w in self.workers)
+
+    def stop_all(self) -> None:
+        for worker in self.workers:
+            try:
+                worker.stop()
+            except subprocess.TimeoutExpired:
+                worker.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def ratchet_app(servers: Servers, dialect: str) -> Iterator[Celery]:
+    url = servers.url(dialect)
+    store = empty_store(url)
+    with store.engine.connect() as conn:
+        conn.execute(text(f"DROP TABLE IF EXISTS {SIDE_EFFECTS}"))
+        conn.execute(text(f"CREATE TABLE {SIDE_EFFECTS} (run_key VARCHAR(100), pid INTEGER)"))
+    app.conf.ratchet_url = url
+    ratchet_state(app).reset()
+    yield app
+
+
+@pytest.fixture
+def cluster(ratchet_app: Celery, tmp_path: Path) -> Iterator[Cluster]:
+    found = Cluster(ratchet_app.conf.ratchet_url, tmp_path)
+    yield found
+    found.stop_all()
+
+
+def side_effects(store: JobStore) -> list[tuple[str, int]]:
+    with store.engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text(f"SELECT run_key, pid FROM {SIDE_EFFECTS}"))]
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)

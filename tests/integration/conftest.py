@@ -1,0 +1,76 @@
+"""A ratchet Celery app with an in-process worker (thread pool), per database."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+from tests.conftest import Servers, empty_store
+from tests.integration import tasks
+
+
+class BrokerTrap:
+    """A listening socket that counts every connection: the broker nobody may contact."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture(scope="session")
+def broker_trap() -> Iterator[BrokerTrap]:
+    trap = BrokerTrap()
+    yield trap
+    trap.close()
+
+
+def make_app(url: str, broker_url: str, **conf: Any) -> Celery:
+    app = Celery("tests", task_cls="celery_ratchet:RatchetTask", set_as_current=False)
+    app.conf.update(
+        ratchet_url=url,
+        broker_url=broker_url,
+        ratchet_poll_interval=0.2,
+        task_default_queue="celery",
+        **conf,
+    )
+    tasks.register(app)
+    return app
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql", "mysql"])
+def worker_app(request: pytest.FixtureRequest, servers: Servers,
+               broker_trap: BrokerTrap) -> Iterator[Celery]:
+    url = servers.url(request.param)
+    empty_store(url)
+    app = make_app(url, broker_trap.url)
+    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False,
+                      shutdown_timeout=30):
+        yield app
+    assert broker_trap.connections == 0, "a ratchet worker or client contacted the broker"

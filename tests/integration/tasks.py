@@ -1,0 +1,83 @@
+"""Tasks of the integration app, and what they observed while running."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+from celery import Celery
+from celery.exceptions import Ignore
+
+#: What ran, by key: filled by the tasks in the (in-process) worker.
+RUNS: dict[str, list[Any]] = defaultdict(list)
+_lock = threading.Lock()
+
+
+def record(key: str, value: Any) -> None:
+    with _lock:
+        RUNS[key].append(value)
+
+
+class Unserialisable:
+    pass
+
+
+def register(app: Celery) -> None:
+    @app.task(name="t.add", shared=False)
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    @app.task(name="t.echo_request", shared=False, bind=True)
+    def echo_request(self: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        r = self.request
+        return {
+            "id": r.id,
+            "args": list(r.args),
+            "kwargs": r.kwargs,
+            "retries": r.retries,
+            "eta": r.eta,
+            "routing_key": r.delivery_info.get("routing_key"),
+            "priority": r.delivery_info.get("priority"),
+            "redelivered": r.delivery_info.get("redelivered"),
+            "custom": getattr(r, "custom", None),
+            "hostname": r.hostname,
+        }
+
+    @app.task(name="t.flaky", shared=False, bind=True, max_retries=5)
+    def flaky(self: Any, key: str, failures: int) -> str:
+        record(key, self.request.retries)
+        if self.request.retries < failures:
+            raise self.retry(countdown=0.1, exc=RuntimeError(f"attempt {self.request.retries}"))
+        return f"done after {self.request.retries}"
+
+    @app.task(name="t.fail", shared=False)
+    def fail(message: str) -> None:
+        raise ValueError(message)
+
+    @app.task(name="t.mark", shared=False)
+    def mark(key: str) -> str:
+        record(key, time.time())
+        return key
+
+    @app.task(name="t.unserialisable", shared=False)
+    def unserialisable() -> Unserialisable:
+        return Unserialisable()
+
+    @app.task(name="t.progress", shared=False, bind=True)
+    def progress(self: Any, key: str) -> str:
+        self.update_state(state="PROGRESS", meta={"step": 1})
+        deadline = time.time() + 10
+        while not RUNS.get(key) and time.time() < deadline:
+            time.sleep(0.02)
+        return "finished"
+
+    @app.task(name="t.ignored", shared=False)
+    def ignored() -> None:
+        raise Ignore()
+
+    @app.task(name="t.sleep", shared=False)
+    def sleep(seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds

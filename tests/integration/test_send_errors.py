@@ -1,0 +1,84 @@
+"""Bad input at send time gets a specific error, and nothing is half-written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from celery import Celery, group
+
+from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.errors import (
+    ConfigurationError,
+    DuplicateJob,
+    PayloadTooLarge,
+    SerializerNotAllowed,
+    StoreUnavailable,
+)
+from tests.conftest import Servers, empty_store
+from tests.integration.conftest import BrokerTrap, make_app
+
+
+@pytest.fixture
+def client_app(servers: Servers, dialect: str, broker_trap: BrokerTrap) -> Celery:
+    url = servers.url(dialect)
+    empty_store(url)
+    return make_app(url, broker_trap.url, ratchet_max_payload_kb=2)
+
+
+def pending(app: Celery) -> int:
+    return ratchet_state(app).store.count_by_status().get("PENDING", 0)
+
+
+def test_oversized_payload_is_refused_with_size_and_limit(client_app: Celery) -> None:
+    with pytest.raises(PayloadTooLarge, match=r"over the limit of 2 KB.*pass a reference"):
+        client_app.tasks["t.add"].delay("x" * 4096, "")
+    assert pending(client_app) == 0
+
+
+def test_a_group_is_stored_whole_or_not_at_all(client_app: Celery) -> None:
+    add = client_app.tasks["t.add"]
+    with pytest.raises(PayloadTooLarge):
+        group([add.s(1, 2), add.s(3, 4), add.s("x" * 4096, "")]).apply_async()
+    assert pending(client_app) == 0
+    group(add.s(i, i) for i in range(50)).apply_async()
+    assert pending(client_app) == 50
+
+
+def test_pickle_is_refused_unless_allowed(client_app: Celery) -> None:
+    with pytest.raises(SerializerNotAllowed, match="ratchet_allow_pickle"):
+        client_app.tasks["t.add"].apply_async((1, 2), serializer="pickle")
+    assert pending(client_app) == 0
+
+
+def test_an_active_task_id_cannot_be_reused(client_app: Celery) -> None:
+    client_app.tasks["t.add"].apply_async((1, 2), task_id="same-id")
+    with pytest.raises(DuplicateJob, match="same-id"):
+        client_app.tasks["t.add"].apply_async((1, 2), task_id="same-id")
+
+
+def test_unreachable_database_raises_store_unavailable(broker_trap: BrokerTrap,
+                                                       tmp_path: Path) -> None:
+    for url in ("postgresql://postgres:secret@127.0.0.1:1/nowhere",
+                "mysql://root:secret@127.0.0.1:1/nowhere"):
+        app = make_app(url, broker_trap.url, task_publish_retry=False)
+        with pytest.raises(StoreUnavailable, match=r"cannot reach the job store") as info:
+            app.tasks["t.add"].delay(1, 2)
+        assert "secret" not in str(info.value)
+
+
+def test_rpc_results_are_refused(broker_trap: BrokerTrap, tmp_path: Path) -> None:
+    app = make_app(f"sqlite:///{tmp_path / 'r.db'}", broker_trap.url, result_backend="rpc://")
+    with pytest.raises(ConfigurationError, match="rpc"):
+        app.tasks["t.add"].delay(1, 2)
+
+
+def test_the_client_never_contacts_the_broker(client_app: Celery,
+                                              broker_trap: BrokerTrap) -> None:
+    before = broker_trap.connections
+    add = client_app.tasks["t.add"]
+    add.delay(1, 2)
+    add.apply_async((1, 2), countdown=5, expires=60, priority=9)
+    client_app.send_task("t.add", (1, 2))
+    group(add.s(i, i) for i in range(5)).apply_async()
+    assert broker_trap.connections == before
