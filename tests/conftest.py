@@ -57,8 +57,9 @@ class Servers:
                 pytest.fail(f"{message}: CI requires it (start it with ../shared/services.sh)")
             pytest.skip(message)
         if dialect == "postgresql":
-            admin = create_engine(f"postgresql+psycopg://{hostport}/postgres",
-                                  isolation_level="AUTOCOMMIT")
+            admin = create_engine(
+                f"postgresql+psycopg://{hostport}/postgres", isolation_level="AUTOCOMMIT"
+            )
             with admin.connect() as conn:
                 conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_NAME}"'))
                 conn.execute(text(f'CREATE DATABASE "{DB_NAME}"'))
@@ -75,12 +76,14 @@ class Servers:
         for dialect in self.created:
             engine_for(self.created[dialect]).dispose()
             if dialect == "postgresql":
-                admin = create_engine(f"postgresql+psycopg://{PG_HOST}/postgres",
-                                      isolation_level="AUTOCOMMIT")
+                admin = create_engine(
+                    f"postgresql+psycopg://{PG_HOST}/postgres", isolation_level="AUTOCOMMIT"
+                )
                 sql = f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)'
             else:
-                admin = create_engine(f"mysql+pymysql://{MYSQL_HOST}/",
-                                      isolation_level="AUTOCOMMIT")
+                admin = create_engine(
+                    f"mysql+pymysql://{MYSQL_HOST}/", isolation_level="AUTOCOMMIT"
+                )
                 sql = f"DROP DATABASE IF EXISTS `{DB_NAME}`"
             with admin.connect() as conn:
                 conn.execute(text(sql))

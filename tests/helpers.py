@@ -8,8 +8,9 @@ from datetime import datetime
 
 from celery_ratchet.domain.job import Message, NewJob
 
-BODY = json.dumps([[1, 2], {}, {"callbacks": None, "errbacks": None, "chain": None,
-                                 "chord": None}]).encode()
+BODY = json.dumps(
+    [[1, 2], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
+).encode()
 
 
 def new_job(

@@ -87,7 +87,7 @@ def install(app: Celery) -> Celery:
     with _INSTALL_LOCK:
         if getattr(app, "_ratchet_installed", False):
             return app
-        app._ratchet_installed = True  # type: ignore[attr-defined]
+        app._ratchet_installed = True
         ratchet_state(app)
         app.amqp_cls = "celery_ratchet.celery.sender:RatchetAMQP"
         app.__dict__.pop("amqp", None)

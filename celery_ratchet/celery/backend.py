@@ -47,11 +47,15 @@ def type_name(value: Any) -> str:
 def exception_record(exc: BaseException) -> str:
     """Celery's JSON form of an exception, as stored in ``last_error``."""
     kind = type(exc)
-    return str(kjson.dumps({
-        "exc_type": kind.__qualname__,
-        "exc_message": [str(a) for a in exc.args] if exc.args else [str(exc)],
-        "exc_module": kind.__module__,
-    }))
+    return str(
+        kjson.dumps(
+            {
+                "exc_type": kind.__qualname__,
+                "exc_message": [str(a) for a in exc.args] if exc.args else [str(exc)],
+                "exc_module": kind.__module__,
+            }
+        )
+    )
 
 
 class RatchetBackend(BaseBackend):
@@ -76,8 +80,15 @@ class RatchetBackend(BaseBackend):
 
     # -- writing ----------------------------------------------------------------------------
 
-    def _store_result(self, task_id: str, result: Any, state: str, traceback: str | None = None,
-                      request: Any = None, **kwargs: Any) -> Any:
+    def _store_result(
+        self,
+        task_id: str,
+        result: Any,
+        state: str,
+        traceback: str | None = None,
+        request: Any = None,
+        **kwargs: Any,
+    ) -> Any:
         token = _claim_token(request)
         status = _FINAL.get(state)
         if status is None:  # STARTED, RETRY, or a custom state from update_state()
@@ -101,8 +112,9 @@ class RatchetBackend(BaseBackend):
             self.store.store_untracked_result(task_id, name, status, **values)
         return result
 
-    def _store_progress(self, task_id: str, token: str | None, result: Any, state: str,
-                        traceback: str | None) -> None:
+    def _store_progress(
+        self, task_id: str, token: str | None, result: Any, state: str, traceback: str | None
+    ) -> None:
         if state == states.RETRY:
             self.store.note_retry(task_id, self._encode_json(result), traceback)
         elif token is not None:
@@ -126,7 +138,10 @@ class RatchetBackend(BaseBackend):
             logger.warning(
                 "ratchet: result of job %s (a %s) cannot be serialised as %s and is not "
                 "stored; the job still succeeded: %s",
-                task_id, type_name(value), self.serializer, exc,
+                task_id,
+                type_name(value),
+                self.serializer,
+                exc,
             )
             return None, type_name(value)
         text = encoded.decode(self.content_encoding) if isinstance(encoded, bytes) else encoded
@@ -157,8 +172,14 @@ class RatchetBackend(BaseBackend):
         }
         if self.app.conf.find_value_for_key("extended", "result"):
             args, kwargs = self._arguments(record)
-            meta.update(name=record.task_name, args=args, kwargs=kwargs,
-                        worker=record.picked_by, retries=record.attempts, queue=record.queue)
+            meta.update(
+                name=record.task_name,
+                args=args,
+                kwargs=kwargs,
+                worker=record.picked_by,
+                retries=record.attempts,
+                queue=record.queue,
+            )
         return meta
 
     def _state_and_result(self, record: ResultRecord, extra: dict[str, Any]) -> tuple[str, Any]:
@@ -191,8 +212,9 @@ class RatchetBackend(BaseBackend):
         if not record.payload or not record.content_type:
             return None, None
         try:
-            body = loads(record.payload, record.content_type, record.content_encoding,
-                         accept=self.accept)
+            body = loads(
+                record.payload, record.content_type, record.content_encoding, accept=self.accept
+            )
         except Exception:
             return None, None
         return body[0], body[1]
@@ -212,7 +234,7 @@ class RatchetBackend(BaseBackend):
             return None
         meta = self.decode(stored)
         meta["result"] = result_from_tuple(meta["result"], self.app)
-        return meta  # type: ignore[no-any-return]
+        return meta
 
     def _delete_group(self, group_id: str) -> None:
         self.store.delete_group(group_id)

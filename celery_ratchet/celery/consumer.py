@@ -37,8 +37,9 @@ def capacity_for(consumer: Any) -> Capacity:
     The pool gets twice its concurrency so its processes never wait for the next job to
     arrive; the rest of the prefetch stays in a local buffer that is handed back on shutdown.
     """
-    concurrency = max(int(getattr(consumer.pool, "limit", 0) or consumer.controller.concurrency
-                          or 1), 1)
+    concurrency = max(
+        int(getattr(consumer.pool, "limit", 0) or consumer.controller.concurrency or 1), 1
+    )
     multiplier = int(consumer.app.conf.worker_prefetch_multiplier or 0)
     running = concurrency * 2
     total = concurrency * multiplier if multiplier > 0 else running * 2
@@ -63,11 +64,16 @@ class Dispatcher:
             strategy(message, None, message.ack_log_error, message.reject_log_error, None)
         except _MALFORMED as exc:
             logger.error("ratchet: job %s is malformed and cannot run: %r", job.job_id, exc)
-            message.end(JobStatus.FAILED, error=exception_record(
-                InvalidTaskError(f"malformed job row ({type(exc).__name__}: {exc})")))
+            message.end(
+                JobStatus.FAILED,
+                error=exception_record(
+                    InvalidTaskError(f"malformed job row ({type(exc).__name__}: {exc})")
+                ),
+            )
 
-    def _on_end(self, job: ClaimedJob, status: JobStatus | None, error: str | None,
-                traceback: str | None) -> None:
+    def _on_end(
+        self, job: ClaimedJob, status: JobStatus | None, error: str | None, traceback: str | None
+    ) -> None:
         assert self.runtime is not None
         if status is None:
             self.runtime.release(job.job_id, job.token)
@@ -81,8 +87,9 @@ class Dispatcher:
             "it to a queue served by workers that know it, then retry the job"
         )
         logger.error("ratchet: job %s failed: %s", job.job_id, exc)
-        signals.task_unknown.send(sender=self.consumer, message=None, exc=exc,
-                                  name=job.task_name, id=job.job_id)
+        signals.task_unknown.send(
+            sender=self.consumer, message=None, exc=exc, name=job.task_name, id=job.job_id
+        )
         self._on_end(job, JobStatus.FAILED, exception_record(exc), None)
 
 

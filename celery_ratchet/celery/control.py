@@ -15,9 +15,15 @@ from celery_ratchet.celery.backend import exception_record
 logger = logging.getLogger(__name__)
 
 
-class RatchetControl(Control):  # type: ignore[misc]
-    def revoke(self, task_id: str | list[str], destination: Any = None,
-               terminate: bool = False, signal: Any = None, **kwargs: Any) -> int:
+class RatchetControl(Control):
+    def revoke(
+        self,
+        task_id: str | list[str],
+        destination: Any = None,
+        terminate: bool = False,
+        signal: Any = None,
+        **kwargs: Any,
+    ) -> int:
         """Revoke pending jobs: they will never run. Running jobs finish (terminating them is
         not supported yet) and are reported in the log."""
         ids = [task_id] if isinstance(task_id, str) else list(task_id)
@@ -25,8 +31,9 @@ class RatchetControl(Control):  # type: ignore[misc]
         revoked = store.revoke_pending(ids, exception_record(TaskRevokedError("revoked")))
         if revoked < len(ids):
             logger.info(
-                "ratchet: %d of %d jobs were not pending (running or finished) and were left "
-                "alone", len(ids) - revoked, len(ids),
+                "ratchet: %d of %d jobs were not pending (running or finished) and were left alone",
+                len(ids) - revoked,
+                len(ids),
             )
         return revoked
 
@@ -37,7 +44,14 @@ class RatchetControl(Control):  # type: ignore[misc]
 
     discard_all = purge
 
-    def broadcast(self, command: str, arguments: Any = None, destination: Any = None,
-                  connection: Any = None, reply: bool = False, **kwargs: Any) -> Any:
+    def broadcast(
+        self,
+        command: str,
+        arguments: Any = None,
+        destination: Any = None,
+        connection: Any = None,
+        reply: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         logger.debug("ratchet: no broker, broadcast %r reaches no worker", command)
         return [] if reply else None

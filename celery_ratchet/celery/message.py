@@ -135,8 +135,9 @@ class JobMessage(KombuMessage):
         self._on_end = on_end
         self._ended = False
 
-    def end(self, status: JobStatus | None, error: str | None = None,
-            traceback: str | None = None) -> None:
+    def end(
+        self, status: JobStatus | None, error: str | None = None, traceback: str | None = None
+    ) -> None:
         """Report how this execution ended; ``None``: the row already moved on (a retry)."""
         if not self._ended:
             self._ended = True
@@ -156,8 +157,12 @@ class JobMessage(KombuMessage):
         self.reject(requeue=True)
 
 
-REJECTED = str(kjson.dumps({
-    "exc_type": "Reject",
-    "exc_message": ["the task rejected its message without requeue"],
-    "exc_module": "celery.exceptions",
-}))
+REJECTED = str(
+    kjson.dumps(
+        {
+            "exc_type": "Reject",
+            "exc_message": ["the task rejected its message without requeue"],
+            "exc_module": "celery.exceptions",
+        }
+    )
+)

@@ -10,5 +10,5 @@ from __future__ import annotations
 from celery.concurrency.prefork import TaskPool
 
 
-class RatchetPool(TaskPool):  # type: ignore[misc]
+class RatchetPool(TaskPool):
     pass

@@ -21,12 +21,16 @@ from celery_ratchet.domain.job import JobStatus
 
 
 def _unwrap(exc: BaseException) -> BaseException:
-    return exc.exc if isinstance(exc, ExceptionWithTraceback) else exc  # type: ignore[return-value]
+    return exc.exc if isinstance(exc, ExceptionWithTraceback) else exc
 
 
 class RatchetRequest(Request):
-    def _end(self, status: JobStatus | None, exc: BaseException | None = None,
-             traceback: str | None = None) -> None:
+    def _end(
+        self,
+        status: JobStatus | None,
+        exc: BaseException | None = None,
+        traceback: str | None = None,
+    ) -> None:
         message = self._message
         if isinstance(message, JobMessage):
             error = exception_record(exc) if exc is not None else None
@@ -52,12 +56,14 @@ class RatchetRequest(Request):
         stored = not self._ignore_result and isinstance(self._task.backend, RatchetBackend)
         self._end(None if stored else JobStatus.SUCCEEDED)
 
-    def on_failure(self, exc_info: ExceptionInfo, send_failed_event: bool = True,
-                   return_ok: bool = False) -> Any:
+    def on_failure(
+        self, exc_info: ExceptionInfo, send_failed_event: bool = True, return_ok: bool = False
+    ) -> Any:
         exc = _unwrap(exc_info.exception)
         try:
-            return super().on_failure(exc_info, send_failed_event=send_failed_event,
-                                      return_ok=return_ok)
+            return super().on_failure(
+                exc_info, send_failed_event=send_failed_event, return_ok=return_ok
+            )
         finally:
             if isinstance(exc, Retry):
                 self._end(None)  # the retry already rescheduled the row
@@ -77,8 +83,7 @@ class RatchetRequest(Request):
         if not soft:
             self._end(JobStatus.FAILED, TimeLimitExceeded(timeout))
 
-    def _announce_revoked(self, reason: str, terminated: bool, signum: Any,
-                          expired: bool) -> None:
+    def _announce_revoked(self, reason: str, terminated: bool, signum: Any, expired: bool) -> None:
         super()._announce_revoked(reason, terminated, signum, expired)
         self._end(JobStatus.REVOKED, TaskRevokedError(reason))
 

@@ -110,10 +110,11 @@ class JobBatchPool:
 
 class RatchetAMQP(AMQP):
     @property
-    def producer_pool(self) -> JobBatchPool:  # type: ignore[override]
-        if self._producer_pool is None:
-            self._producer_pool = JobBatchPool(self.app)
-        return self._producer_pool  # type: ignore[return-value]
+    def producer_pool(self) -> JobBatchPool:
+        pool: JobBatchPool | None = self.__dict__.get("_producer_pool")
+        if pool is None:
+            pool = self._producer_pool = JobBatchPool(self.app)
+        return pool
 
     publisher_pool = producer_pool
 
@@ -157,8 +158,14 @@ class RatchetAMQP(AMQP):
             qname = _queue_name(amqp, queue, exchange, routing_key)
             policy = dict(default_policy, **(retry_policy or {}))
             send_before_publish(
-                sender=name, body=body, exchange=exchange, routing_key=routing_key,
-                declare=declare, headers=headers2, properties=properties, retry_policy=policy,
+                sender=name,
+                body=body,
+                exchange=exchange,
+                routing_key=routing_key,
+                declare=declare,
+                headers=headers2,
+                properties=properties,
+                retry_policy=policy,
             )
             state = ratchet_state(app)
             settings = state.settings
@@ -179,16 +186,23 @@ class RatchetAMQP(AMQP):
                 # A retry or a replace of the running job: the same row, rescheduled.
                 _with_retry(
                     lambda: _reschedule(state.store, claim, job),
-                    default_retry if retry is None else retry, policy,
+                    default_retry if retry is None else retry,
+                    policy,
                 )
             elif isinstance(producer, JobBatch):
                 producer.add(job)
             else:
-                _with_retry(lambda: state.store.enqueue(job),
-                            default_retry if retry is None else retry, policy)
+                _with_retry(
+                    lambda: state.store.enqueue(job),
+                    default_retry if retry is None else retry,
+                    policy,
+                )
             send_after_publish(
-                sender=name, body=body, headers=headers2,
-                exchange=exchange, routing_key=routing_key,
+                sender=name,
+                body=body,
+                headers=headers2,
+                exchange=exchange,
+                routing_key=routing_key,
             )
 
         return send_task_message
@@ -229,7 +243,8 @@ def _reschedule(store: Any, token: str, job: NewJob) -> None:
     if not store.replace_running(token, job):
         logger.warning(
             "ratchet: job %s was not rescheduled: its claim was taken over (the node was "
-            "presumed dead); the execution that now owns it decides its fate", job.job_id,
+            "presumed dead); the execution that now owns it decides its fate",
+            job.job_id,
         )
 
 

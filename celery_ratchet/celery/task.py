@@ -7,7 +7,7 @@ from celery import Celery, Task
 from celery_ratchet.celery.app import install
 
 
-class RatchetTask(Task):  # type: ignore[misc]
+class RatchetTask(Task):
     """A Celery task whose sends land in the job store and whose runs are claimed from it.
 
     Binding any task of this class to an app installs ratchet on that app. An app that only

@@ -44,15 +44,15 @@ def _jsonable(value: Any) -> Any:
 def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], as_json: bool) -> None:
     """Print rows as JSON lines of objects, or as an aligned table."""
     if as_json:
-        click.echo(json.dumps([{k: _jsonable(r.get(k)) for k in columns} for r in rows],
-                              indent=2))
+        click.echo(json.dumps([{k: _jsonable(r.get(k)) for k in columns} for r in rows], indent=2))
         return
-    table = [[str(_jsonable(r.get(c)) if r.get(c) is not None else "") for c in columns]
-             for r in rows]
+    table = [
+        [str(_jsonable(r.get(c)) if r.get(c) is not None else "") for c in columns] for r in rows
+    ]
     widths = [max([len(c)] + [len(row[i]) for row in table]) for i, c in enumerate(columns)]
-    click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
+    click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
     for row in table:
-        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
 def fail(message: str) -> None:
@@ -72,17 +72,39 @@ _STATUSES = [s.value for s in JobStatus]
 @click.option("--limit", default=50, show_default=True)
 @json_option
 @click.pass_context
-def jobs(ctx: click.Context, status: str | None, task_name: str | None, queue: str | None,
-         limit: int, as_json: bool) -> None:
+def jobs(
+    ctx: click.Context,
+    status: str | None,
+    task_name: str | None,
+    queue: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
     """List jobs, newest first."""
     if ctx.invoked_subcommand is not None:
         return
     store = ctx.find_object(CliContext).store  # type: ignore[union-attr]
-    found = store.list_jobs(status=JobStatus(status.upper()) if status else None,
-                            task_name=task_name, queue=queue, limit=limit)
-    emit([vars(j) for j in found],
-         ["job_id", "task_name", "queue", "status", "priority", "attempts", "scheduled_time",
-          "finished_at", "picked_by"], as_json)
+    found = store.list_jobs(
+        status=JobStatus(status.upper()) if status else None,
+        task_name=task_name,
+        queue=queue,
+        limit=limit,
+    )
+    emit(
+        [vars(j) for j in found],
+        [
+            "job_id",
+            "task_name",
+            "queue",
+            "status",
+            "priority",
+            "attempts",
+            "scheduled_time",
+            "finished_at",
+            "picked_by",
+        ],
+        as_json,
+    )
 
 
 @jobs.command("show")
@@ -111,8 +133,9 @@ def jobs_show(cli: CliContext, job_id: str, as_json: bool) -> None:
 def stats(cli: CliContext, as_json: bool) -> None:
     """Job counts per status."""
     counts = cli.store.count_by_status()
-    emit([{"status": s, "count": counts.get(s, 0)} for s in _STATUSES], ["status", "count"],
-         as_json)
+    emit(
+        [{"status": s, "count": counts.get(s, 0)} for s in _STATUSES], ["status", "count"], as_json
+    )
 
 
 @click.command("nodes")
@@ -120,9 +143,11 @@ def stats(cli: CliContext, as_json: bool) -> None:
 @pass_cli
 def nodes(cli: CliContext, as_json: bool) -> None:
     """Worker nodes with their last heartbeat and running jobs."""
-    emit(cli.store.list_nodes(),
-         ["node_id", "hostname", "pid", "queues", "concurrency", "heartbeat_ts", "running"],
-         as_json)
+    emit(
+        cli.store.list_nodes(),
+        ["node_id", "hostname", "pid", "queues", "concurrency", "heartbeat_ts", "running"],
+        as_json,
+    )
 
 
 @click.group("schema")
@@ -131,8 +156,9 @@ def schema() -> None:
 
 
 @schema.command("show")
-@click.option("--dialect", type=click.Choice(sorted(DIALECTS)),
-              help="Default: the dialect of the store URL.")
+@click.option(
+    "--dialect", type=click.Choice(sorted(DIALECTS)), help="Default: the dialect of the store URL."
+)
 @click.pass_context
 def schema_show(ctx: click.Context, dialect: str | None) -> None:
     """Print the DDL (the same as ddl/<dialect>.sql)."""

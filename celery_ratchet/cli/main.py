@@ -11,8 +11,13 @@ from celery_ratchet.store.jobstore import JobStore
 
 
 @click.group()
-@click.option("--url", envvar="RATCHET_URL", default=DEFAULT_URL, show_default=True,
-              help="Database URL of the job store (env RATCHET_URL).")
+@click.option(
+    "--url",
+    envvar="RATCHET_URL",
+    default=DEFAULT_URL,
+    show_default=True,
+    help="Database URL of the job store (env RATCHET_URL).",
+)
 @click.pass_context
 def cli(ctx: click.Context, url: str) -> None:
     """celery_ratchet operations."""

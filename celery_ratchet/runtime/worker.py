@@ -120,7 +120,9 @@ class WorkerRuntime:
                 )
                 logger.info(
                     "ratchet: node %s consuming %s from %s",
-                    self.node_id, ",".join(self.queues), self.store.display_url,
+                    self.node_id,
+                    ",".join(self.queues),
+                    self.store.display_url,
                 )
                 return
             except StoreUnavailable as exc:
@@ -155,8 +157,9 @@ class WorkerRuntime:
         for job_id, token in unfinished:
             self._settlements.put(Settlement(job_id, token, JobStatus.PENDING))
         if unfinished:
-            logger.info("ratchet: handing back %d jobs the executor did not finish",
-                        len(unfinished))
+            logger.info(
+                "ratchet: handing back %d jobs the executor did not finish", len(unfinished)
+            )
         self._closed.set()
         deadline = time.monotonic() + timeout
         for thread in self._threads:
@@ -205,8 +208,14 @@ class WorkerRuntime:
                 self.dispatch(job)
             except Exception as exc:
                 logger.exception("ratchet: could not start job %s", job.job_id)
-                self.settle(Settlement(job.job_id, job.token, JobStatus.FAILED,
-                                       error=f"could not start the job: {exc!r}"))
+                self.settle(
+                    Settlement(
+                        job.job_id,
+                        job.token,
+                        JobStatus.FAILED,
+                        error=f"could not start the job: {exc!r}",
+                    )
+                )
 
     def _room(self) -> tuple[int, bool]:
         """How many jobs to claim, and whether it is time to: the local buffer is down to half
@@ -249,13 +258,14 @@ class WorkerRuntime:
                     continue
                 # The queue ran dry: back off, doubling up to the poll interval.
                 idle_wait = (
-                    settings.poll_interval_min if claimed
+                    settings.poll_interval_min
+                    if claimed
                     else min(idle_wait * 2, settings.poll_interval)
                 )
                 next_claim = time.monotonic() + idle_wait
             # Sleep until a slot frees, a wake-up hint arrives, or the next claim is due.
-            timeout = max(0.0, next_claim - time.monotonic()) if wants_work else (
-                settings.poll_interval
+            timeout = (
+                max(0.0, next_claim - time.monotonic()) if wants_work else (settings.poll_interval)
             )
             self._wake.wait(timeout)
 
@@ -300,7 +310,8 @@ class WorkerRuntime:
                     logger.error(
                         "ratchet: node %s was declared dead by the cluster (no heartbeat for "
                         "%ss); its running jobs may run again elsewhere. Re-registering.",
-                        self.node_id, self.settings.node_orphan_grace_seconds,
+                        self.node_id,
+                        self.settings.node_orphan_grace_seconds,
                     )
                     self._register()
                 self._throttle.clear("heartbeat", "ratchet: heartbeat written again")
@@ -318,6 +329,7 @@ class WorkerRuntime:
             if recovered:
                 logger.warning(
                     "ratchet: recovered %d jobs of dead nodes: %s",
-                    len(recovered), ", ".join(recovered[:20]),
+                    len(recovered),
+                    ", ".join(recovered[:20]),
                 )
                 self.wake()

@@ -7,12 +7,12 @@ Rows another claimer holds are skipped, never waited for.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from sqlalchemy import bindparam, text
 from sqlalchemy.engine import Connection, Dialect, Row
-from sqlalchemy.sql.elements import TextClause
+from sqlalchemy.sql.selectable import TextualSelect
 
 from celery_ratchet.domain.job import ClaimedJob, Message
 from celery_ratchet.store.engine import db_now, family, transaction
@@ -30,9 +30,11 @@ _CLAIMED = (
 )
 
 
-def _prepare(sql: str) -> TextClause:
-    return text(sql).bindparams(bindparam("queues", expanding=True)).columns(
-        scheduled_time=UTCDateTime()
+def _prepare(sql: str) -> TextualSelect:
+    return (
+        text(sql)
+        .bindparams(bindparam("queues", expanding=True))
+        .columns(scheduled_time=UTCDateTime())
     )
 
 
@@ -105,7 +107,8 @@ class MySQLClaim:
             rows = conn.execute(self.select_locked, {"queues": list(queues), "limit": limit}).all()
             if not rows:
                 return []
-            conn.execute(self.mark_running, {"node": node_id, "token": token, "ids": [r.id for r in rows]})
+            ids = [r.id for r in rows]
+            conn.execute(self.mark_running, {"node": node_id, "token": token, "ids": ids})
         return [to_claimed(row, token, claims_offset=1) for row in rows]
 
 
@@ -129,7 +132,11 @@ class SQLiteClaim:
 
 
 def strategy_for(dialect: Dialect) -> ClaimStrategy:
-    strategies = {"postgresql": PostgresClaim, "mysql": MySQLClaim, "sqlite": SQLiteClaim}
+    strategies: dict[str, Callable[[str], ClaimStrategy]] = {
+        "postgresql": PostgresClaim,
+        "mysql": MySQLClaim,
+        "sqlite": SQLiteClaim,
+    }
     now = str(db_now().compile(dialect=dialect))
     try:
         return strategies[family(dialect.name)](now)

@@ -6,6 +6,7 @@ claim was taken away (orphan recovery, a retry that rescheduled the row) can nev
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -25,7 +26,7 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from celery_ratchet.domain.job import (
@@ -135,8 +136,9 @@ class JobStore:
         self._claim = strategy_for(self.engine.dialect)
         self._create_schema = create_schema
         self._schema_ready = False
-        self._insert = insert(job).values(job_id=bindparam("p_job_id"), **_new_job_values(),
-                                          created_at=db_now())
+        self._insert = insert(job).values(
+            job_id=bindparam("p_job_id"), **_new_job_values(), created_at=db_now()
+        )
         self._replace_running = (
             update(job)
             .where(
@@ -152,16 +154,26 @@ class JobStore:
             job.c.status == JobStatus.RUNNING.value,
         )
         finished = {"status": bindparam("p_status"), "finished_at": db_now()}
-        self._store_outcome = update(job).where(*owned).values(
-            **finished,
-            job_result=bindparam("p_job_result"),
-            result_type=bindparam("p_result_type"),
-            result_meta=bindparam("p_result_meta"),
-            last_error=bindparam("p_error"),
-            error_traceback=bindparam("p_traceback"),
+        self._store_outcome = (
+            update(job)
+            .where(*owned)
+            .values(
+                **finished,
+                job_result=bindparam("p_job_result"),
+                result_type=bindparam("p_result_type"),
+                result_meta=bindparam("p_result_meta"),
+                last_error=bindparam("p_error"),
+                error_traceback=bindparam("p_traceback"),
+            )
         )
-        self._settle_with_error = update(job).where(*owned).values(
-            **finished, last_error=bindparam("p_error"), error_traceback=bindparam("p_traceback")
+        self._settle_with_error = (
+            update(job)
+            .where(*owned)
+            .values(
+                **finished,
+                last_error=bindparam("p_error"),
+                error_traceback=bindparam("p_traceback"),
+            )
         )
         self._reuse_finished = (
             update(job)
@@ -223,13 +235,18 @@ class JobStore:
                     problems.append(f"missing table {table.name}")
                     continue
                 columns = {c["name"] for c in inspector.get_columns(table.name)}
-                problems += [f"missing column {table.name}.{c.name}"
-                             for c in table.columns if c.name not in columns]
+                problems += [
+                    f"missing column {table.name}.{c.name}"
+                    for c in table.columns
+                    if c.name not in columns
+                ]
                 indexes = {i["name"] for i in inspector.get_indexes(table.name)}
                 indexes |= {u["name"] for u in inspector.get_unique_constraints(table.name)}
-                problems += [f"missing index {ix.name} on {table.name}"
-                             for ix in table.indexes
-                             if index_applies(ix, conn.dialect.name) and ix.name not in indexes]
+                problems += [
+                    f"missing index {ix.name} on {table.name}"
+                    for ix in table.indexes
+                    if index_applies(ix, conn.dialect.name) and ix.name not in indexes
+                ]
             return problems
 
         return self._attempt(work, "the schema was not checked")
@@ -319,9 +336,15 @@ class JobStore:
             if s.error is None and s.traceback is None:
                 plain[s.status].append((s.job_id, s.token))
             else:
-                detailed.append({"p_job_id": s.job_id, "p_token": s.token,
-                                 "p_status": s.status.value, "p_error": s.error,
-                                 "p_traceback": s.traceback})
+                detailed.append(
+                    {
+                        "p_job_id": s.job_id,
+                        "p_token": s.token,
+                        "p_status": s.status.value,
+                        "p_error": s.error,
+                        "p_traceback": s.traceback,
+                    }
+                )
         if not plain and not detailed:
             return 0
 
@@ -409,7 +432,8 @@ class JobStore:
             ).rowcount
             if active:
                 return
-            try:
+            # Inserted concurrently by another writer: that row stands.
+            with contextlib.suppress(IntegrityError):
                 conn.execute(
                     insert(job).values(
                         job_id=job_id,
@@ -428,8 +452,6 @@ class JobStore:
                         **result_values,
                     )
                 )
-            except IntegrityError:  # inserted concurrently: the other writer's row stands
-                pass
 
         self._run(work, "the result was not stored")
 
@@ -482,8 +504,9 @@ class JobStore:
         row = self._run(lambda conn: conn.execute(stmt).first(), "the result was not read")
         if row is None:
             return None
-        return ResultRecord(**{**row._asdict(), "status": JobStatus(row.status),
-                               "payload": _bytes(row.payload)})
+        return ResultRecord(
+            **{**row._asdict(), "status": JobStatus(row.status), "payload": _bytes(row.payload)}
+        )
 
     def forget(self, job_id: str) -> None:
         """Drop a finished job's row; an active job only loses its stored result."""
@@ -520,8 +543,9 @@ class JobStore:
         def work(conn: Connection) -> None:
             with transaction(conn):
                 conn.execute(delete(g).where(g.c.group_id == group_id))
-                conn.execute(insert(g).values(group_id=group_id, result=result,
-                                              created_at=db_now()))
+                conn.execute(
+                    insert(g).values(group_id=group_id, result=result, created_at=db_now())
+                )
 
         self._run(work, "the group was not saved")
 
@@ -633,9 +657,7 @@ class JobStore:
         if self.family != "sqlite":
             silent = silent.with_for_update(skip_locked=True)
         owned_by = job.c.picked_by.in_(bindparam("dead", expanding=True))
-        unowned = and_(
-            job.c.picked_by.not_in(select(n.c.node_id)), job.c.claimed_at < cutoff
-        )
+        unowned = and_(job.c.picked_by.not_in(select(n.c.node_id)), job.c.claimed_at < cutoff)
 
         def work(conn: Connection) -> list[str]:
             with transaction(conn):
@@ -686,7 +708,7 @@ def _bytes(value: Any) -> bytes | None:
     return None if value is None else bytes(value)
 
 
-def _summary(row: Row[Any]) -> JobSummary:
+def _summary(row: Any) -> JobSummary:
     values = row._asdict()
     values["status"] = JobStatus(values["status"])
     return JobSummary(**values)

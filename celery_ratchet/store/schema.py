@@ -32,7 +32,8 @@ _MYSQL = ("mysql", "mariadb")
 
 
 class UTCDateTime(TypeDecorator[datetime]):
-    """Aware UTC datetimes in Python; ``timestamptz`` on PostgreSQL, UTC ``DATETIME(6)`` elsewhere."""
+    """Aware UTC datetimes in Python: ``timestamptz`` on PostgreSQL, UTC ``DATETIME(6)`` on
+    MySQL/MariaDB, ISO text on SQLite."""
 
     impl = DateTime(timezone=True)
     cache_ok = True
@@ -104,7 +105,11 @@ def _job_columns() -> list[Column[Any]]:
 
 _id_type = BigInteger().with_variant(Integer, "sqlite")
 # Binary collation: task ids and queue names are case-sensitive strings, as in Celery.
-_MYSQL_OPTIONS = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
+_MYSQL_OPTIONS: dict[str, Any] = {
+    "mysql_engine": "InnoDB",
+    "mysql_charset": "utf8mb4",
+    "mysql_collate": "utf8mb4_bin",
+}
 
 scheduler_job = Table(
     "scheduler_job",
@@ -133,7 +138,7 @@ Index(
     scheduler_job.c.id,
     postgresql_where=text("status = 'PENDING'"),
     sqlite_where=text("status = 'PENDING'"),
- info={"dialects": ("postgresql", "sqlite")},
+    info={"dialects": ("postgresql", "sqlite")},
 )
 Index(
     "ix_scheduler_job_claim_status",
@@ -142,7 +147,7 @@ Index(
     scheduler_job.c.priority.desc(),
     scheduler_job.c.scheduled_time,
     scheduler_job.c.id,
- info={"dialects": _MYSQL},
+    info={"dialects": _MYSQL},
 )
 # Orphan recovery and node listings look up running rows by owner.
 Index(

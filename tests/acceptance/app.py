@@ -24,8 +24,10 @@ SIDE_EFFECTS = "acceptance_run"
 
 def record_run(key: str) -> None:
     with engine_for(os.environ["RATCHET_URL"]).connect() as conn:
-        conn.execute(text(f"INSERT INTO {SIDE_EFFECTS} (run_key, pid) VALUES (:k, :p)"),
-                     {"k": key, "p": os.getpid()})
+        conn.execute(
+            text(f"INSERT INTO {SIDE_EFFECTS} (run_key, pid) VALUES (:k, :p)"),
+            {"k": key, "p": os.getpid()},
+        )
 
 
 @app.task(name="acc.double")

@@ -26,11 +26,27 @@ class Worker:
     def __init__(self, url: str, name: str, log: Path, *extra: str, **env: str) -> None:
         self.name = name
         self.log = log
-        command = [sys.executable, "-m", "celery", "-A", "tests.acceptance.app", "worker",
-                   "-P", "ratchet", "-c", "4", "-n", f"{name}@%h", "-l", "info", *extra]
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.acceptance.app",
+            "worker",
+            "-P",
+            "ratchet",
+            "-c",
+            "4",
+            "-n",
+            f"{name}@%h",
+            "-l",
+            "info",
+            *extra,
+        ]
         environment = {**os.environ, "RATCHET_URL": url, "PYTHONPATH": str(ROOT), **env}
-        self.process = subprocess.Popen(command, cwd=ROOT, env=environment,
-                                        stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, env=environment, stdout=log.open("wb"), stderr=subprocess.STDOUT
+        )
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
         if self.process.poll() is None:

@@ -17,8 +17,9 @@ pytestmark = pytest.mark.slow
 TASKS = 1000
 
 
-def test_two_workers_run_each_of_1000_tasks_exactly_once(ratchet_app: Celery,
-                                                        cluster: Cluster) -> None:
+def test_two_workers_run_each_of_1000_tasks_exactly_once(
+    ratchet_app: Celery, cluster: Cluster
+) -> None:
     double = ratchet_app.tasks["acc.double"]
     singles = [double.delay(n) for n in range(TASKS // 2)]
     batch = group(double.s(n) for n in range(TASKS // 2, TASKS)).apply_async()
@@ -51,7 +52,8 @@ def test_time_limits_apply_in_the_worker(ratchet_app: Celery, cluster: Cluster) 
 
 
 def test_warm_shutdown_finishes_running_jobs_and_hands_back_the_rest(
-        ratchet_app: Celery, cluster: Cluster) -> None:
+    ratchet_app: Celery, cluster: Cluster
+) -> None:
     sleep = ratchet_app.tasks["acc.sleep"]
     results = [sleep.delay(f"s{i}", 1.5) for i in range(24)]
     store = ratchet_state(ratchet_app).store

@@ -66,17 +66,23 @@ def test_settlement_is_a_compare_and_swap_on_the_claim(store: JobStore) -> None:
     ok, bad = sorted(store.claim("n", ["celery"], 10), key=lambda j: j.job_id != "ok")
     stale = Settlement("ok", "not-my-token", JobStatus.FAILED, error="stale")
     assert store.settle([stale]) == 0
-    changed = store.settle([
-        Settlement(ok.job_id, ok.token, JobStatus.SUCCEEDED),
-        Settlement(bad.job_id, bad.token, JobStatus.FAILED, error='{"exc_type": "E"}',
-                   traceback="tb"),
-    ])
+    changed = store.settle(
+        [
+            Settlement(ok.job_id, ok.token, JobStatus.SUCCEEDED),
+            Settlement(
+                bad.job_id, bad.token, JobStatus.FAILED, error='{"exc_type": "E"}', traceback="tb"
+            ),
+        ]
+    )
     assert changed == 2
     assert status_of(store, "ok") is JobStatus.SUCCEEDED
     record = store.result("bad")
     assert record is not None
     assert (record.status, record.last_error, record.error_traceback) == (
-        JobStatus.FAILED, '{"exc_type": "E"}', "tb")
+        JobStatus.FAILED,
+        '{"exc_type": "E"}',
+        "tb",
+    )
     assert record.finished_at is not None
     # A finished row never goes back, whoever asks.
     assert store.settle([Settlement(ok.job_id, ok.token, JobStatus.FAILED)]) == 0
@@ -87,12 +93,16 @@ def test_result_is_stored_only_by_the_claim_holder(store: JobStore) -> None:
     store.enqueue(new_job("r"))
     [job] = store.claim("n", ["celery"], 1)
     assert not store.store_outcome("r", "other", JobStatus.SUCCEEDED, job_result="1")
-    assert store.store_outcome("r", job.token, JobStatus.SUCCEEDED, job_result="42",
-                               result_type="builtins.int")
+    assert store.store_outcome(
+        "r", job.token, JobStatus.SUCCEEDED, job_result="42", result_type="builtins.int"
+    )
     record = store.result("r")
     assert record is not None
     assert (record.status, record.job_result, record.result_type) == (
-        JobStatus.SUCCEEDED, "42", "builtins.int")
+        JobStatus.SUCCEEDED,
+        "42",
+        "builtins.int",
+    )
 
 
 def test_a_retry_reschedules_the_same_row_and_voids_the_old_claim(store: JobStore) -> None:
@@ -165,8 +175,9 @@ def test_orphans_of_silent_nodes_are_recovered(store: JobStore) -> None:
     reclaimed = store.claim("alive", ["celery"], 5)
     assert sorted(j.job_id for j in reclaimed) == sorted(recovered)
     # The dead node's late outcome is refused: the rows belong to new claims now.
-    assert store.settle([Settlement(j.job_id, j.token, JobStatus.SUCCEEDED)
-                         for j in dead_jobs]) == 0
+    assert (
+        store.settle([Settlement(j.job_id, j.token, JobStatus.SUCCEEDED) for j in dead_jobs]) == 0
+    )
 
 
 def test_jobs_of_nodes_without_a_row_are_recovered_after_the_grace(store: JobStore) -> None:
@@ -191,8 +202,7 @@ def test_revoke_and_purge_touch_only_pending_jobs(store: JobStore) -> None:
 def test_untracked_results_get_a_finished_row(store: JobStore) -> None:
     store.store_untracked_result("eager", "tests.add", JobStatus.SUCCEEDED, job_result="3")
     record = store.result("eager")
-    assert record is not None and (record.status, record.job_result) == (JobStatus.SUCCEEDED,
-                                                                          "3")
+    assert record is not None and (record.status, record.job_result) == (JobStatus.SUCCEEDED, "3")
     store.forget("eager")
     assert store.result("eager") is None
 
@@ -207,11 +217,15 @@ def test_groups_are_saved_and_restored(store: JobStore) -> None:
 
 def test_live_schema_matches_the_schema_code(store: JobStore) -> None:
     assert store.schema_differences() == []
+    on_table = " ON scheduler_job" if store.family == "mysql" else ""
+    # One connection for both DDL statements: SQLite checks "already exists" against the
+    # schema cached by the connection, which other pooled connections may not have reloaded.
     with store.engine.connect() as conn:
-        conn.execute(text("DROP INDEX ix_scheduler_job_finished"
-                          + (" ON scheduler_job" if store.family == "mysql" else "")))
-    assert store.schema_differences() == [
-        "missing index ix_scheduler_job_finished on scheduler_job"]
-    with store.engine.connect() as conn:
-        conn.execute(text("CREATE INDEX ix_scheduler_job_finished "
-                          "ON scheduler_job (status, finished_at)"))
+        conn.execute(text(f"DROP INDEX ix_scheduler_job_finished{on_table}"))
+        assert store.schema_differences() == [
+            "missing index ix_scheduler_job_finished on scheduler_job"
+        ]
+        conn.execute(
+            text("CREATE INDEX ix_scheduler_job_finished ON scheduler_job (status, finished_at)")
+        )
+    assert store.schema_differences() == []

@@ -65,12 +65,14 @@ def make_app(url: str, broker_url: str, **conf: Any) -> Celery:
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql", "mysql"])
-def worker_app(request: pytest.FixtureRequest, servers: Servers,
-               broker_trap: BrokerTrap) -> Iterator[Celery]:
+def worker_app(
+    request: pytest.FixtureRequest, servers: Servers, broker_trap: BrokerTrap
+) -> Iterator[Celery]:
     url = servers.url(request.param)
     empty_store(url)
     app = make_app(url, broker_trap.url)
-    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False,
-                      shutdown_timeout=30):
+    with start_worker(
+        app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30
+    ):
         yield app
     assert broker_trap.connections == 0, "a ratchet worker or client contacted the broker"

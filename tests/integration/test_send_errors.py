@@ -57,10 +57,13 @@ def test_an_active_task_id_cannot_be_reused(client_app: Celery) -> None:
         client_app.tasks["t.add"].apply_async((1, 2), task_id="same-id")
 
 
-def test_unreachable_database_raises_store_unavailable(broker_trap: BrokerTrap,
-                                                       tmp_path: Path) -> None:
-    for url in ("postgresql://postgres:secret@127.0.0.1:1/nowhere",
-                "mysql://root:secret@127.0.0.1:1/nowhere"):
+def test_unreachable_database_raises_store_unavailable(
+    broker_trap: BrokerTrap, tmp_path: Path
+) -> None:
+    for url in (
+        "postgresql://postgres:secret@127.0.0.1:1/nowhere",
+        "mysql://root:secret@127.0.0.1:1/nowhere",
+    ):
         app = make_app(url, broker_trap.url, task_publish_retry=False)
         with pytest.raises(StoreUnavailable, match=r"cannot reach the job store") as info:
             app.tasks["t.add"].delay(1, 2)
@@ -73,8 +76,7 @@ def test_rpc_results_are_refused(broker_trap: BrokerTrap, tmp_path: Path) -> Non
         app.tasks["t.add"].delay(1, 2)
 
 
-def test_the_client_never_contacts_the_broker(client_app: Celery,
-                                              broker_trap: BrokerTrap) -> None:
+def test_the_client_never_contacts_the_broker(client_app: Celery, broker_trap: BrokerTrap) -> None:
     before = broker_trap.connections
     add = client_app.tasks["t.add"]
     add.delay(1, 2)

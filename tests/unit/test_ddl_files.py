@@ -16,6 +16,10 @@ def test_shipped_ddl_equals_generated(dialect: str) -> None:
 
 def test_every_table_of_the_seeds_is_there() -> None:
     script = ddl_script("postgresql")
-    for table in ("scheduler_job", "scheduler_job_archive", "scheduler_node",
-                  "scheduler_resource_permit"):
+    for table in (
+        "scheduler_job",
+        "scheduler_job_archive",
+        "scheduler_node",
+        "scheduler_resource_permit",
+    ):
         assert f"CREATE TABLE {table} (" in script
