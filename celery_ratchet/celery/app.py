@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 _STATE_ATTR = "_ratchet_state"
 _INSTALL_LOCK = threading.RLock()
 #: Broker URL of every ratchet app: an in-process transport, so nothing is ever contacted.
-NO_BROKER = "memory://"
+NO_BROKER = "memory://localhost//"
 
 
 class RatchetState:

@@ -21,7 +21,7 @@ from celery.app.amqp import AMQP
 from kombu import Connection
 from kombu.common import Broadcast
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.app import NO_BROKER, ratchet_state
 from celery_ratchet.celery.message import CLAIM_HEADER, job_from_message
 from celery_ratchet.domain.job import NewJob
 from celery_ratchet.errors import StoreUnavailable, UnsupportedRouting
@@ -41,13 +41,37 @@ class _NoConnections:
     connection = _NoConnection()
 
 
+class _NoBrokerConnection:
+    """What ``send_task`` and Celery's event dispatcher ask of a producer's connection.
+
+    ``send_task`` only wraps the send in ``_reraise_as_library_errors``; anything else (custom
+    task events) gets a connection to the in-process transport, made on first use.
+    """
+
+    def __init__(self) -> None:
+        self._real: Connection | None = None
+
+    @contextmanager
+    def _reraise_as_library_errors(self, *args: Any, **kwargs: Any) -> Iterator[None]:
+        yield
+
+    def __getattr__(self, name: str) -> Any:
+        if self._real is None:
+            self._real = Connection(NO_BROKER)
+        return getattr(self._real, name)
+
+    def release(self) -> None:
+        if self._real is not None:
+            self._real.release()
+
+
 class JobBatch:
     """Stands where Celery expects a kombu producer; collects jobs until released."""
 
     def __init__(self, app: Celery) -> None:
         self.app = app
         self.jobs: list[NewJob] = []
-        self._connection: Connection | None = None
+        self._connection: _NoBrokerConnection | None = None
 
     def add(self, job: NewJob) -> None:
         self.jobs.append(job)
@@ -73,12 +97,10 @@ class JobBatch:
             self.jobs = []  # the sending code failed part-way: store none of it
         self.release()
 
-    # Celery's event dispatcher borrows a producer's connection and channel; hand it the
-    # in-process transport so custom task events never reach for a broker.
     @property
-    def connection(self) -> Connection:
+    def connection(self) -> _NoBrokerConnection:
         if self._connection is None:
-            self._connection = Connection("memory://")
+            self._connection = _NoBrokerConnection()
         return self._connection
 
     @property

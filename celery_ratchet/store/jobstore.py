@@ -7,6 +7,7 @@ claim was taken away (orphan recovery, a retry that rescheduled the row) can nev
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import (
+    LargeBinary,
     and_,
     bindparam,
     delete,
@@ -23,6 +25,7 @@ from sqlalchemy import (
     inspect,
     or_,
     select,
+    text,
     tuple_,
     update,
 )
@@ -103,6 +106,51 @@ _CLEARED_RESULT = {
 }
 
 
+_INSERTED = (
+    "job_id, task_name, queue, status, job_type, priority, scheduled_time, created_at, "
+    "expires_at, attempts, claims, root_id, parent_id, group_id, payload, content_type, "
+    "content_encoding, headers, properties"
+)
+
+
+_PARAM_NAMES = (
+    "p_job_id", "p_task_name", "p_queue", "p_job_type", "p_priority", "p_due", "p_expires_at",
+    "p_attempts", "p_root_id", "p_parent_id", "p_group_id", "p_payload", "p_content_type",
+    "p_content_encoding", "p_headers", "p_properties",
+)  # fmt: skip
+#: Rows per multi-row INSERT (MySQL): 8,000 parameters a statement.
+BULK_ROWS = 500
+
+
+@functools.lru_cache(maxsize=32)
+def _insert_statement(dialect: Any, rows: int = 1) -> Any:
+    """The enqueue INSERT as plain SQL, for ``rows`` rows at once: the hottest statement,
+    with nothing to return and nothing to compile per call."""
+    now = str(db_now().compile(dialect=dialect))
+    suffix = (lambda i: "") if rows == 1 else (lambda i: f"_{i}")
+    values = ", ".join(
+        f"(:p_job_id{suffix(i)}, :p_task_name{suffix(i)}, :p_queue{suffix(i)}, 'PENDING', "
+        f":p_job_type{suffix(i)}, :p_priority{suffix(i)}, COALESCE(:p_due{suffix(i)}, {now}), "
+        f"{now}, :p_expires_at{suffix(i)}, :p_attempts{suffix(i)}, 0, :p_root_id{suffix(i)}, "
+        f":p_parent_id{suffix(i)}, :p_group_id{suffix(i)}, :p_payload{suffix(i)}, "
+        f":p_content_type{suffix(i)}, :p_content_encoding{suffix(i)}, :p_headers{suffix(i)}, "
+        f":p_properties{suffix(i)})"
+        for i in range(rows)
+    )
+    typed = []
+    for i in range(rows):
+        typed += [
+            bindparam(f"p_due{suffix(i)}", type_=UTCDateTime()),
+            bindparam(f"p_expires_at{suffix(i)}", type_=UTCDateTime()),
+            bindparam(f"p_payload{suffix(i)}", type_=LargeBinary()),
+        ]
+    return text(f"INSERT INTO scheduler_job ({_INSERTED}) VALUES {values}").bindparams(*typed)
+
+
+def _bulk_params(params: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {f"{name}_{i}": p[name] for i, p in enumerate(params) for name in _PARAM_NAMES}
+
+
 def _params(new: NewJob) -> dict[str, Any]:
     m = new.message
     return {
@@ -136,9 +184,7 @@ class JobStore:
         self._claim = strategy_for(self.engine.dialect)
         self._create_schema = create_schema
         self._schema_ready = False
-        self._insert = insert(job).values(
-            job_id=bindparam("p_job_id"), **_new_job_values(), created_at=db_now()
-        )
+        self._insert = _insert_statement(self.engine.dialect)
         self._replace_running = (
             update(job)
             .where(
@@ -270,7 +316,7 @@ class JobStore:
         self.enqueue_many([new])
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> None:
-        """Insert jobs in one statement (executemany); all or nothing."""
+        """Insert jobs with multi-row INSERTs in one transaction: all or nothing."""
         if not jobs:
             return
         params = [_params(j) for j in jobs]
@@ -284,7 +330,7 @@ class JobStore:
                 return
             try:
                 with transaction(conn):
-                    conn.execute(self._insert, params)
+                    self._insert_many(conn, params)
                 return
             except IntegrityError:
                 pass
@@ -298,6 +344,16 @@ class JobStore:
                         self._reuse_or_refuse(conn, p)
 
         self._run(work, "no job was enqueued")
+
+    def _insert_many(self, conn: Connection, params: list[dict[str, Any]]) -> None:
+        # Measured per 1,000 rows: psycopg and sqlite3 pipeline executemany (25k and 60k
+        # rows/s); PyMySQL sends it row by row (4.5k/s) but multi-row VALUES reach 15k/s.
+        if self.family != "mysql":
+            conn.execute(self._insert, params)
+            return
+        for start in range(0, len(params), BULK_ROWS):
+            chunk = params[start : start + BULK_ROWS]
+            conn.execute(_insert_statement(conn.dialect, len(chunk)), _bulk_params(chunk))
 
     def _reuse_or_refuse(self, conn: Connection, params: dict[str, Any]) -> None:
         if conn.execute(self._reuse_finished, params).rowcount != 1:
