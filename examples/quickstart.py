@@ -43,8 +43,21 @@ def main() -> None:
 
     print("starting: celery -A quickstart worker -P ratchet -c 2")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "quickstart", "--quiet", "worker", "-P", "ratchet",
-         "-c", "2", "-l", "warning"],
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "quickstart",
+            "--quiet",
+            "worker",
+            "-P",
+            "ratchet",
+            "-c",
+            "2",
+            "-l",
+            "warning",
+        ],
         env={**os.environ, "PYTHONPATH": f"{here}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
     )
     started = time.monotonic()
@@ -52,8 +65,11 @@ def main() -> None:
         print("add(2, 3)       =", single.get(timeout=60))
         print("group of adds   =", many.get(timeout=60))
         print("flaky           =", retried.get(timeout=60))
-        print("add(40, 2) later =", later.get(timeout=60),
-              f"(after {time.monotonic() - started:.1f} s)")
+        print(
+            "add(40, 2) later =",
+            later.get(timeout=60),
+            f"(after {time.monotonic() - started:.1f} s)",
+        )
     finally:
         worker.terminate()
         worker.wait(60)

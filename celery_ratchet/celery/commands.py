@@ -12,7 +12,7 @@ import click
 from celery import concurrency
 
 from celery_ratchet.celery.app import install, ratchet_state
-from celery_ratchet.cli.commands import CliContext, add_commands
+from celery_ratchet.cli.commands import CliContext, RatchetGroup, add_commands
 
 POOL_ALIAS = "ratchet"
 concurrency.ALIASES.setdefault(POOL_ALIAS, "celery_ratchet.celery.pool:RatchetPool")
@@ -30,7 +30,7 @@ def _offer_pool_choice() -> None:
 _offer_pool_choice()
 
 
-@click.group(name="ratchet")
+@click.group(name="ratchet", cls=RatchetGroup)
 @click.pass_context
 def ratchet(ctx: click.Context) -> None:
     """celery_ratchet operations on this app's job store."""

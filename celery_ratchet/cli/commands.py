@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.errors import RatchetError
 from celery_ratchet.settings import mask_password
 from celery_ratchet.store.ddl import DIALECTS, ddl_script
 from celery_ratchet.store.jobstore import JobStore
@@ -55,9 +56,26 @@ def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], as_json: bool) 
         click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
+class CommandFailed(click.ClickException):
+    exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(mask_password(message))
+
+
 def fail(message: str) -> None:
-    click.echo(f"error: {mask_password(message)}", err=True)
-    sys.exit(2)
+    raise CommandFailed(message)
+
+
+class RatchetGroup(click.Group):
+    """Turns celery_ratchet's errors (an unreachable store, a bad setting) into a one-line
+    message and exit status 2 instead of a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except RatchetError as exc:
+            raise CommandFailed(str(exc)) from exc
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")

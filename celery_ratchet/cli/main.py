@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import click
 
-from celery_ratchet.cli.commands import CliContext, add_commands, fail
-from celery_ratchet.errors import RatchetError
+from celery_ratchet.cli.commands import CliContext, RatchetGroup, add_commands
 from celery_ratchet.settings import DEFAULT_URL
 from celery_ratchet.store.jobstore import JobStore
 
 
-@click.group()
+@click.group(cls=RatchetGroup)
 @click.option(
     "--url",
     envvar="RATCHET_URL",
@@ -28,7 +27,4 @@ add_commands(cli)
 
 
 def main() -> None:
-    try:
-        cli(standalone_mode=True)
-    except RatchetError as exc:
-        fail(str(exc))
+    cli()

@@ -7,6 +7,7 @@ Rows another claimer holds are skipped, never waited for.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -23,19 +24,25 @@ RETURNED = (
     "payload, content_type, content_encoding, headers, properties"
 )
 _ORDER = "ORDER BY priority DESC, scheduled_time, id"
-_DUE = "status = 'PENDING' AND queue IN :queues AND scheduled_time <= {now}"
+_DUE = "status = 'PENDING' AND queue IN ({queues}) AND scheduled_time <= {now}"
 _CLAIMED = (
     "status = 'RUNNING', picked_by = :node, claim_token = :token, claimed_at = {now}, "
     "started_at = NULL, claims = claims + 1"
 )
 
 
+def _due(now: str, queues: int) -> str:
+    # One bind parameter per queue, not an expanding IN: a worker's queues never change, so
+    # the statement compiles once instead of on every claim.
+    return _DUE.format(now=now, queues=", ".join(f":q{i}" for i in range(queues)))
+
+
+def _queue_params(queues: Sequence[str]) -> dict[str, str]:
+    return {f"q{i}": q for i, q in enumerate(queues)}
+
+
 def _prepare(sql: str) -> TextualSelect:
-    return (
-        text(sql)
-        .bindparams(bindparam("queues", expanding=True))
-        .columns(scheduled_time=UTCDateTime())
-    )
+    return text(sql).columns(scheduled_time=UTCDateTime())
 
 
 def to_claimed(row: Row[Any], token: str, claims_offset: int = 0) -> ClaimedJob:
@@ -72,10 +79,14 @@ class PostgresClaim:
     # condition), so the update needs no status test, which would tempt the planner onto
     # the status index and its dead entries.
     def __init__(self, now: str) -> None:
-        self.statement = _prepare(
-            f"UPDATE scheduler_job SET {_CLAIMED.format(now=now)} "
+        self.now = now
+
+    @functools.lru_cache(maxsize=8)  # noqa: B019 - one strategy per store, a few queue counts
+    def statement(self, queues: int) -> TextualSelect:
+        return _prepare(
+            f"UPDATE scheduler_job SET {_CLAIMED.format(now=self.now)} "
             "WHERE id = ANY(ARRAY("
-            f"SELECT id FROM scheduler_job WHERE {_DUE.format(now=now)} "
+            f"SELECT id FROM scheduler_job WHERE {_due(self.now, queues)} "
             f"{_ORDER} LIMIT :limit FOR UPDATE SKIP LOCKED)) "
             f"RETURNING {RETURNED}"
         )
@@ -83,28 +94,33 @@ class PostgresClaim:
     def claim(
         self, conn: Connection, node_id: str, token: str, queues: Sequence[str], limit: int
     ) -> list[ClaimedJob]:
-        params = {"node": node_id, "token": token, "queues": list(queues), "limit": limit}
-        rows = conn.execute(self.statement, params).all()
+        params = {"node": node_id, "token": token, "limit": limit, **_queue_params(queues)}
+        rows = conn.execute(self.statement(len(queues)), params).all()
         return [to_claimed(row, token) for row in rows]
 
 
 class MySQLClaim:
     # No UPDATE ... RETURNING: lock and read the rows, then flip them, in one transaction.
     def __init__(self, now: str) -> None:
-        self.select_locked = _prepare(
-            f"SELECT {RETURNED} FROM scheduler_job WHERE {_DUE.format(now=now)} "
-            f"{_ORDER} LIMIT :limit FOR UPDATE SKIP LOCKED"
-        )
+        self.now = now
         self.mark_running = text(
             f"UPDATE scheduler_job SET {_CLAIMED.format(now=now)} "
             "WHERE id IN :ids AND status = 'PENDING'"
         ).bindparams(bindparam("ids", expanding=True))
 
+    @functools.lru_cache(maxsize=8)  # noqa: B019 - one strategy per store, a few queue counts
+    def select_locked(self, queues: int) -> TextualSelect:
+        return _prepare(
+            f"SELECT {RETURNED} FROM scheduler_job WHERE {_due(self.now, queues)} "
+            f"{_ORDER} LIMIT :limit FOR UPDATE SKIP LOCKED"
+        )
+
     def claim(
         self, conn: Connection, node_id: str, token: str, queues: Sequence[str], limit: int
     ) -> list[ClaimedJob]:
+        select = self.select_locked(len(queues))
         with transaction(conn):
-            rows = conn.execute(self.select_locked, {"queues": list(queues), "limit": limit}).all()
+            rows = conn.execute(select, {"limit": limit, **_queue_params(queues)}).all()
             if not rows:
                 return []
             ids = [r.id for r in rows]
@@ -115,19 +131,23 @@ class MySQLClaim:
 class SQLiteClaim:
     # The write lock is taken up front (BEGIN IMMEDIATE), so claimers queue instead of failing.
     def __init__(self, now: str) -> None:
-        self.statement = _prepare(
-            f"UPDATE scheduler_job SET {_CLAIMED.format(now=now)} "
+        self.now = now
+
+    @functools.lru_cache(maxsize=8)  # noqa: B019 - one strategy per store, a few queue counts
+    def statement(self, queues: int) -> TextualSelect:
+        return _prepare(
+            f"UPDATE scheduler_job SET {_CLAIMED.format(now=self.now)} "
             "WHERE status = 'PENDING' AND id IN ("
-            f"SELECT id FROM scheduler_job WHERE {_DUE.format(now=now)} {_ORDER} LIMIT :limit) "
-            f"RETURNING {RETURNED}"
+            f"SELECT id FROM scheduler_job WHERE {_due(self.now, queues)} {_ORDER} "
+            f"LIMIT :limit) RETURNING {RETURNED}"
         )
 
     def claim(
         self, conn: Connection, node_id: str, token: str, queues: Sequence[str], limit: int
     ) -> list[ClaimedJob]:
-        params = {"node": node_id, "token": token, "queues": list(queues), "limit": limit}
+        params = {"node": node_id, "token": token, "limit": limit, **_queue_params(queues)}
         with transaction(conn):
-            rows = conn.execute(self.statement, params).all()
+            rows = conn.execute(self.statement(len(queues)), params).all()
         return [to_claimed(row, token) for row in rows]
 
 

@@ -19,6 +19,7 @@ from sqlalchemy import (
     LargeBinary,
     and_,
     bindparam,
+    case,
     delete,
     func,
     insert,
@@ -31,6 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.sql.elements import BindParameter
 
 from celery_ratchet.domain.job import (
     TERMINAL_STATUSES,
@@ -137,7 +139,7 @@ def _insert_statement(dialect: Any, rows: int = 1) -> Any:
         f":p_properties{suffix(i)})"
         for i in range(rows)
     )
-    typed = []
+    typed: list[BindParameter[Any]] = []
     for i in range(rows):
         typed += [
             bindparam(f"p_due{suffix(i)}", type_=UTCDateTime()),
@@ -212,14 +214,23 @@ class JobStore:
                 error_traceback=bindparam("p_traceback"),
             )
         )
-        self._settle_with_error = (
+        handed_back = bindparam("p_status") == JobStatus.PENDING.value
+        cleared = {k: case((handed_back, None), else_=job.c[k]) for k in _CLEARED_CLAIM}
+        self._settle_one = (
             update(job)
             .where(*owned)
             .values(
-                **finished,
-                last_error=bindparam("p_error"),
-                error_traceback=bindparam("p_traceback"),
+                status=bindparam("p_status"),
+                finished_at=case((handed_back, None), else_=db_now()),
+                last_error=func.coalesce(bindparam("p_error"), job.c.last_error),
+                error_traceback=func.coalesce(bindparam("p_traceback"), job.c.error_traceback),
+                **cleared,
             )
+        )
+        self._settle_error = (
+            update(job)
+            .where(job.c.job_id == bindparam("p_job_id"))
+            .values(last_error=bindparam("p_error"), error_traceback=bindparam("p_traceback"))
         )
         self._reuse_finished = (
             update(job)
@@ -384,40 +395,33 @@ class JobStore:
         return claimed
 
     def settle(self, settlements: Iterable[Settlement]) -> int:
-        """Finish claimed executions, one statement per outcome kind. Rows whose claim is gone
-        are left alone; returns the number of rows changed."""
-        plain: dict[JobStatus, list[tuple[str, str]]] = defaultdict(list)
-        detailed: list[dict[str, Any]] = []
-        for s in settlements:
-            if s.error is None and s.traceback is None:
-                plain[s.status].append((s.job_id, s.token))
-            else:
-                detailed.append(
-                    {
-                        "p_job_id": s.job_id,
-                        "p_token": s.token,
-                        "p_status": s.status.value,
-                        "p_error": s.error,
-                        "p_traceback": s.traceback,
-                    }
-                )
-        if not plain and not detailed:
+        """Finish claimed executions in one round trip where the driver pipelines. Rows whose
+        claim is gone are left alone; returns the number of rows changed."""
+        params = [
+            {"p_job_id": s.job_id, "p_token": s.token, "p_status": s.status.value,
+             "p_error": s.error, "p_traceback": s.traceback}
+            for s in settlements
+        ]  # fmt: skip
+        if not params:
             return 0
 
         def work(conn: Connection) -> int:
-            changed = 0
-            for status, claims in plain.items():
+            if self.family != "mysql":  # executemany: pipelined by psycopg and sqlite3
+                return conn.execute(self._settle_one, params).rowcount
+            changed = 0  # PyMySQL would send executemany row by row: group by outcome instead
+            for status, claims in _group_by_outcome(params).items():
                 stmt = (
                     update(job)
                     .where(
                         job.c.status == JobStatus.RUNNING.value,
                         tuple_(job.c.job_id, job.c.claim_token).in_(claims),
                     )
-                    .values(**_settled_values(status))
+                    .values(**_settled_values(JobStatus(status)))
                 )
                 changed += conn.execute(stmt).rowcount
-            for params in detailed:
-                changed += conn.execute(self._settle_with_error, params).rowcount
+            for p in params:
+                if p["p_error"] is not None or p["p_traceback"] is not None:
+                    conn.execute(self._settle_error, p)
             return changed
 
         return self._run(work, "job outcomes were not recorded")
@@ -752,6 +756,13 @@ class JobStore:
         stmt = select(job.c.status, func.count()).group_by(job.c.status)
         rows = self._run(lambda conn: conn.execute(stmt).all(), "jobs were not counted")
         return {status: count for status, count in rows}
+
+
+def _group_by_outcome(params: list[dict[str, Any]]) -> dict[str, list[tuple[str, str]]]:
+    grouped: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for p in params:
+        grouped[p["p_status"]].append((p["p_job_id"], p["p_token"]))
+    return grouped
 
 
 def _settled_values(status: JobStatus) -> dict[str, Any]:

@@ -39,7 +39,7 @@ def _assert_each_claimed_once(expected: set[str], claims: list[list[str]], store
     counts = Counter(job_id for claimer in claims for job_id in claimer)
     assert set(counts) == expected
     assert [job_id for job_id, n in counts.items() if n > 1] == []
-    assert all(claims), "every claimer should have won some jobs"
+    assert sum(1 for c in claims if c) >= 2, "the claimers should actually have raced"
     assert store.count_by_status() == {"SUCCEEDED": JOBS}
 
 

@@ -1,0 +1,44 @@
+"""The two apps the bench compares: one on celery_ratchet, one on Celery's Redis broker.
+
+Both run the same tasks. Each task bumps a Redis counter, so "done" is measured the same way
+for both, and records its start time for the latency measurement.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+from celery import Celery
+
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
+_redis = redis.Redis.from_url(REDIS_URL)
+
+ratchet_app = Celery("bench_ratchet", task_cls="celery_ratchet:RatchetTask")
+ratchet_app.conf.update(
+    ratchet_url=os.environ.get("RATCHET_URL", "postgresql://postgres@127.0.0.1/ratchet_bench"),
+    worker_hijack_root_logger=False,
+)
+
+redis_app = Celery("bench_redis", broker=REDIS_URL, backend=REDIS_URL)
+redis_app.conf.update(worker_hijack_root_logger=False, broker_connection_retry_on_startup=True)
+
+
+def _register(app: Celery, prefix: str) -> None:
+    @app.task(name="bench.noop", ignore_result=True, shared=False)
+    def noop(i: int = 0) -> None:
+        _redis.incr(f"{prefix}:done")
+
+    @app.task(name="bench.echo", shared=False)
+    def echo(i: int = 0) -> int:
+        _redis.incr(f"{prefix}:done")
+        return i
+
+    @app.task(name="bench.stamp", ignore_result=True, shared=False)
+    def stamp(sent_at: float) -> None:
+        _redis.rpush(f"{prefix}:latency", time.time() - sent_at)
+
+
+_register(ratchet_app, "ratchet")
+_register(redis_app, "redis")

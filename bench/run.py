@@ -1,0 +1,356 @@
+"""celery_ratchet beside raw SQL and beside Celery on its Redis broker, in one run.
+
+    ./dev bench [--jobs 10000] [--quick]
+
+Measures on PostgreSQL: enqueue rate (``.delay()`` in a loop), bulk enqueue (a group of
+1,000), drain rate (N queued no-op tasks, one worker, ``-c 4``, timed from worker start),
+worker memory (peak RSS of the worker's processes while draining) and enqueue→start latency
+with an idle worker. Beside it: a raw psycopg autocommit INSERT of the same row, and Celery
+5.7 on Redis. Nothing here asserts anything; read the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+import redis  # noqa: E402
+from celery import group  # noqa: E402
+
+PG_ADMIN = os.environ.get("BENCH_PG_ADMIN", "host=127.0.0.1 user=postgres dbname=postgres")
+PG_DB = "ratchet_bench"
+os.environ.setdefault("RATCHET_URL", f"postgresql://postgres@127.0.0.1/{PG_DB}")
+
+from bench.apps import REDIS_URL, ratchet_app, redis_app  # noqa: E402
+from celery_ratchet.celery.app import ratchet_state  # noqa: E402
+
+RESULTS: list[dict[str, Any]] = []
+_redis = redis.Redis.from_url(REDIS_URL)
+
+
+def report(section: str, subject: str, value: float, unit: str, note: str = "") -> None:
+    RESULTS.append(
+        {
+            "section": section,
+            "subject": subject,
+            "value": round(value, 1),
+            "unit": unit,
+            "note": note,
+        }
+    )
+    print(f"  {subject:44} {value:>10,.1f} {unit:8} {note}", flush=True)
+
+
+def median_rate(rounds: int, n: int, once: Callable[[int], None]) -> float:
+    rates = []
+    for r in range(rounds):
+        start = time.perf_counter()
+        once(r)
+        rates.append(n / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+# -- setup -------------------------------------------------------------------------------
+
+
+def prepare_database() -> None:
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (PG_DB,)).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{PG_DB}"')
+    ratchet_state(ratchet_app).store.ensure_schema()
+
+
+def reset() -> None:
+    store = ratchet_state(ratchet_app).store
+    with store.engine.connect() as conn:
+        conn.exec_driver_sql("TRUNCATE scheduler_job, scheduler_node")
+    _redis.flushdb()
+
+
+def raw_connection() -> psycopg.Connection[Any]:
+    return psycopg.connect(f"host=127.0.0.1 user=postgres dbname={PG_DB}", autocommit=True)
+
+
+# -- enqueue -----------------------------------------------------------------------------
+
+RAW_INSERT = (
+    "INSERT INTO scheduler_job (job_id, task_name, queue, status, job_type, priority, "
+    "scheduled_time, created_at, attempts, claims, payload, content_type, content_encoding, "
+    "headers, properties) VALUES (%s, 'bench.noop', 'celery', 'PENDING', 'SINGLE', 4, now(), "
+    "now(), 0, 0, %s, 'application/json', 'utf-8', %s, %s)"
+)
+
+
+def _raw_row(i: int, tag: str) -> tuple[str, bytes, str, str]:
+    """A row as big as the one .delay() writes: same payload, headers and properties."""
+    job_id = f"raw-{tag}-{i}"
+    headers = json.dumps(
+        {
+            "lang": "py",
+            "task": "bench.noop",
+            "id": job_id,
+            "retries": 0,
+            "root_id": job_id,
+            "argsrepr": f"({i},)",
+            "kwargsrepr": "{}",
+            "origin": "gen1@bench",
+            "ignore_result": True,
+        }
+    )
+    return (job_id, json.dumps([[i], {}, {"callbacks": None}]).encode(), headers, '{"priority": 4}')
+
+
+def bench_enqueue(n: int, rounds: int) -> None:
+    print(f"enqueue: {n} single sends, median of {rounds} rounds")
+    reset()
+    with raw_connection() as conn:
+        raw = median_rate(
+            rounds, n, lambda r: [conn.execute(RAW_INSERT, _raw_row(i, f"{r}")) for i in range(n)]
+        )
+    report("enqueue", "raw psycopg INSERT (autocommit, same row)", raw, "jobs/s")
+    reset()
+    noop = ratchet_app.tasks["bench.noop"]
+    noop.delay(0)
+    ours = median_rate(rounds, n, lambda r: [noop.delay(i) for i in range(n)])
+    report(
+        "enqueue", "celery_ratchet .delay() on PostgreSQL", ours, "jobs/s", f"{ours / raw:.2f}x raw"
+    )
+    redis_noop = redis_app.tasks["bench.noop"]
+    redis_noop.delay(0)
+    celery = median_rate(rounds, n, lambda r: [redis_noop.delay(i) for i in range(n)])
+    report("enqueue", "Celery .delay() on Redis", celery, "jobs/s")
+
+
+def bench_bulk(rounds: int) -> None:
+    print(f"bulk enqueue: a group of 1,000, median of {rounds} rounds")
+    reset()
+    with raw_connection() as conn:
+
+        def raw_once(r: int) -> None:
+            with conn.cursor() as cur, conn.transaction():
+                cur.executemany(RAW_INSERT, [_raw_row(i, f"bulk{r}") for i in range(1000)])
+
+        raw = median_rate(rounds, 1000, raw_once)
+    report("bulk", "raw psycopg executemany of 1,000", raw, "jobs/s")
+    noop = ratchet_app.tasks["bench.noop"]
+    group(noop.s(i) for i in range(10)).apply_async()
+    ours = median_rate(rounds, 1000, lambda r: group(noop.s(i) for i in range(1000)).apply_async())
+    report("bulk", "celery_ratchet group of 1,000", ours, "jobs/s")
+    redis_noop = redis_app.tasks["bench.noop"]
+    celery = median_rate(
+        rounds, 1000, lambda r: group(redis_noop.s(i) for i in range(1000)).apply_async()
+    )
+    report("bulk", "Celery group of 1,000 on Redis", celery, "jobs/s")
+
+
+# -- workers -----------------------------------------------------------------------------
+
+
+def start_worker(
+    app_name: str, pool: str, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        f"bench.apps:{app_name}",
+        "--quiet",
+        "worker",
+        "-P",
+        pool,
+        "-c",
+        "4",
+        "-l",
+        "warning",
+        "--without-heartbeat",
+        "--without-gossip",
+        "--without-mingle",
+        *extra,
+    ]
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def tree_rss_kb(pid: int) -> int:
+    """Resident memory of a process and its descendants, in kB."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        todo += children.get(current, [])
+        try:
+            for line in (Path("/proc") / str(current) / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def stop(worker: subprocess.Popen[bytes]) -> None:
+    worker.terminate()
+    try:
+        worker.wait(60)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+
+
+def drain(label: str, app_name: str, prefix: str, pool: str, n: int, task: str) -> None:
+    reset()
+    app = ratchet_app if app_name == "ratchet_app" else redis_app
+    sig = app.tasks[task]
+    with app.producer_or_acquire() as producer:
+        for i in range(n):
+            sig.apply_async((i,), producer=producer)
+    start = time.perf_counter()
+    worker = start_worker(app_name, pool)
+    peak = 0
+    counter = f"{prefix}:done"
+    try:
+        while int(_redis.get(counter) or 0) < n:
+            peak = max(peak, tree_rss_kb(worker.pid))
+            if time.perf_counter() - start > 600:
+                raise RuntimeError(f"{label}: not drained after 600 s")
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - start
+        peak = max(peak, tree_rss_kb(worker.pid))
+    finally:
+        stop(worker)
+    report("drain", label, n / elapsed, "jobs/s", f"peak RSS {peak / 1024:.0f} MB")
+    RESULTS.append(
+        {
+            "section": "memory",
+            "subject": label,
+            "value": round(peak / 1024, 1),
+            "unit": "MB",
+            "note": "",
+        }
+    )
+
+
+def bench_drain(n: int) -> None:
+    print(f"drain: {n} queued no-op tasks, one worker -c 4, timed from worker start")
+    drain("celery_ratchet -P threads", "ratchet_app", "ratchet", "threads", n, "bench.noop")
+    drain(
+        "celery_ratchet -P ratchet (prefork)", "ratchet_app", "ratchet", "ratchet", n, "bench.noop"
+    )
+    drain(
+        "celery_ratchet -P threads, results stored",
+        "ratchet_app",
+        "ratchet",
+        "threads",
+        n,
+        "bench.echo",
+    )
+    drain("Celery on Redis -P threads", "redis_app", "redis", "threads", n, "bench.noop")
+    drain("Celery on Redis -P prefork", "redis_app", "redis", "prefork", n, "bench.noop")
+
+
+def latency(
+    label: str, app_name: str, prefix: str, samples: int, env: dict[str, str], gap: float = 0.05
+) -> None:
+    reset()
+    app = ratchet_app if app_name == "ratchet_app" else redis_app
+    stamp = app.tasks["bench.stamp"]
+    worker = start_worker(app_name, "threads", env=env)
+    try:
+        warm = time.time()
+        stamp.delay(warm)
+        deadline = time.time() + 60
+        while not _redis.llen(f"{prefix}:latency"):
+            if time.time() > deadline:
+                raise RuntimeError(f"{label}: worker did not start")
+            time.sleep(0.05)
+        _redis.delete(f"{prefix}:latency")
+        for _ in range(samples):
+            stamp.delay(time.time())
+            time.sleep(gap)
+        deadline = time.time() + 60
+        while _redis.llen(f"{prefix}:latency") < samples and time.time() < deadline:
+            time.sleep(0.05)
+        values = sorted(float(v) * 1000 for v in _redis.lrange(f"{prefix}:latency", 0, -1))
+    finally:
+        stop(worker)
+    p50 = values[len(values) // 2]
+    p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
+    report("latency", f"{label} p50", p50, "ms")
+    report("latency", f"{label} p99", p99, "ms")
+
+
+def bench_latency(samples: int, sparse: int) -> None:
+    print(
+        f"enqueue→start latency, -P threads: {samples} tasks 50 ms apart (busy), then "
+        f"{sparse} tasks 1.5 s apart (a worker idle between them)"
+    )
+    for label, app_name, prefix, env in (
+        ("celery_ratchet, poll interval 1 s (default)", "ratchet_app", "ratchet", {}),
+        (
+            "celery_ratchet, poll interval 0.1 s",
+            "ratchet_app",
+            "ratchet",
+            {"RATCHET_POLL_INTERVAL": "0.1"},
+        ),
+        ("Celery on Redis", "redis_app", "redis", {}),
+    ):
+        latency(f"{label}, busy", app_name, prefix, samples, env)
+        latency(f"{label}, idle", app_name, prefix, sparse, env, gap=1.5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=10_000, help="jobs to drain")
+    parser.add_argument("--enqueue", type=int, default=3_000, help="single sends per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--latency-samples", type=int, default=200)
+    parser.add_argument("--idle-samples", type=int, default=12)
+    parser.add_argument("--quick", action="store_true", help="small numbers, for a smoke run")
+    parser.add_argument("--only", choices=["enqueue", "bulk", "drain", "latency"])
+    args = parser.parse_args()
+    if args.quick:
+        args.jobs, args.enqueue, args.rounds = 500, 300, 1
+        args.latency_samples, args.idle_samples = 20, 3
+    prepare_database()
+    sections = {
+        "enqueue": lambda: bench_enqueue(args.enqueue, args.rounds),
+        "bulk": lambda: bench_bulk(args.rounds),
+        "drain": lambda: bench_drain(args.jobs),
+        "latency": lambda: bench_latency(args.latency_samples, args.idle_samples),
+    }
+    for name, run in sections.items():
+        if args.only in (None, name):
+            run()
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    path = out / time.strftime("%Y%m%d-%H%M%S.json")
+    path.write_text(json.dumps(RESULTS, indent=2))
+    print(f"written: {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The operations CLI: ``ratchet --url`` in-process, ``celery -A app ratchet`` as a process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from celery_ratchet.cli.main import cli
+from celery_ratchet.domain.job import JobStatus, Settlement
+from celery_ratchet.store.ddl import ddl_script
+from tests.conftest import empty_store
+from tests.helpers import new_job
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_jobs_stats_and_schema(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    store = empty_store(url)
+    store.enqueue(new_job("ok"))
+    store.enqueue(new_job("bad", task="tests.fail"))
+    claimed = {j.job_id: j for j in store.claim("node-1", ["celery"], 10)}
+    store.settle(
+        [
+            Settlement(
+                "bad", claimed["bad"].token, JobStatus.FAILED, error='{"exc_type": "ValueError"}'
+            )
+        ]
+    )
+    runner = CliRunner()
+
+    listed = runner.invoke(cli, ["--url", url, "jobs", "--status", "failed", "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert [j["job_id"] for j in json.loads(listed.output)] == ["bad"]
+
+    shown = runner.invoke(cli, ["--url", url, "jobs", "show", "bad"])
+    assert "ValueError" in shown.output and "tests.fail" in shown.output
+
+    stats = json.loads(runner.invoke(cli, ["--url", url, "stats", "--json"]).output)
+    assert {s["status"]: s["count"] for s in stats}["RUNNING"] == 1
+
+    assert runner.invoke(cli, ["--url", url, "schema", "check"]).output.strip() == (
+        "schema matches"
+    )
+    shown_ddl = runner.invoke(cli, ["--url", url, "schema", "show"]).output
+    assert shown_ddl == ddl_script("sqlite")
+    missing = runner.invoke(cli, ["--url", url, "jobs", "show", "nope"])
+    assert missing.exit_code == 2 and "no job 'nope'" in missing.output
+
+
+def test_unreachable_store_is_a_clear_error_with_the_password_masked() -> None:
+    result = CliRunner().invoke(cli, ["--url", "postgresql://u:hunter2@127.0.0.1:1/x", "stats"])
+    assert result.exit_code != 0
+    assert "cannot reach the job store" in result.output
+    assert "hunter2" not in result.output
+
+
+def test_celery_ratchet_command_runs_without_a_broker(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'celery-cli.db'}"
+    empty_store(url).enqueue(new_job("queued"))
+    env = {**os.environ, "RATCHET_URL": url, "PYTHONPATH": str(ROOT)}
+    # tests.acceptance.app points broker_url at a closed port: contacting it would fail.
+    out = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.acceptance.app", "ratchet", "jobs", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert [j["job_id"] for j in json.loads(out.stdout)] == ["queued"]

@@ -1,0 +1,136 @@
+"""Celery messages become job rows and back without losing what Celery needs."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+from kombu.utils import json as kjson
+
+from celery_ratchet.celery.message import CLAIM_HEADER, JobMessage, job_from_message, parse_time
+from celery_ratchet.domain.job import ClaimedJob, JobStatus
+from celery_ratchet.errors import PayloadTooLarge, SerializerNotAllowed
+
+UTC = timezone.utc
+
+
+def _job(**overrides):  # type: ignore[no-untyped-def]
+    headers = {
+        "id": "abc",
+        "task": "shop.charge",
+        "eta": None,
+        "expires": None,
+        "retries": 2,
+        "root_id": "root",
+        "parent_id": "parent",
+        "group": "g",
+        CLAIM_HEADER: "stale",
+    }
+    options = dict(
+        headers=headers,
+        properties={"correlation_id": "abc"},
+        body=((1, "a"), {"k": "v"}, {"callbacks": None}),
+        queue="payments",
+        serializer="json",
+        compression=None,
+        default_priority=4,
+        max_payload_kb=100,
+        allow_pickle=False,
+        timezone_=UTC,
+    )
+    options.update(overrides)
+    return job_from_message(**options)
+
+
+def test_a_message_becomes_a_row() -> None:
+    job = _job()
+    assert (job.job_id, job.task_name, job.queue, job.priority, job.attempts) == (
+        "abc",
+        "shop.charge",
+        "payments",
+        4,
+        2,
+    )
+    assert (job.root_id, job.parent_id, job.group_id, job.due) == ("root", "parent", "g", None)
+    assert json.loads(job.message.payload) == [[1, "a"], {"k": "v"}, {"callbacks": None}]
+    assert CLAIM_HEADER not in json.loads(job.message.headers)
+    assert json.loads(job.message.properties)["priority"] == 4
+
+
+def test_eta_and_expires_are_stored_as_utc() -> None:
+    eta = datetime(2026, 3, 29, 1, 30, tzinfo=ZoneInfo("Europe/Paris"))
+    job = _job(
+        headers={"id": "x", "task": "t", "eta": eta.isoformat(), "expires": "2026-03-29T02:00:00"},
+        timezone_=ZoneInfo("Europe/Paris"),
+    )
+    assert job.due == datetime(2026, 3, 29, 0, 30, tzinfo=UTC)
+    # A naive time is read in the app's time zone, as Celery's worker reads it.
+    assert job.expires_at == datetime(2026, 3, 29, 1, 0, tzinfo=UTC)
+    assert parse_time(None, UTC) is None
+
+
+def test_too_large_payload_says_size_and_limit() -> None:
+    with pytest.raises(PayloadTooLarge) as info:
+        _job(body=(("x" * 3000,), {}, {}), max_payload_kb=2)
+    assert "shop.charge" in str(info.value) and "2 KB" in str(info.value)
+    assert info.value.size_bytes > 2048
+
+
+def test_pickle_needs_explicit_permission() -> None:
+    with pytest.raises(SerializerNotAllowed):
+        _job(serializer="pickle")
+    assert _job(serializer="pickle", allow_pickle=True).message.content_type == (
+        "application/x-python-serialize"
+    )
+
+
+@pytest.mark.parametrize("priority", [-1, 256, "high"])
+def test_invalid_priority_is_refused(priority: object) -> None:
+    with pytest.raises(ValueError, match="priority"):
+        _job(properties={"priority": priority})
+
+
+def test_compressed_bodies_are_decompressed_for_the_worker() -> None:
+    job = _job(compression="zlib")
+    claimed = _claimed(job)
+    message = JobMessage(claimed, accept={"application/json"}, on_end=lambda *a: None)
+    assert message.decode() == [[1, "a"], {"k": "v"}, {"callbacks": None}]
+
+
+def _claimed(job, token: str = "tok", claims: int = 1) -> ClaimedJob:  # type: ignore[no-untyped-def]
+    return ClaimedJob(
+        id=7,
+        job_id=job.job_id,
+        task_name=job.task_name,
+        queue=job.queue,
+        priority=job.priority,
+        attempts=job.attempts,
+        claims=claims,
+        token=token,
+        scheduled_time=datetime.now(UTC) - timedelta(seconds=1),
+        message=job.message,
+    )
+
+
+def test_a_claimed_row_becomes_a_delivered_message() -> None:
+    ends: list[tuple[str, JobStatus | None]] = []
+    message = JobMessage(
+        _claimed(_job(), claims=2),
+        accept={"application/json"},
+        on_end=lambda job, status, error, tb: ends.append((job.job_id, status)),
+    )
+    assert message.headers[CLAIM_HEADER] == "tok"
+    assert message.delivery_info == {
+        "exchange": "",
+        "routing_key": "payments",
+        "priority": 4,
+        "redelivered": True,
+    }
+    message.ack()
+    assert ends == []
+    message.reject(requeue=True)
+    message.end(JobStatus.SUCCEEDED)  # a second report of the same execution is ignored
+    assert ends == [("abc", JobStatus.PENDING)]
+    assert kjson.loads(message.body) == [[1, "a"], {"k": "v"}, {"callbacks": None}]

@@ -1,0 +1,62 @@
+"""Settings: environment beats the Celery setting beats the default; bad values say which."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_ratchet.errors import ConfigurationError
+from celery_ratchet.settings import DEFAULT_URL, RatchetSettings, mask_password
+
+
+def test_defaults_follow_the_seeds() -> None:
+    s = RatchetSettings.from_sources({}, {})
+    assert s.url == DEFAULT_URL
+    assert (s.node_heartbeat_interval_seconds, s.node_orphan_grace_seconds) == (10, 60)
+    assert s.orphan_scan_interval == 300
+    assert (s.max_payload_kb, s.poll_interval, s.allow_pickle) == (100, 1.0, False)
+
+
+def test_environment_overrides_the_celery_setting() -> None:
+    conf = {"ratchet_url": "postgresql://conf/db", "ratchet_poll_interval": 2}
+    env = {
+        "RATCHET_URL": "mysql://env/db",
+        "RATCHET_NODE_ORPHAN_GRACE_SECONDS": "90",
+        "RATCHET_ALLOW_PICKLE": "yes",
+    }
+    s = RatchetSettings.from_sources(conf, env)
+    assert (s.url, s.poll_interval, s.node_orphan_grace_seconds, s.allow_pickle) == (
+        "mysql://env/db",
+        2.0,
+        90.0,
+        True,
+    )
+
+
+def test_seconds_win_over_minutes_for_the_orphan_scan() -> None:
+    s = RatchetSettings.from_sources(
+        {"ratchet_orphan_scan_interval_minutes": 1}, {"RATCHET_ORPHAN_SCAN_INTERVAL_SECONDS": "2.5"}
+    )
+    assert s.orphan_scan_interval == 2.5
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"RATCHET_POLL_INTERVAL": "soon"}, "RATCHET_POLL_INTERVAL = 'soon'"),
+        ({"RATCHET_ALLOW_PICKLE": "perhaps"}, "expected true/false"),
+        ({"RATCHET_MAX_PAYLOAD_KB": "0"}, "ratchet_max_payload_kb must be positive"),
+        ({"RATCHET_DEFAULT_PRIORITY": "12"}, "within 0-9"),
+        ({"RATCHET_NODE_ORPHAN_GRACE_SECONDS": "5"}, "must exceed"),
+    ],
+)
+def test_bad_values_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message.replace("(", r"\(")):
+        RatchetSettings.from_sources({}, env)
+
+
+def test_passwords_are_masked_in_urls() -> None:
+    text = "cannot reach postgresql://app:s3cr3t@db/shop or mysql://root:pw@h:3306/x"
+    assert mask_password(text) == (
+        "cannot reach postgresql://app:***@db/shop or mysql://root:***@h:3306/x"
+    )
+    assert mask_password("sqlite:///ratchet.db") == "sqlite:///ratchet.db"
