@@ -15,6 +15,10 @@ class StoreUnavailable(RatchetError, ConnectionError):
     """The job store (the database) could not be reached; nothing was written."""
 
 
+class StoreBusy(RatchetError):
+    """The database kept refusing a statement for lock conflicts (deadlocks, lock timeouts)."""
+
+
 class PayloadTooLarge(RatchetError, ValueError):
     """A job's serialized arguments exceed ``ratchet_max_payload_kb``."""
 

@@ -79,13 +79,17 @@ class RatchetRequest(Request):
                 self._end(JobStatus.FAILED, exc, str(exc_info.traceback or "") or None)
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
-        super().on_timeout(soft, timeout)
-        if not soft:
-            self._end(JobStatus.FAILED, TimeLimitExceeded(timeout))
+        try:
+            super().on_timeout(soft, timeout)
+        finally:
+            if not soft:
+                self._end(JobStatus.FAILED, TimeLimitExceeded(timeout))
 
     def _announce_revoked(self, reason: str, terminated: bool, signum: Any, expired: bool) -> None:
-        super()._announce_revoked(reason, terminated, signum, expired)
-        self._end(JobStatus.REVOKED, TaskRevokedError(reason))
+        try:
+            super()._announce_revoked(reason, terminated, signum, expired)
+        finally:
+            self._end(JobStatus.REVOKED, TaskRevokedError(reason))
 
 
 def _reporting_success(on_success: Callable[..., Any]) -> Callable[..., Any]:

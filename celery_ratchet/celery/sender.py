@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,7 +24,7 @@ from kombu.common import Broadcast
 from celery_ratchet.celery.app import NO_BROKER, ratchet_state
 from celery_ratchet.celery.message import CLAIM_HEADER, job_from_message
 from celery_ratchet.domain.job import NewJob
-from celery_ratchet.errors import StoreUnavailable, UnsupportedRouting
+from celery_ratchet.errors import DuplicateJob, StoreUnavailable, UnsupportedRouting
 
 logger = logging.getLogger(__name__)
 
@@ -71,15 +71,27 @@ class JobBatch:
     def __init__(self, app: Celery) -> None:
         self.app = app
         self.jobs: list[NewJob] = []
+        self._on_stored: list[Callable[[], None]] = []
         self._connection: _NoBrokerConnection | None = None
 
-    def add(self, job: NewJob) -> None:
+    def add(self, job: NewJob, on_stored: Callable[[], None]) -> None:
         self.jobs.append(job)
+        self._on_stored.append(on_stored)
 
     def flush(self) -> None:
         jobs, self.jobs = self.jobs, []
-        if jobs:
-            ratchet_state(self.app).store.enqueue_many(jobs)
+        callbacks, self._on_stored = self._on_stored, []
+        if not jobs:
+            return
+        conf = self.app.conf
+        store = ratchet_state(self.app).store
+        _with_retry(
+            lambda: store.enqueue_many(jobs),
+            conf.task_publish_retry,
+            dict(conf.task_publish_retry_policy or {}),
+        )
+        for stored in callbacks:
+            stored()
 
     def release(self) -> None:
         try:
@@ -93,8 +105,8 @@ class JobBatch:
         return self
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
-        if exc_type is not None:
-            self.jobs = []  # the sending code failed part-way: store none of it
+        if exc_type is not None:  # the sending code failed part-way: store none of it
+            self.jobs, self._on_stored = [], []
         self.release()
 
     @property
@@ -191,7 +203,9 @@ class RatchetAMQP(AMQP):
             )
             state = ratchet_state(app)
             settings = state.settings
-            claim = _claim_of_current_job(app, headers2.get("id"))
+            # signature_from_request (retries, retry_on_worker_lost) carries the claim header of
+            # the request it copies; a replace() is found as the job running in this process.
+            claim = headers2.get(CLAIM_HEADER) or _claim_of_current_job(app, headers2.get("id"))
             job = job_from_message(
                 headers=headers2,
                 properties=properties,
@@ -204,28 +218,23 @@ class RatchetAMQP(AMQP):
                 allow_pickle=settings.allow_pickle,
                 timezone_=app.timezone,
             )
+            retries = default_retry if retry is None else retry
+
+            def published() -> None:
+                send_after_publish(
+                    sender=name, body=body, headers=headers2,
+                    exchange=exchange, routing_key=routing_key,
+                )  # fmt: skip
+
             if claim is not None:
                 # A retry or a replace of the running job: the same row, rescheduled.
-                _with_retry(
-                    lambda: _reschedule(state.store, claim, job),
-                    default_retry if retry is None else retry,
-                    policy,
-                )
+                _with_retry(lambda: _reschedule(state.store, claim, job), retries, policy)
+                published()
             elif isinstance(producer, JobBatch):
-                producer.add(job)
+                producer.add(job, published)
             else:
-                _with_retry(
-                    lambda: state.store.enqueue(job),
-                    default_retry if retry is None else retry,
-                    policy,
-                )
-            send_after_publish(
-                sender=name,
-                body=body,
-                headers=headers2,
-                exchange=exchange,
-                routing_key=routing_key,
-            )
+                _with_retry(lambda: state.store.enqueue(job), retries, policy)
+                published()
 
         return send_task_message
 
@@ -262,7 +271,13 @@ def _claim_of_current_job(app: Celery, task_id: str | None) -> str | None:
 
 
 def _reschedule(store: Any, token: str, job: NewJob) -> None:
-    if not store.replace_running(token, job):
+    if store.replace_running(token, job):
+        return
+    # Not (or no longer) the row this claim holds: a new id sent from a request's copy, or a
+    # claim taken over by orphan recovery, in which case the row's new owner decides.
+    try:
+        store.enqueue(job)
+    except DuplicateJob:
         logger.warning(
             "ratchet: job %s was not rescheduled: its claim was taken over (the node was "
             "presumed dead); the execution that now owns it decides its fate",

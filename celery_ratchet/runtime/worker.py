@@ -14,10 +14,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
-from celery_ratchet.errors import StoreUnavailable
+from celery_ratchet.errors import StoreBusy, StoreUnavailable
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.jobstore import JobStore
 
@@ -83,8 +83,11 @@ class WorkerRuntime:
         self._stopping = threading.Event()
         self._closed = threading.Event()
         self._settlements: queue.Queue[Settlement] = queue.Queue()
+        #: Outcomes reported but not yet written: queued or in the settler's hands.
+        self._unwritten: dict[tuple[str, str], Settlement] = {}
         self._threads: list[threading.Thread] = []
         self._throttle = _Throttle(max(settings.poll_interval, 5.0))
+        self._last_heartbeat = time.monotonic()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -107,8 +110,12 @@ class WorkerRuntime:
         """Claim again after :meth:`stop_claiming` (the executor restarted)."""
         if self._closed.is_set() or not self._stopping.is_set():
             return
-        self._stopping.clear()
         self._threads = [t for t in self._threads if t.is_alive()]
+        running = {t.name for t in self._threads}
+        if {"ratchet-poller", "ratchet-orphan-scan"} & running:
+            logger.warning("ratchet: previous claim loop still stopping; not resuming yet")
+            return
+        self._stopping.clear()
         self._spawn("poller", self._poll_loop)
         self._spawn("orphan-scan", self._orphan_loop)
 
@@ -124,9 +131,10 @@ class WorkerRuntime:
                     ",".join(self.queues),
                     self.store.display_url,
                 )
+                self._last_heartbeat = time.monotonic()
                 return
-            except StoreUnavailable as exc:
-                self._throttle.warn("register", "ratchet: %s; retrying", exc)
+            except Exception as exc:
+                self._throttle.warn("register", "ratchet: node not registered: %s; retrying", exc)
                 self._stopping.wait(self.settings.poll_interval)
 
     def stop_claiming(self) -> list[ClaimedJob]:
@@ -140,7 +148,7 @@ class WorkerRuntime:
             unstarted = list(self._ready)
             self._ready.clear()
         for job in unstarted:
-            self._settlements.put(Settlement(job.job_id, job.token, JobStatus.PENDING))
+            self._report(Settlement(job.job_id, job.token, JobStatus.PENDING))
         if unstarted:
             logger.info("ratchet: handing back %d unstarted jobs", len(unstarted))
         return unstarted
@@ -155,26 +163,31 @@ class WorkerRuntime:
             unfinished = list(self._in_flight.items())
             self._in_flight.clear()
         for job_id, token in unfinished:
-            self._settlements.put(Settlement(job_id, token, JobStatus.PENDING))
+            self._report(Settlement(job_id, token, JobStatus.PENDING))
         if unfinished:
             logger.info(
                 "ratchet: handing back %d jobs the executor did not finish", len(unfinished)
             )
-        self._closed.set()
         deadline = time.monotonic() + timeout
+        while self._unwritten_count() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._closed.set()
         for thread in self._threads:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        if not self._settlements.empty():
+            thread.join(timeout=max(0.1, deadline - time.monotonic()))
+        left = self._unwritten_count()
+        if left:
+            # The node row stays: its jobs come back through orphan recovery after the grace
+            # period, like those of a node that died.
             logger.error(
                 "ratchet: %d job outcomes could not be written before shutdown; those jobs "
                 "stay RUNNING and return to PENDING through orphan recovery",
-                self._settlements.qsize(),
+                left,
             )
             return
         try:
             self.store.remove_node(self.node_id)
             logger.info("ratchet: node %s left the cluster", self.node_id)
-        except StoreUnavailable as exc:
+        except Exception as exc:
             logger.warning("ratchet: node row not removed (%s); orphan recovery will", exc)
 
     # -- outcomes ---------------------------------------------------------------------------
@@ -182,7 +195,21 @@ class WorkerRuntime:
     def settle(self, settlement: Settlement) -> None:
         """Record the end of one dispatched job (thread-safe, never blocks on the database)."""
         self.release(settlement.job_id, settlement.token)
+        self._report(settlement)
+
+    def _report(self, settlement: Settlement) -> None:
+        with self._lock:
+            self._unwritten[(settlement.job_id, settlement.token)] = settlement
         self._settlements.put(settlement)
+
+    def _written(self, settlements: list[Settlement]) -> None:
+        with self._lock:
+            for s in settlements:
+                self._unwritten.pop((s.job_id, s.token), None)
+
+    def _unwritten_count(self) -> int:
+        with self._lock:
+            return len(self._unwritten)
 
     def release(self, job_id: str, token: str) -> None:
         """Free the slot of a job whose row needs no write (a retry already rescheduled it)."""
@@ -197,7 +224,25 @@ class WorkerRuntime:
 
     # -- loops ------------------------------------------------------------------------------
 
+    def _heartbeat_stale(self) -> bool:
+        """No heartbeat written for so long that the cluster may have declared us dead and
+        handed our claims to others: starting a claimed job now could run it twice."""
+        limit = (
+            self.settings.node_orphan_grace_seconds - self.settings.node_heartbeat_interval_seconds
+        )
+        return time.monotonic() - self._last_heartbeat > limit
+
+    def _drop_buffer(self, why: str) -> None:
+        with self._lock:
+            dropped = len(self._ready)
+            self._ready.clear()
+        if dropped:
+            logger.error("ratchet: dropped %d claimed, unstarted jobs: %s", dropped, why)
+
     def _dispatch_ready(self) -> None:
+        if self._heartbeat_stale():
+            self._drop_buffer("no heartbeat for too long, the claims may belong to others now")
+            return
         while True:
             with self._lock:
                 if not self._ready or len(self._in_flight) >= self.capacity.running:
@@ -228,7 +273,7 @@ class WorkerRuntime:
     def _claim(self, room: int) -> list[ClaimedJob]:
         try:
             claimed = self.store.claim(self.node_id, self.queues, room)
-        except StoreUnavailable as exc:
+        except (StoreUnavailable, StoreBusy) as exc:
             self._throttle.warn("claim", "ratchet: %s; retrying", exc)
             return []
         except Exception:
@@ -245,7 +290,7 @@ class WorkerRuntime:
             self._wake.clear()  # before looking: a change made after this wakes the wait below
             self._dispatch_ready()
             room, low = self._room()
-            wants_work = room > 0 and low
+            wants_work = room > 0 and low and not self._heartbeat_stale()
             if wants_work and (self._hint.is_set() or time.monotonic() >= next_claim):
                 self._hint.clear()
                 claimed = self._claim(room)
@@ -289,41 +334,103 @@ class WorkerRuntime:
                     pending.append(self._settlements.get_nowait())
                 except queue.Empty:
                     break
-            try:
-                self.store.settle(pending)
+            if self._write(pending):
+                self._written(pending)
                 pending = []
-                self._throttle.clear("settle", "ratchet: job outcomes are being written again")
-            except StoreUnavailable as exc:
-                self._throttle.warn("settle", "ratchet: %s; will retry, nothing is lost", exc)
-                if self._closed.wait(self.settings.poll_interval_min * 10):
-                    # Shutting down: keep trying until close() gives up on us.
-                    time.sleep(self.settings.poll_interval_min)
-            except Exception:
-                logger.exception("ratchet: recording %d job outcomes failed", len(pending))
-                pending = []
+            elif self._closed.wait(self.settings.poll_interval_min * 10):
+                time.sleep(self.settings.poll_interval_min)  # closing: keep trying
+
+    def _write(self, settlements: list[Settlement]) -> bool:
+        """Write outcomes; False (keep them, retry later) while the store is unreachable or
+        busy. A batch the database refuses is written row by row, so one bad row (say, a
+        traceback it cannot store) does not take the others down with it."""
+        try:
+            self.store.settle(settlements)
+        except (StoreUnavailable, StoreBusy) as exc:
+            self._throttle.warn("settle", "ratchet: %s; will retry, nothing is lost", exc)
+            return False
+        except Exception as exc:
+            logger.warning(
+                "ratchet: writing %d outcomes failed (%r); one at a time", len(settlements), exc
+            )
+            return all(self._write_one(s) for s in settlements)
+        self._throttle.clear("settle", "ratchet: job outcomes are being written again")
+        return True
+
+    def _write_one(self, settlement: Settlement) -> bool:
+        try:
+            self.store.settle([settlement])
+            return True
+        except (StoreUnavailable, StoreBusy):
+            return False
+        except Exception:
+            logger.exception(
+                "ratchet: outcome of job %s refused; writing its status alone", settlement.job_id
+            )
+        try:
+            self.store.settle([replace(settlement, error=None, traceback=None)])
+        except (StoreUnavailable, StoreBusy):
+            return False
+        except Exception:
+            logger.exception(
+                "ratchet: outcome of job %s cannot be written; the job stays "
+                "RUNNING until this node's claims are reconciled",
+                settlement.job_id,
+            )
+        return True
 
     def _heartbeat_loop(self) -> None:
         interval = self.settings.node_heartbeat_interval_seconds
         while not self._closed.wait(interval):
             try:
-                if not self.store.heartbeat(self.node_id):
-                    logger.error(
-                        "ratchet: node %s was declared dead by the cluster (no heartbeat for "
-                        "%ss); its running jobs may run again elsewhere. Re-registering.",
-                        self.node_id,
-                        self.settings.node_orphan_grace_seconds,
-                    )
-                    self._register()
-                self._throttle.clear("heartbeat", "ratchet: heartbeat written again")
-            except StoreUnavailable as exc:
+                alive = self.store.heartbeat(self.node_id)
+            except Exception as exc:
                 self._throttle.warn("heartbeat", "ratchet: heartbeat failed: %s", exc)
+                continue
+            if alive:
+                self._last_heartbeat = time.monotonic()
+                self._throttle.clear("heartbeat", "ratchet: heartbeat written again")
+            else:
+                logger.error(
+                    "ratchet: node %s was declared dead by the cluster (no heartbeat for "
+                    "%ss); its jobs may run again elsewhere. Re-registering.",
+                    self.node_id,
+                    self.settings.node_orphan_grace_seconds,
+                )
+                self._drop_buffer("this node was declared dead; its claims went to others")
+                self._register()
+            self._reconcile()
+
+    def _reconcile(self) -> None:
+        """Hand back rows this node holds RUNNING but no longer knows about (a claim whose
+        reply was lost, an outcome that could not be written): a live node's claims are
+        never recovered by the orphan scan, so they would stay RUNNING forever."""
+        age = 2 * self.settings.node_heartbeat_interval_seconds
+        try:
+            held = self.store.running_claims(self.node_id, older_than_seconds=age)
+        except Exception as exc:
+            self._throttle.warn("reconcile", "ratchet: claim check failed: %s", exc)
+            return
+        with self._lock:
+            known = set(self._in_flight.items())
+            known |= {(j.job_id, j.token) for j in self._ready}
+            known |= set(self._unwritten)
+        strays = [claim for claim in held if claim not in known]
+        for job_id, token in strays:
+            self._report(Settlement(job_id, token, JobStatus.PENDING))
+        if strays:
+            logger.warning(
+                "ratchet: handing back %d claims this node had lost track of: %s",
+                len(strays),
+                ", ".join(j for j, _ in strays[:20]),
+            )
 
     def _orphan_loop(self) -> None:
         interval = self.settings.orphan_scan_interval
         while not self._stopping.wait(interval):
             try:
                 recovered = self.store.recover_orphans(self.settings.node_orphan_grace_seconds)
-            except StoreUnavailable as exc:
+            except Exception as exc:
                 self._throttle.warn("orphans", "ratchet: orphan scan failed: %s", exc)
                 continue
             if recovered:

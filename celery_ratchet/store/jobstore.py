@@ -43,9 +43,9 @@ from celery_ratchet.domain.job import (
     ResultRecord,
     Settlement,
 )
-from celery_ratchet.errors import DuplicateJob
+from celery_ratchet.errors import DuplicateJob, StoreBusy
 from celery_ratchet.settings import mask_password
-from celery_ratchet.store.claim import strategy_for
+from celery_ratchet.store.claim import RETURNED, strategy_for, to_claimed
 from celery_ratchet.store.ddl import create_missing_tables, index_applies
 from celery_ratchet.store.engine import (
     db_now,
@@ -187,6 +187,10 @@ class JobStore:
         self._create_schema = create_schema
         self._schema_ready = False
         self._insert = _insert_statement(self.engine.dialect)
+        self._select_claimed = text(
+            f"SELECT {RETURNED} FROM scheduler_job "
+            "WHERE claim_token = :token AND status = 'RUNNING'"
+        ).columns(scheduled_time=UTCDateTime())
         self._replace_running = (
             update(job)
             .where(
@@ -227,11 +231,6 @@ class JobStore:
                 **cleared,
             )
         )
-        self._settle_error = (
-            update(job)
-            .where(job.c.job_id == bindparam("p_job_id"))
-            .values(last_error=bindparam("p_error"), error_traceback=bindparam("p_traceback"))
-        )
         self._reuse_finished = (
             update(job)
             .where(job.c.job_id == bindparam("p_job_id"), job.c.status.in_(_TERMINAL))
@@ -254,7 +253,11 @@ class JobStore:
                 with self.engine.connect() as conn:
                     return work(conn)
             except DBAPIError as exc:
-                if is_retryable_conflict(exc) and conflicts < _CONFLICT_RETRIES:
+                if is_retryable_conflict(exc):
+                    if conflicts >= _CONFLICT_RETRIES:
+                        raise StoreBusy(
+                            f"the job store kept refusing for lock conflicts ({exc.orig}); {what}"
+                        ) from exc
                     conflicts += 1
                     time.sleep(0.005 * conflicts)
                     continue
@@ -331,13 +334,19 @@ class JobStore:
         if not jobs:
             return
         params = [_params(j) for j in jobs]
+        tries = 0
 
         def work(conn: Connection) -> None:
+            nonlocal tries
+            tries += 1
+            # After a broken connection the earlier try may have committed: finding our own
+            # row then is success, not a duplicate.
+            retried = tries > 1
             if len(params) == 1:
                 try:
                     conn.execute(self._insert, params[0])
                 except IntegrityError:
-                    self._reuse_or_refuse(conn, params[0])
+                    self._reuse_or_refuse(conn, params[0], retried)
                 return
             try:
                 with transaction(conn):
@@ -352,7 +361,7 @@ class JobStore:
                         with _Savepoint(conn):
                             conn.execute(self._insert, p)
                     except IntegrityError:
-                        self._reuse_or_refuse(conn, p)
+                        self._reuse_or_refuse(conn, p, retried)
 
         self._run(work, "no job was enqueued")
 
@@ -366,9 +375,16 @@ class JobStore:
             chunk = params[start : start + BULK_ROWS]
             conn.execute(_insert_statement(conn.dialect, len(chunk)), _bulk_params(chunk))
 
-    def _reuse_or_refuse(self, conn: Connection, params: dict[str, Any]) -> None:
-        if conn.execute(self._reuse_finished, params).rowcount != 1:
-            raise DuplicateJob(params["p_job_id"])
+    def _reuse_or_refuse(self, conn: Connection, params: dict[str, Any], retried: bool) -> None:
+        if conn.execute(self._reuse_finished, params).rowcount == 1:
+            return
+        if retried:
+            stored = conn.execute(
+                select(job.c.headers).where(job.c.job_id == params["p_job_id"])
+            ).scalar()
+            if stored == params["p_headers"]:
+                return
+        raise DuplicateJob(params["p_job_id"])
 
     def replace_running(self, token: str, new: NewJob) -> bool:
         """Reschedule the row this claim owns with a new message (a retry, a replace).
@@ -387,19 +403,43 @@ class JobStore:
         if limit <= 0 or not queues:
             return []
         token = uuid.uuid4().hex
-        claimed = self._run(
-            lambda conn: self._claim.claim(conn, node_id, token, queues, limit),
-            "no job was claimed",
-        )
+        tries = 0
+
+        def work(conn: Connection) -> list[ClaimedJob]:
+            nonlocal tries
+            tries += 1
+            if tries > 1:
+                # The connection broke after an earlier try: that claim may have committed
+                # with its reply lost. Take its rows over rather than leave them RUNNING.
+                adopted = self._claimed_with(conn, token)
+                if adopted:
+                    return adopted
+            return self._claim.claim(conn, node_id, token, queues, limit)
+
+        claimed = self._run(work, "no job was claimed")
         claimed.sort(key=lambda j: (-j.priority, j.scheduled_time, j.id))
         return claimed
+
+    def _claimed_with(self, conn: Connection, token: str) -> list[ClaimedJob]:
+        rows = conn.execute(self._select_claimed, {"token": token}).all()
+        return [to_claimed(row, token) for row in rows]
+
+    def running_claims(self, node_id: str, *, older_than_seconds: float) -> list[tuple[str, str]]:
+        """(job id, claim token) of every row ``node_id`` has held RUNNING for a while."""
+        stmt = select(job.c.job_id, job.c.claim_token).where(
+            job.c.status == JobStatus.RUNNING.value,
+            job.c.picked_by == node_id,
+            job.c.claimed_at < db_now_minus(older_than_seconds),
+        )
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "claims were not listed")
+        return [(r.job_id, r.claim_token) for r in rows]
 
     def settle(self, settlements: Iterable[Settlement]) -> int:
         """Finish claimed executions in one round trip where the driver pipelines. Rows whose
         claim is gone are left alone; returns the number of rows changed."""
         params = [
             {"p_job_id": s.job_id, "p_token": s.token, "p_status": s.status.value,
-             "p_error": s.error, "p_traceback": s.traceback}
+             "p_error": storable(s.error), "p_traceback": storable(s.traceback)}
             for s in settlements
         ]  # fmt: skip
         if not params:
@@ -408,8 +448,13 @@ class JobStore:
         def work(conn: Connection) -> int:
             if self.family != "mysql":  # executemany: pipelined by psycopg and sqlite3
                 return conn.execute(self._settle_one, params).rowcount
-            changed = 0  # PyMySQL would send executemany row by row: group by outcome instead
-            for status, claims in _group_by_outcome(params).items():
+            # PyMySQL would send executemany row by row: group the plain outcomes instead.
+            plain = [p for p in params if p["p_error"] is None and p["p_traceback"] is None]
+            changed = 0
+            for p in params:
+                if p["p_error"] is not None or p["p_traceback"] is not None:
+                    changed += conn.execute(self._settle_one, p).rowcount
+            for status, claims in _group_by_outcome(plain).items():
                 stmt = (
                     update(job)
                     .where(
@@ -419,9 +464,6 @@ class JobStore:
                     .values(**_settled_values(JobStatus(status)))
                 )
                 changed += conn.execute(stmt).rowcount
-            for p in params:
-                if p["p_error"] is not None or p["p_traceback"] is not None:
-                    conn.execute(self._settle_error, p)
             return changed
 
         return self._run(work, "job outcomes were not recorded")
@@ -446,8 +488,8 @@ class JobStore:
             "p_job_result": job_result,
             "p_result_type": result_type,
             "p_result_meta": result_meta,
-            "p_error": error,
-            "p_traceback": traceback,
+            "p_error": storable(error),
+            "p_traceback": storable(traceback),
         }
         return self._run(
             lambda conn: conn.execute(self._store_outcome, params).rowcount == 1,
@@ -756,6 +798,13 @@ class JobStore:
         stmt = select(job.c.status, func.count()).group_by(job.c.status)
         rows = self._run(lambda conn: conn.execute(stmt).all(), "jobs were not counted")
         return {status: count for status, count in rows}
+
+
+def storable(text: str | None) -> str | None:
+    """Text every database accepts: no NUL characters, no lone surrogates."""
+    if text is None:
+        return None
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _group_by_outcome(params: list[dict[str, Any]]) -> dict[str, list[tuple[str, str]]]:

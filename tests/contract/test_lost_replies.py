@@ -1,0 +1,104 @@
+"""A statement that committed but whose reply was lost must not leave rows behind."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError
+
+from celery_ratchet.domain.job import JobStatus, Settlement
+from celery_ratchet.store.jobstore import JobStore
+from tests.helpers import new_job
+
+
+class _Flaky:
+    """An engine whose connections fail once, right after running the first statement that
+    ``breaks`` recognises: the statement is committed, the caller never hears so."""
+
+    def __init__(self, engine: Engine, breaks: Any) -> None:
+        self._engine = engine
+        self.dialect = engine.dialect
+        self._breaks = breaks
+        self.broken = False
+
+    @contextmanager
+    def connect(self) -> Iterator[Any]:
+        with self._engine.connect() as conn:
+            yield _FlakyConnection(conn, self)
+
+
+class _FlakyConnection:
+    def __init__(self, conn: Connection, engine: _Flaky) -> None:
+        self._conn = conn
+        self._engine = engine
+
+    def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
+        result = self._conn.execute(statement, *args, **kwargs)
+        if not self._engine.broken and self._engine._breaks(str(statement)):
+            self._engine.broken = True
+            raise OperationalError(
+                str(statement),
+                {},
+                Exception("server closed the connection"),
+                connection_invalidated=True,
+            )
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def test_a_claim_whose_reply_was_lost_is_taken_over(store: JobStore) -> None:
+    for i in range(3):
+        store.enqueue(new_job(f"c{i}"))
+    real = store.engine
+    store.engine = _Flaky(
+        real,
+        lambda sql: (
+            "scheduler_job SET status = 'RUNNING'" in sql
+            or ("FOR UPDATE SKIP LOCKED" in sql and store.family == "mysql")
+        ),
+    )
+    try:
+        claimed = store.claim("n", ["celery"], 2)
+    finally:
+        store.engine = real
+    assert store.engine is real
+    running = [j for j in store.list_jobs(status=JobStatus.RUNNING)]
+    assert sorted(j.job_id for j in claimed) == sorted(j.job_id for j in running)
+    assert len(claimed) == 2
+
+
+def test_an_enqueue_whose_reply_was_lost_is_not_a_duplicate(store: JobStore) -> None:
+    real = store.engine
+    store.engine = _Flaky(real, lambda sql: sql.startswith("INSERT INTO scheduler_job"))
+    try:
+        store.enqueue(new_job("once"))
+    finally:
+        store.engine = real
+    assert store.count_by_status() == {"PENDING": 1}
+
+
+def test_outcomes_with_text_no_database_stores_are_still_written(store: JobStore) -> None:
+    store.enqueue(new_job("nul"))
+    [job] = store.claim("n", ["celery"], 1)
+    assert (
+        store.settle(
+            [
+                Settlement(
+                    "nul",
+                    job.token,
+                    JobStatus.FAILED,
+                    error="bad \x00 byte",
+                    traceback="lone \udc80 surrogate",
+                )
+            ]
+        )
+        == 1
+    )
+    record = store.result("nul")
+    assert record is not None and record.status is JobStatus.FAILED
+    assert "\x00" not in (record.last_error or "") and "surrogate" in (record.error_traceback or "")

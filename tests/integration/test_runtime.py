@@ -1,0 +1,94 @@
+"""The worker runtime against a real store, with a stand-in executor."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
+from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
+from celery_ratchet.settings import RatchetSettings
+from celery_ratchet.store.jobstore import JobStore
+from tests.helpers import new_job
+
+FAST = RatchetSettings(
+    poll_interval=0.1,
+    node_heartbeat_interval_seconds=0.2,
+    node_orphan_grace_seconds=1.0,
+    orphan_scan_interval_seconds=0.3,
+)
+
+
+class Executor:
+    """Runs every job at once and reports success; remembers what it ran."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+        self.runtime: WorkerRuntime | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, job: ClaimedJob) -> None:
+        with self._lock:
+            self.ran.append(job.job_id)
+        assert self.runtime is not None
+        self.runtime.settle(Settlement(job.job_id, job.token, JobStatus.SUCCEEDED))
+
+
+@pytest.fixture
+def runtime(store: JobStore) -> Iterator[tuple[WorkerRuntime, Executor]]:
+    executor = Executor()
+    rt = WorkerRuntime(
+        store,
+        FAST,
+        node_id="live-node",
+        queues=["celery"],
+        capacity=Capacity(running=4, buffered=4),
+        dispatch=executor,
+    )
+    executor.runtime = rt
+    rt.start()
+    yield rt, executor
+    rt.close(timeout=10)
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_jobs_are_run_and_settled(store: JobStore, runtime: tuple[WorkerRuntime, Executor]) -> None:
+    _, executor = runtime
+    store.enqueue_many([new_job(f"j{i}") for i in range(30)])
+    wait_for(lambda: store.count_by_status() == {"SUCCEEDED": 30})
+    assert sorted(executor.ran) == sorted(f"j{i}" for i in range(30))
+
+
+def test_jobs_of_a_dead_node_are_recovered_and_run(
+    store: JobStore, runtime: tuple[WorkerRuntime, Executor]
+) -> None:
+    _, executor = runtime
+    store.register_node("crashed-node", "elsewhere", 1, ["celery"], 4)
+    store.enqueue_many([new_job(f"o{i}") for i in range(3)])
+    # The crashed node claimed them just before dying (and never heartbeats again); the
+    # live node may have won some of the race itself.
+    stolen = [j.job_id for j in store.claim("crashed-node", ["celery"], 3)]
+    wait_for(lambda: store.count_by_status() == {"SUCCEEDED": 3})
+    assert set(stolen) <= set(executor.ran)
+    assert "crashed-node" not in {n["node_id"] for n in store.list_nodes()}
+
+
+def test_claims_the_node_lost_track_of_are_handed_back(
+    store: JobStore, runtime: tuple[WorkerRuntime, Executor]
+) -> None:
+    rt, _ = runtime
+    # Claimed under this node's id but never given to it (a claim whose reply was lost), on
+    # a queue the node does not consume, so only the hand-back can move them.
+    store.enqueue_many([new_job(f"lost{i}", queue="side") for i in range(2)])
+    assert len(store.claim(rt.node_id, ["side"], 2)) == 2
+    assert store.count_by_status() == {"RUNNING": 2}
+    wait_for(lambda: store.count_by_status() == {"PENDING": 2})
