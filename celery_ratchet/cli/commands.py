@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import click
 
+from celery_ratchet.domain.cron import CronExpression
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.errors import RatchetError
 from celery_ratchet.settings import mask_password
@@ -205,7 +206,34 @@ def schema_check(cli: CliContext) -> None:
     click.echo("schema matches")
 
 
-COMMANDS: Iterable[click.Command] = (jobs, stats, nodes, schema)
+@click.group("cron")
+def cron() -> None:
+    """Quartz cron expressions."""
+
+
+@cron.command("next")
+@click.argument("expression")
+@click.option("--zone", default="UTC", show_default=True, help="IANA time zone.")
+@click.option("--after", "after_text", help="ISO-8601 instant to start from (default: now).")
+@click.option("-n", "count", default=5, show_default=True, help="How many fire times.")
+def cron_next(expression: str, zone: str, after_text: str | None, count: int) -> None:
+    """Print the next fire times of EXPRESSION, one a line: UTC, then local."""
+    try:
+        parsed = CronExpression(expression, zone)
+        after = datetime.fromisoformat(after_text) if after_text else datetime.now(timezone.utc)
+    except ValueError as exc:
+        fail(str(exc))
+        return
+    if after.tzinfo is None:
+        after = after.replace(tzinfo=parsed.zone)
+    times = parsed.fire_times(after, count)
+    for moment in times:
+        click.echo(f"{moment.astimezone(timezone.utc).isoformat()}  {moment.isoformat()}")
+    if len(times) < count:
+        click.echo(f"(no further fire times after {len(times)})", err=True)
+
+
+COMMANDS: Iterable[click.Command] = (jobs, stats, nodes, schema, cron)
 
 
 def add_commands(group: click.Group) -> click.Group:

@@ -75,3 +75,29 @@ def test_celery_ratchet_command_runs_without_a_broker(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert [j["job_id"] for j in json.loads(out.stdout)] == ["queued"]
+
+
+def test_cron_next_prints_utc_and_local_times() -> None:
+    runner = CliRunner()
+    out = runner.invoke(
+        cli,
+        [
+            "cron",
+            "next",
+            "0 0 2 * * ?",
+            "--zone",
+            "Europe/London",
+            "--after",
+            "2026-03-28T12:00:00+00:00",
+            "-n",
+            "2",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    assert out.output.splitlines() == [
+        "2026-03-29T01:00:00+00:00  2026-03-29T02:00:00+01:00",
+        "2026-03-30T01:00:00+00:00  2026-03-30T02:00:00+01:00",
+    ]
+    bad = runner.invoke(cli, ["cron", "next", "*/5 * * * *"])
+    assert bad.exit_code == 2
+    assert "did you mean '0 */5 * * * ?'" in bad.output
