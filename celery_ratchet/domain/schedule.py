@@ -1,0 +1,179 @@
+"""Recurring schedules and misfire planning. Pure: ``now`` is always passed in.
+
+A schedule is a cron expression or a fixed interval; both answer ``next_after(t)``. When a
+recurring master is claimed, :func:`plan` decides which overdue fire times become
+occurrences, per the Ratchet seeds: a *backlog* exists when at least two fire times are
+overdue; a single overdue fire time always runs. ``CATCH_UP(n)`` creates overdue occurrences
+oldest first, up to ``n`` in total (default 11); ``FIRE_ONCE`` creates only the oldest;
+``SKIP`` creates none. Every policy then resumes at the next future fire time.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Protocol
+
+from celery_ratchet.domain.cron import CronExpression
+
+DEFAULT_CATCH_UP = 11
+
+
+class Schedule(Protocol):
+    def next_after(self, moment: datetime) -> datetime | None: ...
+
+    def to_text(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class CronSchedule:
+    expression: str
+    zone: str = "UTC"
+
+    def __post_init__(self) -> None:
+        CronExpression(self.expression, self.zone)  # validates: raises CronError
+
+    @property
+    def cron(self) -> CronExpression:
+        return _compiled(self.expression, self.zone)
+
+    def next_after(self, moment: datetime) -> datetime | None:
+        return self.cron.next_after(moment)
+
+    def to_text(self) -> str:
+        return f"cron:{self.expression}"
+
+
+_cache: dict[tuple[str, str], CronExpression] = {}
+
+
+def _compiled(expression: str, zone: str) -> CronExpression:
+    key = (expression, zone)
+    cron = _cache.get(key)
+    if cron is None:
+        cron = _cache[key] = CronExpression(expression, zone)
+    return cron
+
+
+@dataclass(frozen=True)
+class IntervalSchedule:
+    """Every ``seconds``, counted from ``anchor`` (fire times are anchor + k × seconds)."""
+
+    seconds: float
+    anchor: datetime = datetime(2000, 1, 1, tzinfo=timezone.utc)
+
+    def __post_init__(self) -> None:
+        if not self.seconds > 0:
+            raise ValueError(f"an interval schedule needs a positive period, got {self.seconds}")
+
+    def next_after(self, moment: datetime) -> datetime | None:
+        elapsed = (moment - self.anchor).total_seconds()
+        steps = math.floor(elapsed / self.seconds) + 1
+        return self.anchor + timedelta(seconds=steps * self.seconds)
+
+    def to_text(self) -> str:
+        return f"every:{self.seconds:g}"
+
+
+def schedule_from_text(text: str, zone: str = "UTC") -> Schedule:
+    kind, _, value = text.partition(":")
+    if kind == "cron":
+        return CronSchedule(value, zone)
+    if kind == "every":
+        return IntervalSchedule(float(value))
+    raise ValueError(f"unknown schedule {text!r}: expected 'cron:<expression>' or 'every:<s>'")
+
+
+class MisfireAction(str, enum.Enum):
+    CATCH_UP = "CATCH_UP"
+    FIRE_ONCE = "FIRE_ONCE"
+    SKIP = "SKIP"
+
+
+@dataclass(frozen=True)
+class MisfirePolicy:
+    action: MisfireAction = MisfireAction.CATCH_UP
+    max_catch_up: int = DEFAULT_CATCH_UP
+
+    def __post_init__(self) -> None:
+        if self.max_catch_up < 1:
+            raise ValueError(f"max_catch_up_executions must be at least 1, got {self.max_catch_up}")
+
+    @classmethod
+    def catch_up(cls, max_executions: int = DEFAULT_CATCH_UP) -> MisfirePolicy:
+        return cls(MisfireAction.CATCH_UP, max_executions)
+
+    @classmethod
+    def fire_once(cls) -> MisfirePolicy:
+        return cls(MisfireAction.FIRE_ONCE, 1)
+
+    @classmethod
+    def skip(cls) -> MisfirePolicy:
+        return cls(MisfireAction.SKIP, 1)
+
+    @classmethod
+    def named(cls, name: str, max_catch_up: int = DEFAULT_CATCH_UP) -> MisfirePolicy:
+        try:
+            action = MisfireAction(name.upper())
+        except ValueError:
+            raise ValueError(
+                f"unknown misfire policy {name!r}: use catch_up, fire_once or skip"
+            ) from None
+        return cls(action, max_catch_up if action is MisfireAction.CATCH_UP else 1)
+
+    def to_text(self) -> str:
+        if self.action is MisfireAction.CATCH_UP:
+            return f"CATCH_UP:{self.max_catch_up}"
+        return self.action.value
+
+    @classmethod
+    def from_text(cls, text: str) -> MisfirePolicy:
+        name, _, count = text.partition(":")
+        return cls.named(name, int(count) if count else DEFAULT_CATCH_UP)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a claimed master does now: fire these times, then wait until ``next_due``."""
+
+    fire: tuple[datetime, ...]
+    next_due: datetime | None
+    #: Overdue fire times dropped by the misfire policy.
+    skipped: int = 0
+
+
+def plan(schedule: Schedule, due: datetime, now: datetime, policy: MisfirePolicy) -> Plan:
+    """``due`` is the master's fire time that made it claimable (``due <= now``)."""
+    overdue: list[datetime] = []
+    cursor: datetime | None = due
+    limit = policy.max_catch_up if policy.action is MisfireAction.CATCH_UP else 1
+    # Collect at most limit + 1 overdue times: enough to decide, never the whole backlog.
+    while cursor is not None and cursor <= now and len(overdue) <= limit:
+        overdue.append(cursor)
+        cursor = schedule.next_after(cursor)
+    if cursor is not None and cursor <= now:  # a longer backlog than we collected
+        cursor = schedule.next_after(now)
+    backlog = len(overdue) >= 2
+    if not backlog:
+        return Plan(tuple(overdue), cursor)
+    if policy.action is MisfireAction.SKIP:
+        chosen: list[datetime] = []
+    elif policy.action is MisfireAction.FIRE_ONCE:
+        chosen = overdue[:1]
+    else:
+        chosen = overdue[: policy.max_catch_up]
+    skipped = _count_overdue(schedule, due, now) - len(chosen)
+    return Plan(tuple(chosen), cursor, skipped)
+
+
+def _count_overdue(schedule: Schedule, due: datetime, now: datetime, cap: int = 10_000) -> int:
+    count, cursor = 0, due
+    while cursor is not None and cursor <= now and count < cap:
+        count += 1
+        next_time = schedule.next_after(cursor)
+        if next_time is None:
+            break
+        cursor = next_time
+    return count
