@@ -59,7 +59,7 @@ def _compiled(expression: str, zone: str) -> CronExpression:
 
 @dataclass(frozen=True)
 class IntervalSchedule:
-    """Every ``seconds``, counted from ``anchor`` (fire times are anchor + k × seconds)."""
+    """Every ``seconds``, counted from ``anchor`` (fire times are anchor + k * seconds)."""
 
     seconds: float
     anchor: datetime = datetime(2000, 1, 1, tzinfo=timezone.utc)
