@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from typing import Any
 
@@ -22,8 +23,10 @@ from kombu.serialization import prepare_accept_content
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import exception_record
 from celery_ratchet.celery.message import JobMessage
+from celery_ratchet.celery.recurring import occurrence, register_all
 from celery_ratchet.celery.request import ratchet_request_class
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
+from celery_ratchet.errors import StoreBusy, StoreUnavailable
 from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
 
 logger = logging.getLogger(__name__)
@@ -111,6 +114,7 @@ class JobConsumer(bootsteps.StartStopStep):
         state = ratchet_state(app)
         _report_outcomes_to_store(app)
         c.update_strategies()
+        _register_recurring(app)
         dispatcher = Dispatcher(c)
         runtime = WorkerRuntime(
             state.store,
@@ -119,6 +123,7 @@ class JobConsumer(bootsteps.StartStopStep):
             queues=sorted(app.amqp.queues.consume_from),
             capacity=capacity_for(c),
             dispatch=dispatcher,
+            occurrence=occurrence,
             hostname=c.hostname,
         )
         dispatcher.runtime = runtime
@@ -138,6 +143,22 @@ class JobConsumer(bootsteps.StartStopStep):
         signals.worker_shutdown.disconnect(self._on_worker_shutdown)
         if self.runtime is not None:
             self.runtime.close()
+
+
+def _register_recurring(app: Any) -> None:
+    """Register the app's recurring jobs (``@recurring``, ``beat_schedule``) before claiming;
+    waits for an unreachable store instead of starting without its schedules."""
+    delay = 1.0
+    while True:
+        try:
+            keys = register_all(app)
+            break
+        except (StoreUnavailable, StoreBusy) as exc:
+            logger.warning("ratchet: recurring jobs not registered yet (%s); retrying", exc)
+            time.sleep(delay)
+            delay = min(delay * 2, 30.0)
+    if keys:
+        logger.info("ratchet: %d recurring jobs registered: %s", len(keys), ", ".join(keys))
 
 
 def _report_outcomes_to_store(app: Any) -> None:

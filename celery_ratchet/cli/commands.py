@@ -13,6 +13,7 @@ import click
 from celery_ratchet.domain.cron import CronExpression
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.errors import RatchetError
+from celery_ratchet.runtime import recurring
 from celery_ratchet.settings import mask_password
 from celery_ratchet.store.ddl import DIALECTS, ddl_script
 from celery_ratchet.store.jobstore import JobStore
@@ -206,6 +207,50 @@ def schema_check(cli: CliContext) -> None:
     click.echo("schema matches")
 
 
+@click.group("schedules", invoke_without_command=True)
+@json_option
+@click.pass_context
+def schedules(ctx: click.Context, as_json: bool) -> None:
+    """Recurring jobs with their next fire times; pause, resume or remove one."""
+    if ctx.invoked_subcommand is not None:
+        return
+    store = ctx.find_object(CliContext).store  # type: ignore[union-attr]
+    emit(
+        recurring.describe(store),
+        [
+            "business_key",
+            "task",
+            "schedule",
+            "zone",
+            "status",
+            "next_fire",
+            "misfire",
+            "queue",
+            "tags",
+        ],
+        as_json,
+    )
+
+
+def _schedule_action(name: str, action: Callable[[JobStore, str], None], done: str) -> None:
+    @schedules.command(name)
+    @click.argument("business_key")
+    @pass_cli
+    def command(cli: CliContext, business_key: str) -> None:
+        try:
+            action(cli.store, business_key)
+        except (LookupError, ValueError) as exc:
+            fail(str(exc.args[0]) if exc.args else str(exc))
+        click.echo(f"{business_key}: {done}")
+
+    command.__doc__ = f"{done.capitalize()} the recurring job BUSINESS_KEY."
+
+
+_schedule_action("pause", recurring.pause, "paused")
+_schedule_action("resume", recurring.resume, "resumed")
+_schedule_action("remove", recurring.cancel, "removed")
+
+
 @click.group("cron")
 def cron() -> None:
     """Quartz cron expressions."""
@@ -233,7 +278,7 @@ def cron_next(expression: str, zone: str, after_text: str | None, count: int) ->
         click.echo(f"(no further fire times after {len(times)})", err=True)
 
 
-COMMANDS: Iterable[click.Command] = (jobs, stats, nodes, schema, cron)
+COMMANDS: Iterable[click.Command] = (jobs, stats, nodes, schedules, schema, cron)
 
 
 def add_commands(group: click.Group) -> click.Group:

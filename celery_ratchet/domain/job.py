@@ -15,13 +15,18 @@ class JobStatus(str, enum.Enum):
     REVOKED = "REVOKED"
     #: The task asked for its state not to be recorded (Celery's ``Ignore``).
     IGNORED = "IGNORED"
+    #: A recurring master that fires nothing until resumed.
+    PAUSED = "PAUSED"
 
     @property
     def is_terminal(self) -> bool:
         return self in TERMINAL_STATUSES
 
 
-ACTIVE_STATUSES = frozenset({JobStatus.PENDING, JobStatus.RUNNING})
+#: The queue of recurring masters: every worker claims from it, whatever its ``-Q``.
+SCHEDULES_QUEUE = "ratchet.schedules"
+
+ACTIVE_STATUSES = frozenset({JobStatus.PENDING, JobStatus.RUNNING, JobStatus.PAUSED})
 TERMINAL_STATUSES = frozenset(set(JobStatus) - ACTIVE_STATUSES)
 
 
@@ -62,6 +67,8 @@ class NewJob:
     parent_id: str | None = None
     group_id: str | None = None
     job_type: JobType = JobType.SINGLE
+    business_key: str | None = None
+    schedule_spec: str | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,9 @@ class ClaimedJob:
     token: str
     scheduled_time: datetime
     message: Message
+    job_type: JobType = JobType.SINGLE
+    #: A recurring master's schedule (JSON of :class:`MasterSpec`); None for other jobs.
+    schedule_spec: str | None = None
 
 
 @dataclass(frozen=True)

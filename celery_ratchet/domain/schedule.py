@@ -11,6 +11,7 @@ oldest first, up to ``n`` in total (default 11); ``FIRE_ONCE`` creates only the 
 from __future__ import annotations
 
 import enum
+import json
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -177,3 +178,53 @@ def _count_overdue(schedule: Schedule, due: datetime, now: datetime, cap: int = 
             break
         cursor = next_time
     return count
+
+
+@dataclass(frozen=True)
+class MasterSpec:
+    """What a recurring master row keeps in ``schedule_spec``: when it fires, what it does
+    with a backlog, and where its occurrences go."""
+
+    schedule: str  # "cron:<expression>" or "every:<seconds>"
+    zone: str = "UTC"
+    misfire: str = f"CATCH_UP:{DEFAULT_CATCH_UP}"
+    queue: str = "celery"
+    name: str | None = None
+    tags: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        schedule_from_text(self.schedule, self.zone)  # validates
+        MisfirePolicy.from_text(self.misfire)
+
+    @property
+    def timetable(self) -> Schedule:
+        return schedule_from_text(self.schedule, self.zone)
+
+    @property
+    def policy(self) -> MisfirePolicy:
+        return MisfirePolicy.from_text(self.misfire)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "schedule": self.schedule,
+                "zone": self.zone,
+                "misfire": self.misfire,
+                "queue": self.queue,
+                "name": self.name,
+                "tags": list(self.tags),
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> MasterSpec:
+        data = json.loads(text)
+        return cls(
+            schedule=data["schedule"],
+            zone=data.get("zone", "UTC"),
+            misfire=data.get("misfire", f"CATCH_UP:{DEFAULT_CATCH_UP}"),
+            queue=data.get("queue", "celery"),
+            name=data.get("name"),
+            tags=tuple(data.get("tags") or ()),
+        )

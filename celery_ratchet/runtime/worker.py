@@ -15,8 +15,17 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 
-from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
+from celery_ratchet.domain.job import (
+    SCHEDULES_QUEUE,
+    ClaimedJob,
+    JobStatus,
+    JobType,
+    NewJob,
+    Settlement,
+)
+from celery_ratchet.domain.schedule import MasterSpec, plan
 from celery_ratchet.errors import StoreBusy, StoreUnavailable
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.jobstore import JobStore
@@ -24,6 +33,9 @@ from celery_ratchet.store.jobstore import JobStore
 logger = logging.getLogger(__name__)
 
 _SETTLE_BATCH = 500
+
+#: Builds the job of one occurrence of a recurring master, for one fire time.
+OccurrenceFactory = Callable[[ClaimedJob, MasterSpec, datetime], NewJob]
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,7 @@ class WorkerRuntime:
         queues: Sequence[str],
         capacity: Capacity,
         dispatch: Callable[[ClaimedJob], None],
+        occurrence: OccurrenceFactory | None = None,
         hostname: str | None = None,
     ) -> None:
         self.store = store
@@ -74,6 +87,9 @@ class WorkerRuntime:
         self.queues = list(queues)
         self.capacity = capacity
         self.dispatch = dispatch
+        self.occurrence = occurrence
+        # Recurring masters are fired by any node that can build their occurrences.
+        self.claim_queues = self.queues + ([SCHEDULES_QUEUE] if occurrence else [])
         self.hostname = hostname or socket.gethostname()
         self._ready: deque[ClaimedJob] = deque()
         self._in_flight: dict[str, str] = {}  # job id → claim token
@@ -272,7 +288,7 @@ class WorkerRuntime:
 
     def _claim(self, room: int) -> list[ClaimedJob]:
         try:
-            claimed = self.store.claim(self.node_id, self.queues, room)
+            claimed = self.store.claim(self.node_id, self.claim_queues, room)
         except (StoreUnavailable, StoreBusy) as exc:
             self._throttle.warn("claim", "ratchet: %s; retrying", exc)
             return []
@@ -294,9 +310,13 @@ class WorkerRuntime:
             if wants_work and (self._hint.is_set() or time.monotonic() >= next_claim):
                 self._hint.clear()
                 claimed = self._claim(room)
-                if claimed:
+                jobs = [j for j in claimed if j.job_type is not JobType.RECURRING]
+                for master in claimed:
+                    if master.job_type is JobType.RECURRING:
+                        self._fire(master)
+                if jobs:
                     with self._lock:
-                        self._ready.extend(claimed)
+                        self._ready.extend(jobs)
                     self._dispatch_ready()
                 if len(claimed) == room:  # there may be more due: claim again at once
                     idle_wait, next_claim = settings.poll_interval_min, 0.0
@@ -313,6 +333,44 @@ class WorkerRuntime:
                 max(0.0, next_claim - time.monotonic()) if wants_work else (settings.poll_interval)
             )
             self._wake.wait(timeout)
+
+    def _fire(self, master: ClaimedJob) -> None:
+        """A recurring master came due: create its occurrences, per its misfire policy, and
+        set its next due time, in one transaction."""
+        assert self.occurrence is not None
+        try:
+            spec = MasterSpec.from_json(master.schedule_spec or "")
+            now = max(datetime.now(timezone.utc), master.scheduled_time)
+            decided = plan(spec.timetable, master.scheduled_time, now, spec.policy)
+            occurrences = [self.occurrence(master, spec, fire) for fire in decided.fire]
+        except Exception as exc:
+            logger.exception("ratchet: recurring job %s cannot fire", master.job_id)
+            self._report(
+                Settlement(
+                    master.job_id, master.token, JobStatus.FAILED, error=f"cannot fire: {exc!r}"
+                )
+            )
+            return
+        try:
+            fired = self.store.fire_master(master, occurrences, decided.next_due)
+        except Exception as exc:  # left RUNNING: the next reconciliation hands it back
+            self._throttle.warn(
+                "fire", "ratchet: recurring job %s did not fire: %s", master.job_id, exc
+            )
+            return
+        if not fired:
+            logger.warning("ratchet: recurring job %s lost its claim while firing", master.job_id)
+            return
+        if decided.skipped:
+            logger.warning(
+                "ratchet: recurring job %s missed %d fire times; policy %s created %d",
+                master.job_id,
+                decided.skipped + len(decided.fire),
+                spec.misfire,
+                len(decided.fire),
+            )
+        if occurrences:
+            self._hint.set()
 
     def wake(self) -> None:
         """New work may be due (an enqueue notification, recovered orphans): claim now."""

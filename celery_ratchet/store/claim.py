@@ -15,13 +15,13 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.engine import Connection, Dialect, Row
 from sqlalchemy.sql.selectable import TextualSelect
 
-from celery_ratchet.domain.job import ClaimedJob, Message
+from celery_ratchet.domain.job import ClaimedJob, JobType, Message
 from celery_ratchet.store.engine import db_now, family, transaction
 from celery_ratchet.store.schema import UTCDateTime
 
 RETURNED = (
     "id, job_id, task_name, queue, priority, attempts, claims, scheduled_time, "
-    "payload, content_type, content_encoding, headers, properties"
+    "payload, content_type, content_encoding, headers, properties, job_type, schedule_spec"
 )
 _ORDER = "ORDER BY priority DESC, scheduled_time, id"
 _DUE = "status = 'PENDING' AND queue IN ({queues}) AND scheduled_time <= {now}"
@@ -64,6 +64,8 @@ def to_claimed(row: Row[Any], token: str, claims_offset: int = 0) -> ClaimedJob:
             headers=row.headers,
             properties=row.properties,
         ),
+        job_type=JobType(row.job_type),
+        schedule_spec=row.schedule_spec,
     )
 
 

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -35,10 +36,12 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.elements import BindParameter
 
 from celery_ratchet.domain.job import (
+    ACTIVE_STATUSES,
     TERMINAL_STATUSES,
     ClaimedJob,
     JobStatus,
     JobSummary,
+    JobType,
     NewJob,
     ResultRecord,
     Settlement,
@@ -71,6 +74,13 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 job = scheduler_job
 _TERMINAL = [s.value for s in TERMINAL_STATUSES]
+_ACTIVE = [s.value for s in ACTIVE_STATUSES]
+
+
+class _ClaimLost(Exception):
+    """Rolls back a transaction whose compare-and-swap found the claim gone."""
+
+
 _CONFLICT_RETRIES = 5
 
 
@@ -94,6 +104,8 @@ def _new_job_values() -> dict[str, Any]:
         "content_encoding": bindparam("p_content_encoding"),
         "headers": bindparam("p_headers"),
         "properties": bindparam("p_properties"),
+        "business_key": bindparam("p_business_key"),
+        "schedule_spec": bindparam("p_schedule_spec"),
     }
 
 
@@ -111,23 +123,24 @@ _CLEARED_RESULT = {
 _INSERTED = (
     "job_id, task_name, queue, status, job_type, priority, scheduled_time, created_at, "
     "expires_at, attempts, claims, root_id, parent_id, group_id, payload, content_type, "
-    "content_encoding, headers, properties"
+    "content_encoding, headers, properties, business_key, schedule_spec"
 )
 
 
 _PARAM_NAMES = (
     "p_job_id", "p_task_name", "p_queue", "p_job_type", "p_priority", "p_due", "p_expires_at",
     "p_attempts", "p_root_id", "p_parent_id", "p_group_id", "p_payload", "p_content_type",
-    "p_content_encoding", "p_headers", "p_properties",
+    "p_content_encoding", "p_headers", "p_properties", "p_business_key", "p_schedule_spec",
 )  # fmt: skip
 #: Rows per multi-row INSERT (MySQL): 8,000 parameters a statement.
 BULK_ROWS = 500
 
 
 @functools.lru_cache(maxsize=32)
-def _insert_statement(dialect: Any, rows: int = 1) -> Any:
+def _insert_statement(dialect: Any, rows: int = 1, ignore_existing: bool = False) -> Any:
     """The enqueue INSERT as plain SQL, for ``rows`` rows at once: the hottest statement,
-    with nothing to return and nothing to compile per call."""
+    with nothing to return and nothing to compile per call. ``ignore_existing`` skips rows
+    whose job id is taken (recurring occurrences, which are unique per fire time)."""
     now = str(db_now().compile(dialect=dialect))
     suffix = (lambda i: "") if rows == 1 else (lambda i: f"_{i}")
     values = ", ".join(
@@ -136,7 +149,7 @@ def _insert_statement(dialect: Any, rows: int = 1) -> Any:
         f"{now}, :p_expires_at{suffix(i)}, :p_attempts{suffix(i)}, 0, :p_root_id{suffix(i)}, "
         f":p_parent_id{suffix(i)}, :p_group_id{suffix(i)}, :p_payload{suffix(i)}, "
         f":p_content_type{suffix(i)}, :p_content_encoding{suffix(i)}, :p_headers{suffix(i)}, "
-        f":p_properties{suffix(i)})"
+        f":p_properties{suffix(i)}, :p_business_key{suffix(i)}, :p_schedule_spec{suffix(i)})"
         for i in range(rows)
     )
     typed: list[BindParameter[Any]] = []
@@ -146,7 +159,15 @@ def _insert_statement(dialect: Any, rows: int = 1) -> Any:
             bindparam(f"p_expires_at{suffix(i)}", type_=UTCDateTime()),
             bindparam(f"p_payload{suffix(i)}", type_=LargeBinary()),
         ]
-    return text(f"INSERT INTO scheduler_job ({_INSERTED}) VALUES {values}").bindparams(*typed)
+    insert_into, on_conflict = "INSERT INTO", ""
+    if ignore_existing:
+        insert_into, on_conflict = {
+            "postgresql": ("INSERT INTO", " ON CONFLICT (job_id) DO NOTHING"),
+            "sqlite": ("INSERT OR IGNORE INTO", ""),
+        }.get(dialect.name, ("INSERT IGNORE INTO", ""))
+    return text(
+        f"{insert_into} scheduler_job ({_INSERTED}) VALUES {values}{on_conflict}"
+    ).bindparams(*typed)
 
 
 def _bulk_params(params: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -172,6 +193,8 @@ def _params(new: NewJob) -> dict[str, Any]:
         "p_content_encoding": m.content_encoding,
         "p_headers": m.headers,
         "p_properties": m.properties,
+        "p_business_key": new.business_key,
+        "p_schedule_spec": new.schedule_spec,
     }
 
 
@@ -365,15 +388,21 @@ class JobStore:
 
         self._run(work, "no job was enqueued")
 
-    def _insert_many(self, conn: Connection, params: list[dict[str, Any]]) -> None:
+    def _insert_many(
+        self, conn: Connection, params: list[dict[str, Any]], *, ignore_existing: bool = False
+    ) -> None:
         # Measured per 1,000 rows: psycopg and sqlite3 pipeline executemany (25k and 60k
         # rows/s); PyMySQL sends it row by row (4.5k/s) but multi-row VALUES reach 15k/s.
         if self.family != "mysql":
-            conn.execute(self._insert, params)
+            statement = (
+                _insert_statement(conn.dialect, 1, True) if ignore_existing else self._insert
+            )
+            conn.execute(statement, params)
             return
         for start in range(0, len(params), BULK_ROWS):
             chunk = params[start : start + BULK_ROWS]
-            conn.execute(_insert_statement(conn.dialect, len(chunk)), _bulk_params(chunk))
+            statement = _insert_statement(conn.dialect, len(chunk), ignore_existing)
+            conn.execute(statement, chunk[0] if len(chunk) == 1 else _bulk_params(chunk))
 
     def _reuse_or_refuse(self, conn: Connection, params: dict[str, Any], retried: bool) -> None:
         if conn.execute(self._reuse_finished, params).rowcount == 1:
@@ -715,6 +744,139 @@ class JobStore:
         )
         rows = self._run(lambda conn: conn.execute(stmt).all(), "jobs were not listed")
         return [_summary(r) for r in rows]
+
+    # -- recurring masters ------------------------------------------------------------------
+
+    def upsert_master(self, master: NewJob) -> str:
+        """Register a recurring master; its job id (from the business key) makes it unique.
+        Registering again updates it in place: 'created', 'updated', or 'revived' (a
+        cancelled master registered again)."""
+        params = _params(master)
+        spec_changed = job.c.schedule_spec != bindparam("p_schedule_spec")
+        redefine = (
+            update(job)
+            .where(job.c.job_id == master.job_id, job.c.status.in_(_ACTIVE))
+            .values(
+                task_name=bindparam("p_task_name"),
+                priority=bindparam("p_priority"),
+                payload=bindparam("p_payload"),
+                content_type=bindparam("p_content_type"),
+                content_encoding=bindparam("p_content_encoding"),
+                headers=bindparam("p_headers"),
+                properties=bindparam("p_properties"),
+                business_key=bindparam("p_business_key"),
+                schedule_spec=bindparam("p_schedule_spec"),
+                # A new schedule takes effect now, not after the old one's next fire.
+                scheduled_time=case(
+                    (
+                        and_(spec_changed, job.c.status == JobStatus.PENDING.value),
+                        bindparam("p_due", type_=UTCDateTime()),
+                    ),
+                    else_=job.c.scheduled_time,
+                ),
+            )
+        )
+
+        def work(conn: Connection) -> str:
+            try:
+                conn.execute(self._insert, params)
+                return "created"
+            except IntegrityError:
+                pass
+            if conn.execute(redefine, params).rowcount == 1:
+                return "updated"
+            if conn.execute(self._reuse_finished, params).rowcount == 1:
+                return "revived"
+            conn.execute(self._insert, params)  # deleted in between: insert it after all
+            return "created"
+
+        return self._run(work, "the recurring job was not registered")
+
+    def fire_master(
+        self, master: ClaimedJob, occurrences: Sequence[NewJob], next_due: datetime | None
+    ) -> bool:
+        """Create a claimed master's occurrences and set its next due time, atomically.
+
+        Occurrence ids are unique per (master, fire time): one that exists already is left
+        alone, so a master fired twice for the same time (after a crash) creates nothing
+        twice. False, with nothing written, when the master's claim was lost.
+        """
+        params = [_params(o) for o in occurrences]
+        resume = (
+            update(job)
+            .where(
+                job.c.job_id == master.job_id,
+                job.c.claim_token == master.token,
+                job.c.status == JobStatus.RUNNING.value,
+            )
+            .values(
+                status=(JobStatus.PENDING if next_due else JobStatus.SUCCEEDED).value,
+                scheduled_time=next_due or master.scheduled_time,
+                finished_at=None if next_due else db_now(),
+                **_CLEARED_CLAIM,
+            )
+        )
+
+        def work(conn: Connection) -> bool:
+            with transaction(conn):
+                if params:
+                    self._insert_many(conn, params, ignore_existing=True)
+                if conn.execute(resume).rowcount != 1:
+                    raise _ClaimLost
+            return True
+
+        try:
+            return self._run(work, "the recurring job did not fire")
+        except _ClaimLost:
+            return False
+
+    def set_master_status(
+        self, job_id: str, status: JobStatus, *, due: datetime | None = None
+    ) -> bool:
+        """Pause (PENDING → PAUSED), resume (PAUSED → PENDING at ``due``) or cancel (any
+        active → REVOKED) a recurring master; False when it was not in a state to."""
+        allowed = {
+            JobStatus.PAUSED: [JobStatus.PENDING.value],
+            JobStatus.PENDING: [JobStatus.PAUSED.value],
+            JobStatus.REVOKED: list(_ACTIVE),
+        }[status]
+        values: dict[str, Any] = {"status": status.value}
+        if status is JobStatus.PENDING and due is not None:
+            values["scheduled_time"] = due
+        if status is JobStatus.REVOKED:
+            values["finished_at"] = db_now()
+        stmt = (
+            update(job)
+            .where(
+                job.c.job_id == job_id,
+                job.c.job_type == JobType.RECURRING.value,
+                job.c.status.in_(allowed),
+            )
+            .values(**values)
+        )
+        return self._run(
+            lambda conn: conn.execute(stmt).rowcount == 1, "the recurring job was not changed"
+        )
+
+    def list_masters(self, *, include_cancelled: bool = False) -> list[dict[str, Any]]:
+        conditions = [job.c.job_type == JobType.RECURRING.value]
+        if not include_cancelled:
+            conditions.append(job.c.status.in_(_ACTIVE))
+        stmt = (
+            select(
+                job.c.job_id,
+                job.c.business_key,
+                job.c.task_name,
+                job.c.status,
+                job.c.priority,
+                job.c.scheduled_time,
+                job.c.schedule_spec,
+            )
+            .where(*conditions)
+            .order_by(job.c.business_key)
+        )
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "schedules were not listed")
+        return [r._asdict() for r in rows]
 
     # -- nodes ------------------------------------------------------------------------------
 

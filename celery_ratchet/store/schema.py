@@ -85,6 +85,8 @@ def _job_columns() -> list[Column[Any]]:
         Column("root_id", String(255)),
         Column("parent_id", String(255)),
         Column("group_id", String(255)),
+        Column("business_key", String(255)),
+        Column("schedule_spec", Text),
         Column("picked_by", String(255)),
         Column("claim_token", String(32)),
         Column("claimed_at", UTCDateTime),

@@ -54,11 +54,13 @@ def broker_trap() -> Iterator[BrokerTrap]:
 def make_app(url: str, broker_url: str, **conf: Any) -> Celery:
     app = Celery("tests", task_cls="celery_ratchet:RatchetTask", set_as_current=False)
     app.conf.update(
-        ratchet_url=url,
-        broker_url=broker_url,
-        ratchet_poll_interval=0.2,
-        task_default_queue="celery",
-        **conf,
+        {
+            "ratchet_url": url,
+            "broker_url": broker_url,
+            "ratchet_poll_interval": 0.2,
+            "task_default_queue": "celery",
+            **conf,
+        }
     )
     tasks.register(app)
     return app

@@ -1,0 +1,311 @@
+"""Recurring jobs for Celery tasks: ``@recurring``, ``schedule_recurring`` and
+``beat_schedule``, registered as masters in the store when a worker starts; no beat."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery import Celery
+from celery.canvas import Signature
+from celery.schedules import crontab
+from celery.schedules import schedule as interval_schedule
+from kombu.utils import json as kjson
+
+from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.sender import JobBatch
+from celery_ratchet.domain.cron import CronExpression
+from celery_ratchet.domain.job import ClaimedJob, Message, NewJob
+from celery_ratchet.domain.schedule import DEFAULT_CATCH_UP, MasterSpec, MisfirePolicy
+from celery_ratchet.errors import ConfigurationError
+from celery_ratchet.runtime import recurring as masters
+
+logger = logging.getLogger(__name__)
+
+_ATTR = "ratchet_recurring"
+
+
+@dataclass(frozen=True)
+class RecurringOptions:
+    cron: str
+    zone: str = "UTC"
+    name: str | None = None
+    id: str | None = None
+    priority: int | None = None
+    max_retries: int = 3
+    backoff_policy: str = "exponential"
+    backoff_delay_ms: int = 1000
+    timeout_seconds: int | None = 3600
+    enabled: bool = True
+    tags: tuple[str, ...] = ()
+    misfire_policy: str = "catch_up"
+    max_catch_up_executions: int = DEFAULT_CATCH_UP
+
+
+def recurring(
+    cron: str,
+    zone: str = "UTC",
+    name: str | None = None,
+    id: str | None = None,
+    priority: int | None = None,
+    max_retries: int = 3,
+    backoff_policy: str = "exponential",
+    backoff_delay_ms: int = 1000,
+    timeout_seconds: int | None = 3600,
+    enabled: bool = True,
+    tags: tuple[str, ...] | list[str] = (),
+    misfire_policy: str = "catch_up",
+    max_catch_up_executions: int = DEFAULT_CATCH_UP,
+) -> Any:
+    """Run the decorated task on a Quartz cron schedule, registered when a worker starts::
+
+        @celery_ratchet.recurring(cron="0 0 2 * * ?", zone="Europe/London")
+        @app.task
+        def purge_sessions(): ...
+
+    ``id`` (default: the task's name) is the business key: one master per key, however many
+    nodes start. The task takes no arguments (or only ``self`` when bound).
+    """
+    CronExpression(cron, zone)  # a bad expression fails at import, naming the field
+    MisfirePolicy.named(misfire_policy, max_catch_up_executions)
+    options = RecurringOptions(
+        cron,
+        zone,
+        name,
+        id,
+        priority,
+        max_retries,
+        backoff_policy,
+        backoff_delay_ms,
+        timeout_seconds,
+        enabled,
+        tuple(tags),
+        misfire_policy,
+        max_catch_up_executions,
+    )
+
+    def decorate(task: Any) -> Any:
+        target = task._get_current_object() if hasattr(task, "_get_current_object") else task
+        _check_takes_no_arguments(target)
+        setattr(target, _ATTR, options)
+        return task
+
+    return decorate
+
+
+def _check_takes_no_arguments(task: Any) -> None:
+    try:
+        parameters = inspect.signature(task.run).parameters.values()
+    except (TypeError, ValueError):
+        return
+    required = [
+        p.name
+        for p in parameters
+        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if required:
+        raise TypeError(
+            f"@recurring task {task.name!r} must take no arguments (it is called "
+            f"with none), but needs {', '.join(required)}"
+        )
+
+
+def schedule_recurring(
+    app: Celery,
+    cron: str | None,
+    zone: str,
+    signature: Signature,
+    *,
+    business_key: str,
+    misfire: MisfirePolicy | None = None,
+    tags: tuple[str, ...] | list[str] = (),
+    options: dict[str, Any] | None = None,
+    name: str | None = None,
+    every: float | timedelta | None = None,
+) -> str:
+    """Register (or update in place) a recurring job known only at runtime::
+
+        schedule_recurring(app, "0 0 * * * ?", "UTC", report.si(tenant_id),
+                           business_key=f"hourly-report-{tenant_id}",
+                           misfire=MisfirePolicy.catch_up(3))
+
+    Calling it again with the same business key updates that schedule, never stacks a
+    second one. ``every=`` (seconds or a timedelta) instead of ``cron`` fires at a fixed
+    interval. Returns the business key.
+    """
+    if (cron is None) == (every is None):
+        raise ValueError("give exactly one of cron and every")
+    if every is not None:
+        seconds = every.total_seconds() if isinstance(every, timedelta) else float(every)
+        schedule_text = f"every:{seconds:g}"
+    else:
+        schedule_text = f"cron:{cron}"
+    template = _template_job(app, signature, business_key, options or {})
+    spec = MasterSpec(
+        schedule=schedule_text,
+        zone=zone,
+        misfire=(misfire or MisfirePolicy()).to_text(),
+        queue=template.queue,
+        name=name,
+        tags=tuple(tags),
+    )
+    outcome = masters.register(
+        ratchet_state(app).store,
+        business_key,
+        spec,
+        task_name=template.task_name,
+        priority=template.priority,
+        message=template.message,
+    )
+    logger.info("ratchet: recurring job %s %s (%s, %s)", business_key, outcome, spec.schedule, zone)
+    return business_key
+
+
+def cancel_recurring(app: Celery, business_key: str) -> None:
+    masters.cancel(ratchet_state(app).store, business_key)
+
+
+def pause_recurring(app: Celery, business_key: str) -> None:
+    masters.pause(ratchet_state(app).store, business_key)
+
+
+def resume_recurring(app: Celery, business_key: str) -> None:
+    masters.resume(ratchet_state(app).store, business_key)
+
+
+def _template_job(
+    app: Celery, signature: Signature, business_key: str, options: dict[str, Any]
+) -> NewJob:
+    """The task message occurrences are made from, built by Celery's own send path (routing,
+    serializer, time limits) into a batch that is never written."""
+    batch = JobBatch(app)
+    signature = app.signature(signature) if not isinstance(signature, Signature) else signature
+    signature.clone().apply_async(
+        producer=batch,
+        add_to_parent=False,
+        task_id=f"{masters.master_id(business_key)}@template",
+        **options,
+    )
+    [template] = batch.jobs
+    return template
+
+
+def occurrence(master: ClaimedJob, spec: MasterSpec, fire: datetime) -> NewJob:
+    """The job of one fire time: the master's message with its own id, and the fire time
+    as its ETA, which the task sees as ``self.request.eta``."""
+    job_id = masters.occurrence_id(master.job_id, fire)
+    headers = kjson.loads(master.message.headers)
+    headers.update(id=job_id, root_id=job_id, parent_id=None, eta=fire.isoformat())
+    properties = kjson.loads(master.message.properties)
+    properties["correlation_id"] = job_id
+    return NewJob(
+        job_id=job_id,
+        task_name=master.task_name,
+        queue=spec.queue,
+        priority=master.priority,
+        message=Message(
+            payload=master.message.payload,
+            content_type=master.message.content_type,
+            content_encoding=master.message.content_encoding,
+            headers=str(kjson.dumps(headers)),
+            properties=str(kjson.dumps(properties)),
+        ),
+        due=fire,
+        root_id=job_id,
+    )
+
+
+def register_all(app: Celery) -> list[str]:
+    """Register every ``@recurring`` task and every ``beat_schedule`` entry of ``app``."""
+    keys = []
+    for task in list(app.tasks.values()):
+        options: RecurringOptions | None = getattr(task, _ATTR, None)
+        if options is None or not options.enabled:
+            continue
+        send_options: dict[str, Any] = {}
+        if options.priority is not None:
+            send_options["priority"] = options.priority
+        if options.timeout_seconds:
+            send_options["time_limit"] = options.timeout_seconds
+        keys.append(
+            schedule_recurring(
+                app,
+                options.cron,
+                options.zone,
+                task.si(),
+                business_key=options.id or task.name,
+                misfire=MisfirePolicy.named(
+                    options.misfire_policy, options.max_catch_up_executions
+                ),
+                tags=options.tags,
+                options=send_options,
+                name=options.name,
+            )
+        )
+    for entry_name, entry in (app.conf.beat_schedule or {}).items():
+        keys.append(_register_beat_entry(app, entry_name, entry))
+    return keys
+
+
+def _register_beat_entry(app: Celery, name: str, entry: dict[str, Any]) -> str:
+    try:
+        task_name = entry["task"]
+        when = entry["schedule"]
+    except KeyError as exc:
+        raise ConfigurationError(f"beat_schedule entry {name!r} has no {exc.args[0]!r}") from exc
+    signature = app.signature(
+        task_name, args=tuple(entry.get("args") or ()), kwargs=dict(entry.get("kwargs") or {})
+    )
+    options = dict(entry.get("options") or {})
+    zone = _zone_name(app)
+    if isinstance(when, crontab):
+        return schedule_recurring(
+            app,
+            crontab_to_quartz(when, name),
+            zone,
+            signature,
+            business_key=name,
+            options=options,
+            name=name,
+        )
+    if isinstance(when, (int, float, timedelta)) or type(when) is interval_schedule:
+        period = when.run_every if isinstance(when, interval_schedule) else when
+        return schedule_recurring(
+            app, None, zone, signature, business_key=name, options=options, name=name, every=period
+        )
+    raise ConfigurationError(
+        f"beat_schedule entry {name!r}: a {type(when).__name__} schedule cannot be converted "
+        "(celery_ratchet runs crontab and interval schedules); use a Quartz cron expression "
+        "with celery_ratchet.schedule_recurring instead"
+    )
+
+
+def _zone_name(app: Celery) -> str:
+    zone = app.timezone
+    return str(getattr(zone, "key", None) or "UTC")
+
+
+def crontab_to_quartz(entry: crontab, name: str = "crontab") -> str:
+    """Celery's crontab (5 fields, day_of_week 0=Sunday) as a Quartz expression."""
+
+    def listed(values: set[int], full: range) -> str:
+        return "*" if set(values) == set(full) else ",".join(str(v) for v in sorted(values))
+
+    minute = listed(entry.minute, range(60))
+    hour = listed(entry.hour, range(24))
+    month = listed(entry.month_of_year, range(1, 13))
+    every_day_of_month = set(entry.day_of_month) == set(range(1, 32))
+    every_weekday = set(entry.day_of_week) == set(range(7))
+    if not every_day_of_month and not every_weekday:
+        raise ConfigurationError(
+            f"beat_schedule entry {name!r}: the crontab restricts both day_of_month and "
+            "day_of_week, which Quartz cron cannot combine; split it into two entries"
+        )
+    if every_weekday:
+        dom, dow = listed(entry.day_of_month, range(1, 32)), "?"
+    else:
+        dom, dow = "?", ",".join(str(d + 1) for d in sorted(entry.day_of_week))
+    return f"0 {minute} {hour} {dom} {month} {dow}"

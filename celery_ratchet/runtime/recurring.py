@@ -1,0 +1,118 @@
+"""Managing recurring masters in the store: register, pause, resume, cancel, list.
+Knows nothing of Celery; the message a master fires is built by the caller."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from celery_ratchet.domain.job import SCHEDULES_QUEUE, JobStatus, JobType, Message, NewJob
+from celery_ratchet.domain.schedule import MasterSpec
+from celery_ratchet.store.jobstore import JobStore
+
+MASTER_PREFIX = "recurring:"
+
+
+def master_id(business_key: str) -> str:
+    """The job id of the master of ``business_key``: the unique index on job ids is what
+    makes a business key register one master, however many nodes register it."""
+    return f"{MASTER_PREFIX}{business_key}"
+
+
+def occurrence_id(master_job_id: str, fire: datetime) -> str:
+    """Unique per (master, fire time): a tick fires once, however many nodes see it."""
+    return f"{master_job_id}@{fire.astimezone(timezone.utc).isoformat()}"
+
+
+class UnknownSchedule(LookupError):
+    def __init__(self, business_key: str) -> None:
+        super().__init__(f"no recurring job {business_key!r} (see `ratchet schedules`)")
+
+
+def register(
+    store: JobStore,
+    business_key: str,
+    spec: MasterSpec,
+    *,
+    task_name: str,
+    priority: int,
+    message: Message,
+    now: datetime | None = None,
+) -> str:
+    """Create or update the master of ``business_key``; returns 'created', 'updated' or
+    'revived'. ``message`` is the task message every occurrence is made from."""
+    now = now or datetime.now(timezone.utc)
+    first = spec.timetable.next_after(now)
+    if first is None:
+        raise ValueError(
+            f"recurring job {business_key!r}: {spec.schedule} has no fire time "
+            f"after {now.isoformat()}"
+        )
+    master = NewJob(
+        job_id=master_id(business_key),
+        task_name=task_name,
+        queue=SCHEDULES_QUEUE,
+        priority=priority,
+        message=message,
+        due=first,
+        job_type=JobType.RECURRING,
+        business_key=business_key,
+        schedule_spec=spec.to_json(),
+    )
+    return store.upsert_master(master)
+
+
+def pause(store: JobStore, business_key: str) -> None:
+    if not store.set_master_status(master_id(business_key), JobStatus.PAUSED):
+        _explain(store, business_key, "pause", "PENDING")
+
+
+def resume(store: JobStore, business_key: str, now: datetime | None = None) -> None:
+    """Resume at the next fire time from now: what was missed while paused is not a misfire."""
+    master = _get(store, business_key)
+    spec = MasterSpec.from_json(master["schedule_spec"])
+    due = spec.timetable.next_after(now or datetime.now(timezone.utc))
+    if not store.set_master_status(master["job_id"], JobStatus.PENDING, due=due):
+        _explain(store, business_key, "resume", "PAUSED")
+
+
+def cancel(store: JobStore, business_key: str) -> None:
+    if not store.set_master_status(master_id(business_key), JobStatus.REVOKED):
+        _explain(store, business_key, "remove", "active")
+
+
+def describe(store: JobStore) -> list[dict[str, Any]]:
+    """Every active master with its schedule, zone, misfire policy and next fire time."""
+    rows = []
+    for master in store.list_masters():
+        spec = MasterSpec.from_json(master["schedule_spec"])
+        rows.append(
+            {
+                "business_key": master["business_key"],
+                "task": master["task_name"],
+                "schedule": spec.schedule.partition(":")[2]
+                if spec.schedule.startswith("cron:")
+                else f"every {spec.schedule.partition(':')[2]} s",
+                "zone": spec.zone,
+                "misfire": spec.misfire,
+                "status": master["status"],
+                "next_fire": master["scheduled_time"],
+                "queue": spec.queue,
+                "tags": ",".join(spec.tags),
+            }
+        )
+    return rows
+
+
+def _get(store: JobStore, business_key: str) -> dict[str, Any]:
+    for master in store.list_masters(include_cancelled=True):
+        if master["job_id"] == master_id(business_key):
+            return master
+    raise UnknownSchedule(business_key)
+
+
+def _explain(store: JobStore, business_key: str, action: str, needed: str) -> None:
+    master = _get(store, business_key)
+    raise ValueError(
+        f"cannot {action} recurring job {business_key!r}: it is {master['status']}, not {needed}"
+    )

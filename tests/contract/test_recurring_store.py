@@ -1,0 +1,108 @@
+"""Recurring masters in the store: one per business key, each fire time fired once."""
+
+from __future__ import annotations
+
+import multiprocessing
+from datetime import datetime, timedelta, timezone
+
+from celery_ratchet.domain.job import SCHEDULES_QUEUE, JobStatus, JobType
+from celery_ratchet.domain.schedule import MasterSpec
+from celery_ratchet.runtime import recurring
+from celery_ratchet.store.jobstore import JobStore
+from tests.helpers import new_job
+
+NOW = datetime(2026, 6, 1, 12, 0, 30, tzinfo=timezone.utc)
+SPEC = MasterSpec("cron:0 * * * * ?", "UTC")
+
+
+def _register(url: str, key: str, spec_json: str) -> str:
+    store = JobStore(url)
+    template = new_job("template", task="tests.tick")
+    return recurring.register(
+        store,
+        key,
+        MasterSpec.from_json(spec_json),
+        task_name="tests.tick",
+        priority=4,
+        message=template.message,
+        now=NOW,
+    )
+
+
+def test_many_nodes_registering_one_key_make_one_master(store: JobStore, db_url: str) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        outcomes = pool.starmap(_register, [(db_url, "nightly", SPEC.to_json())] * 8)
+    assert outcomes.count("created") == 1
+    [master] = store.list_masters()
+    assert (master["business_key"], master["status"]) == ("nightly", "PENDING")
+    assert master["scheduled_time"] == datetime(2026, 6, 1, 12, 1, tzinfo=timezone.utc)
+
+
+def test_registering_again_updates_in_place(store: JobStore, db_url: str) -> None:
+    _register(db_url, "report", SPEC.to_json())
+    every_hour = MasterSpec("cron:0 0 * * * ?", "Europe/London", misfire="SKIP")
+    assert _register(db_url, "report", every_hour.to_json()) == "updated"
+    [master] = store.list_masters()
+    assert MasterSpec.from_json(master["schedule_spec"]) == every_hour
+    # 12:00:30 UTC is 13:00:30 in London (BST): the next hour is 14:00 BST, 13:00 UTC.
+    assert master["scheduled_time"] == datetime(2026, 6, 1, 13, 0, tzinfo=timezone.utc)
+
+
+def test_pause_resume_and_cancel(store: JobStore, db_url: str) -> None:
+    _register(db_url, "k", SPEC.to_json())
+    recurring.pause(store, "k")
+    assert store.claim("n", [SCHEDULES_QUEUE], 5) == []
+    assert [m["status"] for m in store.list_masters()] == ["PAUSED"]
+    # Paused still counts as active: registering again does not add a second master.
+    assert _register(db_url, "k", SPEC.to_json()) == "updated"
+    recurring.resume(store, "k", now=NOW + timedelta(hours=1))
+    [master] = store.list_masters()
+    assert (master["status"], master["scheduled_time"]) == (
+        "PENDING",
+        NOW + timedelta(hours=1, seconds=30),
+    )
+    recurring.cancel(store, "k")
+    assert store.list_masters() == []
+    assert _register(db_url, "k", SPEC.to_json()) == "revived"
+
+
+def test_a_fire_time_creates_its_occurrence_once(store: JobStore, db_url: str) -> None:
+    past = MasterSpec("every:1")
+    _register(db_url, "tick", past.to_json())
+    store.enqueue(new_job("unrelated"))
+    with store.engine.connect() as conn:  # make the master due now
+        conn.exec_driver_sql(
+            "UPDATE scheduler_job SET scheduled_time = created_at WHERE job_type = 'RECURRING'"
+        )
+    [master] = [j for j in store.claim("n", [SCHEDULES_QUEUE], 5)]
+    assert master.job_type is JobType.RECURRING
+    fire = master.scheduled_time
+    occurrence = new_job(recurring.occurrence_id(master.job_id, fire), task="tests.tick")
+    assert store.fire_master(master, [occurrence], fire + timedelta(seconds=1))
+    # The same fire time again (a node that crashed after firing, recovered): nothing new.
+    store.settle([])
+    [again] = _claim_due_master(store)
+    assert store.fire_master(again, [occurrence], fire + timedelta(seconds=2))
+    ids = [j.job_id for j in store.list_jobs(limit=10)]
+    assert ids.count(occurrence.job_id) == 1
+    # A claim that was lost writes nothing at all.
+    assert not store.fire_master(master, [new_job("never")], fire + timedelta(seconds=3))
+    assert store.result("never") is None
+
+
+def _claim_due_master(store: JobStore) -> list:  # type: ignore[type-arg]
+    with store.engine.connect() as conn:
+        conn.exec_driver_sql(
+            "UPDATE scheduler_job SET scheduled_time = created_at WHERE job_type = 'RECURRING'"
+        )
+    return store.claim("n", [SCHEDULES_QUEUE], 5)
+
+
+def test_an_exhausted_master_finishes(store: JobStore, db_url: str) -> None:
+    _register(db_url, "once", MasterSpec("cron:0 0 0 1 1 ? 2027").to_json())
+    [master] = _claim_due_master(store)
+    assert store.fire_master(master, [], None)
+    assert store.list_masters() == []
+    record = store.result(master.job_id)
+    assert record is not None and record.status is JobStatus.SUCCEEDED

@@ -1,0 +1,65 @@
+"""Turning Celery's schedules and decorated tasks into recurring masters."""
+
+from __future__ import annotations
+
+import pytest
+from celery import Celery
+from celery.schedules import BaseSchedule, crontab
+
+import celery_ratchet
+from celery_ratchet.celery.recurring import _register_beat_entry, crontab_to_quartz
+from celery_ratchet.domain.cron import CronError, CronExpression
+from celery_ratchet.errors import ConfigurationError
+
+
+@pytest.mark.parametrize(
+    ("entry", "quartz"),
+    [
+        (crontab(), "0 * * * * ?"),
+        (crontab(minute="*/15"), "0 0,15,30,45 * * * ?"),
+        (crontab(minute=0, hour="2"), "0 0 2 * * ?"),
+        (crontab(minute=30, hour=9, day_of_week="mon-fri"), "0 30 9 ? * 2,3,4,5,6"),
+        (crontab(minute=0, hour=0, day_of_week="sun"), "0 0 0 ? * 1"),
+        (crontab(minute=0, hour=0, day_of_month="1,15"), "0 0 0 1,15 * ?"),
+        (crontab(minute=0, hour=6, month_of_year="jan,jul", day_of_month=1), "0 0 6 1 1,7 ?"),
+    ],
+)
+def test_celery_crontab_becomes_quartz(entry: crontab, quartz: str) -> None:
+    assert crontab_to_quartz(entry) == quartz
+    CronExpression(quartz)  # and Quartz accepts it
+
+
+def test_crontab_restricting_both_days_is_refused_by_name() -> None:
+    with pytest.raises(ConfigurationError, match=r"'payday'.*both day_of_month and day_of_week"):
+        crontab_to_quartz(crontab(day_of_month=1, day_of_week="mon"), "payday")
+
+
+class Sunrise(BaseSchedule):
+    """Stands in for celery.schedules.solar, which needs the optional ephem package."""
+
+
+def test_unconvertible_schedules_are_refused_naming_the_entry() -> None:
+    app = Celery("t", set_as_current=False)
+    entry = {"task": "x", "schedule": Sunrise()}
+    with pytest.raises(ConfigurationError, match=r"'dawn'.*Sunrise schedule cannot be converted"):
+        _register_beat_entry(app, "dawn", entry)
+
+
+def test_recurring_checks_its_arguments_at_import() -> None:
+    app = Celery("t", task_cls="celery_ratchet:RatchetTask", set_as_current=False)
+    with pytest.raises(CronError, match="second"):
+        celery_ratchet.recurring(cron="61 * * * * ?")
+    with pytest.raises(ValueError, match="misfire"):
+        celery_ratchet.recurring(cron="0 * * * * ?", misfire_policy="later")
+
+    with pytest.raises(TypeError, match=r"must take no arguments.*needs customer"):
+
+        @celery_ratchet.recurring(cron="0 * * * * ?")
+        @app.task(name="t.bill", shared=False)
+        def bill(customer: str) -> None: ...
+
+    @celery_ratchet.recurring(cron="0 * * * * ?", id="hourly")
+    @app.task(name="t.bound", bind=True, shared=False)
+    def bound(self: object) -> None: ...
+
+    assert app.tasks["t.bound"].ratchet_recurring.id == "hourly"
