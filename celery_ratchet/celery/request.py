@@ -25,6 +25,13 @@ def _unwrap(exc: BaseException) -> BaseException:
 
 
 class RatchetRequest(Request):
+    @property
+    def eta(self) -> None:
+        """The store held the job until its ETA; Celery's timer must not hold it again (it
+        wakes once a second, and a past ETA would still wait for it). ``self.request.eta``
+        keeps the time: it comes from the message headers, not from here."""
+        return None
+
     def _end(
         self,
         status: JobStatus | None,

@@ -13,6 +13,7 @@ from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import text
 
+import celery_ratchet
 from celery_ratchet.store.engine import engine_for
 
 app = Celery("acceptance", task_cls="celery_ratchet:RatchetTask")
@@ -56,3 +57,31 @@ def soft_limited() -> str:
 def hard_limited() -> str:
     time.sleep(5)
     return "no limit"
+
+
+# Recurring jobs, switched on per test by RATCHET_ACCEPTANCE_RECURRING (tick | misfire).
+_RECURRING = os.environ.get("RATCHET_ACCEPTANCE_RECURRING", "")
+
+
+@celery_ratchet.recurring(cron="* * * * * ?", id="acc-tick", enabled=_RECURRING == "tick")
+@app.task(name="acc.tick", bind=True)
+def tick(self) -> None:  # type: ignore[no-untyped-def]
+    record_run(f"tick@{self.request.eta}")
+
+
+def _misfire_task(policy: str, **options: int) -> None:
+    @celery_ratchet.recurring(
+        cron="* * * * * ?",
+        id=f"acc-{policy}",
+        misfire_policy=policy,
+        enabled=_RECURRING == "misfire",
+        **options,
+    )
+    @app.task(name=f"acc.{policy}", bind=True)
+    def fired(self) -> None:  # type: ignore[no-untyped-def]
+        record_run(f"{policy}@{self.request.eta}")
+
+
+_misfire_task("catch_up", max_catch_up_executions=3)
+_misfire_task("fire_once")
+_misfire_task("skip")

@@ -23,26 +23,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Worker:
-    def __init__(self, url: str, name: str, log: Path, *extra: str, **env: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        log: Path,
+        *extra: str,
+        pool: str = "ratchet",
+        concurrency: int = 4,
+        **env: str,
+    ) -> None:
         self.name = name
         self.log = log
-        command = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.acceptance.app",
-            "worker",
-            "-P",
-            "ratchet",
-            "-c",
-            "4",
-            "-n",
-            f"{name}@%h",
-            "-l",
-            "info",
-            *extra,
-        ]
+        command = [sys.executable, "-m", "celery", "-A", "tests.acceptance.app", "worker",
+                   "-P", pool, "-c", str(concurrency), "-n", f"{name}@%h", "-l", "info",
+                   *extra]  # fmt: skip
         environment = {**os.environ, "RATCHET_URL": url, "PYTHONPATH": str(ROOT), **env}
         self.process = subprocess.Popen(
             command, cwd=ROOT, env=environment, stdout=log.open("wb"), stderr=subprocess.STDOUT
@@ -60,8 +55,18 @@ class Cluster:
         self.tmp = tmp
         self.workers: list[Worker] = []
 
-    def start(self, name: str, *extra: str, **env: str) -> Worker:
-        worker = Worker(self.url, name, self.tmp / f"{name}.log", *extra, **env)
+    def start(
+        self, name: str, *extra: str, pool: str = "ratchet", concurrency: int = 4, **env: str
+    ) -> Worker:
+        worker = Worker(
+            self.url,
+            name,
+            self.tmp / f"{name}.log",
+            *extra,
+            pool=pool,
+            concurrency=concurrency,
+            **env,
+        )
         self.workers.append(worker)
         return worker
 
@@ -78,7 +83,16 @@ class Cluster:
 
 @pytest.fixture
 def ratchet_app(servers: Servers, dialect: str) -> Iterator[Celery]:
-    url = servers.url(dialect)
+    yield from _app_on(servers.url(dialect))
+
+
+@pytest.fixture
+def server_app(servers: Servers, server_dialect: str) -> Iterator[Celery]:
+    """The acceptance app on PostgreSQL or MariaDB: for tests of several nodes at once."""
+    yield from _app_on(servers.url(server_dialect))
+
+
+def _app_on(url: str) -> Iterator[Celery]:
     store = empty_store(url)
     with store.engine.connect() as conn:
         conn.execute(text(f"DROP TABLE IF EXISTS {SIDE_EFFECTS}"))
@@ -91,6 +105,13 @@ def ratchet_app(servers: Servers, dialect: str) -> Iterator[Celery]:
 @pytest.fixture
 def cluster(ratchet_app: Celery, tmp_path: Path) -> Iterator[Cluster]:
     found = Cluster(ratchet_app.conf.ratchet_url, tmp_path)
+    yield found
+    found.stop_all()
+
+
+@pytest.fixture
+def server_cluster(server_app: Celery, tmp_path: Path) -> Iterator[Cluster]:
+    found = Cluster(server_app.conf.ratchet_url, tmp_path)
     yield found
     found.stop_all()
 
