@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Celery
+from celery.app.autoretry import add_autoretry_behaviour
 from celery.canvas import Signature
 from celery.schedules import crontab
 from celery.schedules import schedule as interval_schedule
@@ -90,10 +91,37 @@ def recurring(
     def decorate(task: Any) -> Any:
         target = task._get_current_object() if hasattr(task, "_get_current_object") else task
         _check_takes_no_arguments(target)
+        _retry_on_failure(target, options)
         setattr(target, _ATTR, options)
         return task
 
     return decorate
+
+
+_MAX_BACKOFF_SECONDS = 24 * 3600
+
+
+def _retry_on_failure(task: Any, options: RecurringOptions) -> None:
+    """The seeds' retries for a recurring task, through Celery's own autoretry: up to
+    ``max_retries``, waiting ``none`` (0), ``fixed`` (the delay) or ``exponential`` (delay *
+    2^(attempt-1), at most 24 h). A task that declares its own autoretry_for keeps it."""
+    if options.max_retries <= 0 or getattr(task, "autoretry_for", None):
+        return
+    policy = options.backoff_policy.lower()
+    delay = options.backoff_delay_ms / 1000
+    if policy not in ("none", "fixed", "exponential"):
+        raise ValueError(
+            f"unknown backoff_policy {options.backoff_policy!r}: use none, fixed or exponential"
+        )
+    task.max_retries = options.max_retries
+    task.retry_jitter = False
+    task.retry_backoff_max = _MAX_BACKOFF_SECONDS
+    task.default_retry_delay = 0 if policy == "none" else delay
+    task.autoretry_for = (Exception,)
+    settings: dict[str, Any] = {"autoretry_for": task.autoretry_for}
+    if policy == "exponential":
+        settings["retry_backoff"] = max(delay, 1.0)  # Celery counts this factor in seconds
+    add_autoretry_behaviour(task, **settings)
 
 
 def _check_takes_no_arguments(task: Any) -> None:

@@ -63,3 +63,31 @@ def test_recurring_checks_its_arguments_at_import() -> None:
     def bound(self: object) -> None: ...
 
     assert app.tasks["t.bound"].ratchet_recurring.id == "hourly"
+
+
+def test_recurring_tasks_retry_as_the_seeds_say() -> None:
+    app = Celery("t", task_cls="celery_ratchet:RatchetTask", set_as_current=False)
+
+    @celery_ratchet.recurring(
+        cron="0 * * * * ?", max_retries=5, backoff_policy="fixed", backoff_delay_ms=2500
+    )
+    @app.task(name="t.fixed", shared=False)
+    def fixed() -> None: ...
+
+    @celery_ratchet.recurring(cron="0 * * * * ?", max_retries=0)
+    @app.task(name="t.no_retry", shared=False)
+    def no_retry() -> None: ...
+
+    task = app.tasks["t.fixed"]
+    assert (task.max_retries, task.default_retry_delay, task.autoretry_for) == (
+        5,
+        2.5,
+        (Exception,),
+    )
+    assert hasattr(task, "_orig_run")
+    assert not getattr(app.tasks["t.no_retry"], "autoretry_for", ())
+    with pytest.raises(ValueError, match="backoff_policy"):
+
+        @celery_ratchet.recurring(cron="0 * * * * ?", backoff_policy="linear")
+        @app.task(name="t.linear", shared=False)
+        def linear() -> None: ...
