@@ -84,3 +84,18 @@ def test_the_client_never_contacts_the_broker(client_app: Celery, broker_trap: B
     client_app.send_task("t.add", (1, 2))
     group(add.s(i, i) for i in range(5)).apply_async()
     assert broker_trap.connections == before
+
+
+def test_bulk_sends_are_one_insert_at_the_end_of_the_block(client_app: Celery) -> None:
+    import celery_ratchet
+
+    add = client_app.tasks["t.add"]
+    with celery_ratchet.bulk(client_app) as producer:
+        for i in range(20):
+            add.apply_async((i, i), producer=producer)
+        assert pending(client_app) == 0
+    assert pending(client_app) == 20
+    with pytest.raises(RuntimeError), celery_ratchet.bulk(client_app) as producer:
+        add.apply_async((1, 1), producer=producer)
+        raise RuntimeError("the caller failed half-way")
+    assert pending(client_app) == 20
