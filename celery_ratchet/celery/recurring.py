@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from dataclasses import dataclass
@@ -168,10 +169,19 @@ def schedule_recurring(
         raise ValueError("give exactly one of cron and every")
     if every is not None:
         seconds = every.total_seconds() if isinstance(every, timedelta) else float(every)
-        schedule_text = f"every:{seconds:g}"
+        schedule_text = f"every:{seconds!r}"
     else:
         schedule_text = f"cron:{cron}"
-    template = _template_job(app, signature, business_key, options or {})
+    options = dict(options or {})
+    expires = options.pop("expires", None)
+    if isinstance(expires, timedelta):
+        expires = expires.total_seconds()
+    if expires is not None and not isinstance(expires, (int, float)):
+        raise ValueError(
+            f"recurring job {business_key!r}: give expires in seconds (each "
+            f"occurrence expires that long after its fire time), not {expires!r}"
+        )
+    template = _template_job(app, signature, business_key, options)
     spec = MasterSpec(
         schedule=schedule_text,
         zone=zone,
@@ -179,6 +189,7 @@ def schedule_recurring(
         queue=template.queue,
         name=name,
         tags=tuple(tags),
+        expires_seconds=float(expires) if expires is not None else None,
     )
     outcome = masters.register(
         ratchet_state(app).store,
@@ -226,7 +237,16 @@ def occurrence(master: ClaimedJob, spec: MasterSpec, fire: datetime) -> NewJob:
     as its ETA, which the task sees as ``self.request.eta``."""
     job_id = masters.occurrence_id(master.job_id, fire)
     headers = kjson.loads(master.message.headers)
-    headers.update(id=job_id, root_id=job_id, parent_id=None, eta=fire.isoformat())
+    expires = (
+        fire + timedelta(seconds=spec.expires_seconds) if spec.expires_seconds is not None else None
+    )
+    headers.update(
+        id=job_id,
+        root_id=job_id,
+        parent_id=None,
+        eta=fire.isoformat(),
+        expires=expires.isoformat() if expires else None,
+    )
     properties = kjson.loads(master.message.properties)
     properties["correlation_id"] = job_id
     return NewJob(
@@ -242,6 +262,7 @@ def occurrence(master: ClaimedJob, spec: MasterSpec, fire: datetime) -> NewJob:
             properties=str(kjson.dumps(properties)),
         ),
         due=fire,
+        expires_at=expires,
         root_id=job_id,
     )
 
@@ -251,7 +272,11 @@ def register_all(app: Celery) -> list[str]:
     keys = []
     for task in list(app.tasks.values()):
         options: RecurringOptions | None = getattr(task, _ATTR, None)
-        if options is None or not options.enabled:
+        if options is None:
+            continue
+        if not options.enabled:  # switched off in code: stop a master registered before
+            with contextlib.suppress(LookupError, ValueError):
+                masters.cancel(ratchet_state(app).store, options.id or task.name)
             continue
         send_options: dict[str, Any] = {}
         if options.priority is not None:

@@ -87,6 +87,8 @@ class ClaimedJob:
     job_type: JobType = JobType.SINGLE
     #: A recurring master's schedule (JSON of :class:`MasterSpec`); None for other jobs.
     schedule_spec: str | None = None
+    #: The database clock at the claim.
+    claimed_now: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -72,10 +72,14 @@ class IntervalSchedule:
     def next_after(self, moment: datetime) -> datetime | None:
         elapsed = (moment - self.anchor).total_seconds()
         steps = math.floor(elapsed / self.seconds) + 1
-        return self.anchor + timedelta(seconds=steps * self.seconds)
+        fire = self.anchor + timedelta(seconds=steps * self.seconds)
+        while fire <= moment:  # float rounding on sub-second periods
+            steps += 1
+            fire = self.anchor + timedelta(seconds=steps * self.seconds)
+        return fire
 
     def to_text(self) -> str:
-        return f"every:{self.seconds:g}"
+        return f"every:{self.seconds!r}"
 
 
 def schedule_from_text(text: str, zone: str = "UTC") -> Schedule:
@@ -169,7 +173,7 @@ def plan(schedule: Schedule, due: datetime, now: datetime, policy: MisfirePolicy
     return Plan(tuple(chosen), cursor, skipped)
 
 
-def _count_overdue(schedule: Schedule, due: datetime, now: datetime, cap: int = 10_000) -> int:
+def _count_overdue(schedule: Schedule, due: datetime, now: datetime, cap: int = 1_000) -> int:
     count, cursor = 0, due
     while cursor is not None and cursor <= now and count < cap:
         count += 1
@@ -191,6 +195,8 @@ class MasterSpec:
     queue: str = "celery"
     name: str | None = None
     tags: tuple[str, ...] = ()
+    #: Each occurrence expires this long after its fire time (Celery's ``expires``).
+    expires_seconds: float | None = None
 
     def __post_init__(self) -> None:
         schedule_from_text(self.schedule, self.zone)  # validates
@@ -213,6 +219,7 @@ class MasterSpec:
                 "queue": self.queue,
                 "name": self.name,
                 "tags": list(self.tags),
+                "expires_seconds": self.expires_seconds,
             },
             sort_keys=True,
         )
@@ -227,4 +234,5 @@ class MasterSpec:
             queue=data.get("queue", "celery"),
             name=data.get("name"),
             tags=tuple(data.get("tags") or ()),
+            expires_seconds=data.get("expires_seconds"),
         )

@@ -13,6 +13,10 @@ from celery_ratchet.store.jobstore import JobStore
 MASTER_PREFIX = "recurring:"
 
 
+#: Longest business key whose occurrence ids ("recurring:<key>@<UTC ISO time>") fit a job id.
+MAX_KEY_LENGTH = 255 - len(MASTER_PREFIX) - len("@2026-01-01T00:00:00+00:00")
+
+
 def master_id(business_key: str) -> str:
     """The job id of the master of ``business_key``: the unique index on job ids is what
     makes a business key register one master, however many nodes register it."""
@@ -41,6 +45,11 @@ def register(
 ) -> str:
     """Create or update the master of ``business_key``; returns 'created', 'updated' or
     'revived'. ``message`` is the task message every occurrence is made from."""
+    if not business_key or len(business_key) > MAX_KEY_LENGTH:
+        raise ValueError(
+            f"business key of a recurring job must be 1-{MAX_KEY_LENGTH} "
+            f"characters, got {len(business_key)}: {business_key[:40]!r}..."
+        )
     now = now or datetime.now(timezone.utc)
     first = spec.timetable.next_after(now)
     if first is None:
@@ -72,6 +81,11 @@ def resume(store: JobStore, business_key: str, now: datetime | None = None) -> N
     master = _get(store, business_key)
     spec = MasterSpec.from_json(master["schedule_spec"])
     due = spec.timetable.next_after(now or datetime.now(timezone.utc))
+    if due is None:
+        raise ValueError(
+            f"cannot resume recurring job {business_key!r}: {spec.schedule} has "
+            "no fire time left; remove it"
+        )
     if not store.set_master_status(master["job_id"], JobStatus.PENDING, due=due):
         _explain(store, business_key, "resume", "PAUSED")
 

@@ -6,6 +6,7 @@ must eventually be told the outcome through :meth:`WorkerRuntime.settle`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -15,13 +16,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from celery_ratchet.domain.job import (
     SCHEDULES_QUEUE,
     ClaimedJob,
     JobStatus,
-    JobType,
     NewJob,
     Settlement,
 )
@@ -33,6 +33,9 @@ from celery_ratchet.store.jobstore import JobStore
 logger = logging.getLogger(__name__)
 
 _SETTLE_BATCH = 500
+_MASTER_CHECK_SECONDS = 0.25
+#: A recurring master that cannot be planned is retried this much later, not abandoned.
+_MASTER_RETRY_SECONDS = 60.0
 
 #: Builds the job of one occurrence of a recurring master, for one fire time.
 OccurrenceFactory = Callable[[ClaimedJob, MasterSpec, datetime], NewJob]
@@ -88,8 +91,7 @@ class WorkerRuntime:
         self.capacity = capacity
         self.dispatch = dispatch
         self.occurrence = occurrence
-        # Recurring masters are fired by any node that can build their occurrences.
-        self.claim_queues = self.queues + ([SCHEDULES_QUEUE] if occurrence else [])
+        self._next_master_check = 0.0
         self.hostname = hostname or socket.gethostname()
         self._ready: deque[ClaimedJob] = deque()
         self._in_flight: dict[str, str] = {}  # job id → claim token
@@ -288,7 +290,7 @@ class WorkerRuntime:
 
     def _claim(self, room: int) -> list[ClaimedJob]:
         try:
-            claimed = self.store.claim(self.node_id, self.claim_queues, room)
+            claimed = self.store.claim(self.node_id, self.queues, room)
         except (StoreUnavailable, StoreBusy) as exc:
             self._throttle.warn("claim", "ratchet: %s; retrying", exc)
             return []
@@ -304,19 +306,16 @@ class WorkerRuntime:
         next_claim = 0.0
         while not self._stopping.is_set():
             self._wake.clear()  # before looking: a change made after this wakes the wait below
+            self._fire_due_masters()
             self._dispatch_ready()
             room, low = self._room()
             wants_work = room > 0 and low and not self._heartbeat_stale()
             if wants_work and (self._hint.is_set() or time.monotonic() >= next_claim):
                 self._hint.clear()
                 claimed = self._claim(room)
-                jobs = [j for j in claimed if j.job_type is not JobType.RECURRING]
-                for master in claimed:
-                    if master.job_type is JobType.RECURRING:
-                        self._fire(master)
-                if jobs:
+                if claimed:
                     with self._lock:
-                        self._ready.extend(jobs)
+                        self._ready.extend(claimed)
                     self._dispatch_ready()
                 if len(claimed) == room:  # there may be more due: claim again at once
                     idle_wait, next_claim = settings.poll_interval_min, 0.0
@@ -332,24 +331,47 @@ class WorkerRuntime:
             timeout = (
                 max(0.0, next_claim - time.monotonic()) if wants_work else (settings.poll_interval)
             )
+            if self.occurrence is not None:
+                timeout = min(timeout, max(0.0, self._next_master_check - time.monotonic()))
             self._wake.wait(timeout)
+
+    def _fire_due_masters(self) -> None:
+        """Recurring masters take no slot: they are claimed on their own, a few times a second
+        whatever the load, so a busy node never makes a tick late (and a late tick a misfire)."""
+        if self.occurrence is None or time.monotonic() < self._next_master_check:
+            return
+        self._next_master_check = time.monotonic() + _MASTER_CHECK_SECONDS
+        if self._heartbeat_stale():
+            return
+        try:
+            masters = self.store.claim(self.node_id, [SCHEDULES_QUEUE], 20)
+        except Exception as exc:
+            self._throttle.warn("masters", "ratchet: recurring jobs not checked: %s", exc)
+            return
+        for master in masters:
+            self._fire(master)
 
     def _fire(self, master: ClaimedJob) -> None:
         """A recurring master came due: create its occurrences, per its misfire policy, and
         set its next due time, in one transaction."""
         assert self.occurrence is not None
+        # The database clock decides what is overdue, as it decided what was due.
+        now = max(master.claimed_now or datetime.now(timezone.utc), master.scheduled_time)
         try:
             spec = MasterSpec.from_json(master.schedule_spec or "")
-            now = max(datetime.now(timezone.utc), master.scheduled_time)
             decided = plan(spec.timetable, master.scheduled_time, now, spec.policy)
             occurrences = [self.occurrence(master, spec, fire) for fire in decided.fire]
-        except Exception as exc:
-            logger.exception("ratchet: recurring job %s cannot fire", master.job_id)
-            self._report(
-                Settlement(
-                    master.job_id, master.token, JobStatus.FAILED, error=f"cannot fire: {exc!r}"
-                )
+        except Exception:
+            # Perhaps only this node cannot (a missing time zone, an older version): try
+            # again later, on whichever node claims it, rather than abandon the schedule.
+            logger.exception(
+                "ratchet: recurring job %s cannot fire; retrying in %ss",
+                master.job_id,
+                _MASTER_RETRY_SECONDS,
             )
+            retry_at = now + timedelta(seconds=_MASTER_RETRY_SECONDS)
+            with contextlib.suppress(Exception):
+                self.store.fire_master(master, [], retry_at)
             return
         try:
             fired = self.store.fire_master(master, occurrences, decided.next_due)

@@ -42,7 +42,7 @@ def _queue_params(queues: Sequence[str]) -> dict[str, str]:
 
 
 def _prepare(sql: str) -> TextualSelect:
-    return text(sql).columns(scheduled_time=UTCDateTime())
+    return text(sql).columns(scheduled_time=UTCDateTime(), claimed_now=UTCDateTime())
 
 
 def to_claimed(row: Row[Any], token: str, claims_offset: int = 0) -> ClaimedJob:
@@ -66,6 +66,7 @@ def to_claimed(row: Row[Any], token: str, claims_offset: int = 0) -> ClaimedJob:
         ),
         job_type=JobType(row.job_type),
         schedule_spec=row.schedule_spec,
+        claimed_now=getattr(row, "claimed_now", None),
     )
 
 
@@ -90,7 +91,7 @@ class PostgresClaim:
             "WHERE id = ANY(ARRAY("
             f"SELECT id FROM scheduler_job WHERE {_due(self.now, queues)} "
             f"{_ORDER} LIMIT :limit FOR UPDATE SKIP LOCKED)) "
-            f"RETURNING {RETURNED}"
+            f"RETURNING {RETURNED}, {self.now} AS claimed_now"
         )
 
     def claim(
@@ -113,7 +114,8 @@ class MySQLClaim:
     @functools.lru_cache(maxsize=8)  # noqa: B019 - one strategy per store, a few queue counts
     def select_locked(self, queues: int) -> TextualSelect:
         return _prepare(
-            f"SELECT {RETURNED} FROM scheduler_job WHERE {_due(self.now, queues)} "
+            f"SELECT {RETURNED}, {self.now} AS claimed_now FROM scheduler_job "
+            f"WHERE {_due(self.now, queues)} "
             f"{_ORDER} LIMIT :limit FOR UPDATE SKIP LOCKED"
         )
 
@@ -141,7 +143,7 @@ class SQLiteClaim:
             f"UPDATE scheduler_job SET {_CLAIMED.format(now=self.now)} "
             "WHERE status = 'PENDING' AND id IN ("
             f"SELECT id FROM scheduler_job WHERE {_due(self.now, queues)} {_ORDER} "
-            f"LIMIT :limit) RETURNING {RETURNED}"
+            f"LIMIT :limit) RETURNING {RETURNED}, {self.now} AS claimed_now"
         )
 
     def claim(

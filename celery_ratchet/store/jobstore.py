@@ -161,10 +161,12 @@ def _insert_statement(dialect: Any, rows: int = 1, ignore_existing: bool = False
         ]
     insert_into, on_conflict = "INSERT INTO", ""
     if ignore_existing:
+        # Only a taken job id is skipped; MySQL's INSERT IGNORE would also swallow errors
+        # such as an id cut short to fit its column.
         insert_into, on_conflict = {
             "postgresql": ("INSERT INTO", " ON CONFLICT (job_id) DO NOTHING"),
             "sqlite": ("INSERT OR IGNORE INTO", ""),
-        }.get(dialect.name, ("INSERT IGNORE INTO", ""))
+        }.get(dialect.name, ("INSERT INTO", " ON DUPLICATE KEY UPDATE job_id = job_id"))
     return text(
         f"{insert_into} scheduler_job ({_INSERTED}) VALUES {values}{on_conflict}"
     ).bindparams(*typed)

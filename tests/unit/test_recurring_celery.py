@@ -91,3 +91,50 @@ def test_recurring_tasks_retry_as_the_seeds_say() -> None:
         @celery_ratchet.recurring(cron="0 * * * * ?", backoff_policy="linear")
         @app.task(name="t.linear", shared=False)
         def linear() -> None: ...
+
+
+def test_occurrences_expire_relative_to_their_own_fire_time() -> None:
+    from datetime import datetime, timezone
+
+    from celery_ratchet.celery.recurring import occurrence
+    from celery_ratchet.domain.job import ClaimedJob, JobType
+    from celery_ratchet.domain.schedule import MasterSpec
+    from tests.helpers import new_job
+
+    template = new_job("recurring:k@template")
+    master = ClaimedJob(
+        id=1,
+        job_id="recurring:k",
+        task_name="tests.add",
+        queue="x",
+        priority=4,
+        attempts=0,
+        claims=1,
+        token="t",
+        scheduled_time=datetime(2026, 1, 1, tzinfo=timezone.utc),
+        message=template.message,
+        job_type=JobType.RECURRING,
+    )
+    fire = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
+    spec = MasterSpec("cron:0 0 12 * * ?", expires_seconds=50)
+    job = occurrence(master, spec, fire)
+    assert job.job_id == "recurring:k@2026-05-01T12:00:00+00:00"
+    assert job.expires_at == fire.replace(second=50)
+    assert (job.due, job.queue) == (fire, "celery")
+    assert occurrence(master, MasterSpec("cron:0 0 12 * * ?"), fire).expires_at is None
+
+
+def test_business_keys_must_fit_the_occurrence_ids() -> None:
+    from celery_ratchet.domain.schedule import MasterSpec
+    from celery_ratchet.runtime import recurring as masters
+    from tests.helpers import new_job
+
+    with pytest.raises(ValueError, match="1-219 characters"):
+        masters.register(
+            None,
+            "k" * 220,
+            MasterSpec("every:1"),  # type: ignore[arg-type]
+            task_name="t",
+            priority=4,
+            message=new_job("x").message,
+        )

@@ -91,3 +91,13 @@ def test_schedules_and_policies_round_trip_as_text() -> None:
         MisfirePolicy.named("sometimes")
     with pytest.raises(ValueError, match="at least 1"):
         MisfirePolicy.catch_up(0)
+
+
+def test_sub_second_intervals_always_move_forward() -> None:
+    every = IntervalSchedule(0.1, anchor=T0)
+    moment = T0
+    for _ in range(100):
+        nxt = every.next_after(moment)
+        assert nxt is not None and nxt > moment
+        moment = nxt
+    assert schedule_from_text(IntervalSchedule(1036861.5).to_text()) == IntervalSchedule(1036861.5)
