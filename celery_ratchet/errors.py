@@ -15,6 +15,10 @@ class StoreUnavailable(RatchetError, ConnectionError):
     """The job store (the database) could not be reached; nothing was written."""
 
 
+class SchemaOutdated(RatchetError):
+    """The job store's tables predate this version in a way that cannot be fixed in place."""
+
+
 class StoreBusy(RatchetError):
     """The database kept refusing a statement for lock conflicts (deadlocks, lock timeouts)."""
 

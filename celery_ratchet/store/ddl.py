@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import Index, Table, create_mock_engine
+from sqlalchemy import Index, Table, create_mock_engine, inspect
 from sqlalchemy.engine import Connection, Dialect
-from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable
 
+from celery_ratchet.errors import SchemaOutdated
 from celery_ratchet.store.schema import metadata
 
 #: Dialect name → URL prefix used to render DDL without a live database.
@@ -82,6 +83,36 @@ def create_missing_tables(conn: Connection, existing: set[str]) -> list[str]:
             conn.exec_driver_sql(statement)
         created.append(table.name)
     return created
+
+
+def add_missing_columns(conn: Connection) -> list[str]:
+    """Bring tables made by an earlier celery_ratchet up to date where that is only additive:
+    add each missing nullable column and each missing index. Returns what was added; a
+    missing column that cannot be added (NOT NULL without a default) raises SchemaOutdated."""
+    inspector = inspect(conn)
+    existing = set(inspector.get_table_names())
+    added = []
+    for table in metadata.sorted_tables:
+        if table.name not in existing:
+            continue
+        columns = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in columns:
+                continue
+            if not column.nullable and column.server_default is None:
+                raise SchemaOutdated(
+                    f"table {table.name} lacks column {column.name}, which cannot be added to "
+                    "existing rows; apply the new ddl/ by hand (`ratchet schema show`)"
+                )
+            spec = _clean(str(CreateColumn(column).compile(dialect=conn.dialect)))
+            conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {spec}")
+            added.append(f"{table.name}.{column.name}")
+        indexes = {i["name"] for i in inspector.get_indexes(table.name)}
+        for index in sorted(table.indexes, key=lambda ix: str(ix.name)):
+            if index_applies(index, conn.dialect.name) and index.name not in indexes:
+                conn.exec_driver_sql(_clean(str(CreateIndex(index).compile(dialect=conn.dialect))))
+                added.append(f"index {index.name}")
+    return added
 
 
 def write_ddl_files(root: Path | None = None) -> list[Path]:

@@ -49,7 +49,7 @@ from celery_ratchet.domain.job import (
 from celery_ratchet.errors import DuplicateJob, StoreBusy
 from celery_ratchet.settings import mask_password
 from celery_ratchet.store.claim import RETURNED, strategy_for, to_claimed
-from celery_ratchet.store.ddl import create_missing_tables, index_applies
+from celery_ratchet.store.ddl import add_missing_columns, create_missing_tables, index_applies
 from celery_ratchet.store.engine import (
     db_now,
     db_now_minus,
@@ -303,7 +303,7 @@ class JobStore:
         created = self._attempt(self._create_tables, "the schema was not created")
         self._schema_ready = True
         if created:
-            logger.info("ratchet: created tables %s", ", ".join(created))
+            logger.info("ratchet: created or brought up to date: %s", ", ".join(created))
 
     def create_missing_tables(self) -> list[str]:
         return self._attempt(self._create_tables, "the schema was not created")
@@ -338,15 +338,19 @@ class JobStore:
 
     def _create_tables(self, conn: Connection) -> list[str]:
         existing = set(inspect(conn).get_table_names())
-        if all(t in existing for t in metadata.tables):
-            return []
+        created: list[str] = []
+        if not all(t in existing for t in metadata.tables):
+            try:
+                created = create_missing_tables(conn, existing)
+            except DBAPIError:
+                # Another process created them between our look and our CREATE.
+                if not all(t in set(inspect(conn).get_table_names()) for t in metadata.tables):
+                    raise
         try:
-            return create_missing_tables(conn, existing)
+            return created + add_missing_columns(conn)
         except DBAPIError:
-            # Another process created them between our look and our CREATE.
-            if all(t in set(inspect(conn).get_table_names()) for t in metadata.tables):
-                return []
-            raise
+            # Another process added them between our look and our ALTER: look once more.
+            return created + add_missing_columns(conn)
 
     # -- enqueue ----------------------------------------------------------------------------
 

@@ -229,3 +229,18 @@ def test_live_schema_matches_the_schema_code(store: JobStore) -> None:
             text("CREATE INDEX ix_scheduler_job_finished ON scheduler_job (status, finished_at)")
         )
     assert store.schema_differences() == []
+
+
+def test_tables_of_an_earlier_version_are_brought_up_to_date(store: JobStore) -> None:
+    on_table = " ON scheduler_job" if store.family == "mysql" else ""
+    with store.engine.connect() as conn:
+        conn.execute(text(f"DROP INDEX ix_scheduler_job_finished{on_table}"))
+        conn.execute(text("ALTER TABLE scheduler_job DROP COLUMN schedule_spec"))
+    assert "missing column scheduler_job.schedule_spec" in store.schema_differences()
+    assert store.create_missing_tables() == [
+        "scheduler_job.schedule_spec",
+        "index ix_scheduler_job_finished",
+    ]
+    assert store.schema_differences() == []
+    store.enqueue(new_job("after-upgrade"))
+    assert store.count_by_status() == {"PENDING": 1}
