@@ -60,7 +60,6 @@ class RatchetSettings:
     orphan_scan_interval_minutes: float = 5.0
     #: Finer control of the orphan scan; wins over the minutes setting when set.
     orphan_scan_interval_seconds: float | None = None
-    events_url: str | None = None
 
     @property
     def orphan_scan_interval(self) -> float:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 
@@ -17,10 +17,6 @@ class JobStatus(str, enum.Enum):
     IGNORED = "IGNORED"
     #: A recurring master that fires nothing until resumed.
     PAUSED = "PAUSED"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in TERMINAL_STATUSES
 
 
 #: The queue of recurring masters: every worker claims from it, whatever its ``-Q``.
@@ -139,4 +135,3 @@ class JobSummary:
     finished_at: datetime | None
     picked_by: str | None
     last_error: str | None = None
-    extra: dict[str, object] = field(default_factory=dict)

@@ -236,10 +236,6 @@ class WorkerRuntime:
                 del self._in_flight[job_id]
         self._wake.set()
 
-    def in_flight(self) -> int:
-        with self._lock:
-            return len(self._in_flight)
-
     # -- loops ------------------------------------------------------------------------------
 
     def _heartbeat_stale(self) -> bool:

@@ -109,6 +109,12 @@ def _new_job_values() -> dict[str, Any]:
     }
 
 
+#: What registering a recurring master again may change: its message and its schedule.
+_DEFINITION = (
+    "task_name", "priority", "payload", "content_type", "content_encoding", "headers",
+    "properties", "business_key", "schedule_spec",
+)  # fmt: skip
+
 _CLEARED_CLAIM = {"picked_by": None, "claim_token": None, "claimed_at": None, "started_at": None}
 _CLEARED_RESULT = {
     "finished_at": None,
@@ -176,6 +182,16 @@ def _bulk_params(params: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {f"{name}_{i}": p[name] for i, p in enumerate(params) for name in _PARAM_NAMES}
 
 
+def _held(job_id: Any, token: Any) -> tuple[Any, ...]:
+    """The compare-and-swap of every write made under a claim: this job, this claim, still
+    running. A worker whose claim was taken away matches no row."""
+    return (
+        job.c.job_id == job_id,
+        job.c.claim_token == token,
+        job.c.status == JobStatus.RUNNING.value,
+    )
+
+
 def _params(new: NewJob) -> dict[str, Any]:
     m = new.message
     return {
@@ -218,18 +234,10 @@ class JobStore:
         ).columns(scheduled_time=UTCDateTime())
         self._replace_running = (
             update(job)
-            .where(
-                job.c.job_id == bindparam("p_job_id"),
-                job.c.claim_token == bindparam("p_token"),
-                job.c.status == JobStatus.RUNNING.value,
-            )
+            .where(*_held(bindparam("p_job_id"), bindparam("p_token")))
             .values(**_new_job_values(), **_CLEARED_CLAIM)
         )
-        owned = (
-            job.c.job_id == bindparam("p_job_id"),
-            job.c.claim_token == bindparam("p_token"),
-            job.c.status == JobStatus.RUNNING.value,
-        )
+        owned = _held(bindparam("p_job_id"), bindparam("p_token"))
         finished = {"status": bindparam("p_status"), "finished_at": db_now()}
         self._store_outcome = (
             update(job)
@@ -606,15 +614,7 @@ class JobStore:
         values: dict[str, Any] = {"result_meta": meta}
         if started:
             values["started_at"] = db_now()
-        stmt = (
-            update(job)
-            .where(
-                job.c.job_id == job_id,
-                job.c.claim_token == token,
-                job.c.status == JobStatus.RUNNING.value,
-            )
-            .values(**values)
-        )
+        stmt = update(job).where(*_held(job_id, token)).values(**values)
         self._run(lambda conn: conn.execute(stmt), "the job's progress was not stored")
 
     # -- results ----------------------------------------------------------------------------
@@ -763,15 +763,7 @@ class JobStore:
             update(job)
             .where(job.c.job_id == master.job_id, job.c.status.in_(_ACTIVE))
             .values(
-                task_name=bindparam("p_task_name"),
-                priority=bindparam("p_priority"),
-                payload=bindparam("p_payload"),
-                content_type=bindparam("p_content_type"),
-                content_encoding=bindparam("p_content_encoding"),
-                headers=bindparam("p_headers"),
-                properties=bindparam("p_properties"),
-                business_key=bindparam("p_business_key"),
-                schedule_spec=bindparam("p_schedule_spec"),
+                **{k: v for k, v in _new_job_values().items() if k in _DEFINITION},
                 # A new schedule takes effect now, not after the old one's next fire.
                 scheduled_time=case(
                     (
@@ -810,11 +802,7 @@ class JobStore:
         params = [_params(o) for o in occurrences]
         resume = (
             update(job)
-            .where(
-                job.c.job_id == master.job_id,
-                job.c.claim_token == master.token,
-                job.c.status == JobStatus.RUNNING.value,
-            )
+            .where(*_held(master.job_id, master.token))
             .values(
                 status=(JobStatus.PENDING if next_due else JobStatus.SUCCEEDED).value,
                 scheduled_time=next_due or master.scheduled_time,

@@ -25,9 +25,6 @@ from sqlalchemy.types import TypeDecorator
 
 metadata = MetaData()
 
-#: Due time of rows that must stay invisible to the poller until something else schedules them.
-FAR_FUTURE = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc)
-
 _MYSQL = ("mysql", "mariadb")
 
 
