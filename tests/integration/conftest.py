@@ -66,15 +66,18 @@ def make_app(url: str, broker_url: str, **conf: Any) -> Celery:
     return app
 
 
+def worker_running(app: Celery) -> Any:
+    """An in-process worker (thread pool, 4 threads) on ``app``, as a context manager."""
+    return start_worker(
+        app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30
+    )
+
+
 @pytest.fixture(scope="module", params=["sqlite", "postgresql", "mysql"])
 def worker_app(
     request: pytest.FixtureRequest, servers: Servers, broker_trap: BrokerTrap
 ) -> Iterator[Celery]:
-    url = servers.url(request.param)
-    empty_store(url)
-    app = make_app(url, broker_trap.url)
-    with start_worker(
-        app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30
-    ):
+    app = make_app(empty_store(servers.url(request.param)).url, broker_trap.url)
+    with worker_running(app):
         yield app
     assert broker_trap.connections == 0, "a ratchet worker or client contacted the broker"

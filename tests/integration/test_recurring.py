@@ -12,13 +12,12 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 
 import celery_ratchet
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.domain.schedule import MisfirePolicy
 from tests.conftest import Servers, empty_store
-from tests.integration.conftest import BrokerTrap, make_app
+from tests.integration.conftest import BrokerTrap, make_app, worker_running
 from tests.integration.tasks import RUNS, record
 
 
@@ -26,10 +25,8 @@ from tests.integration.tasks import RUNS, record
 def recurring_app(
     request: pytest.FixtureRequest, servers: Servers, broker_trap: BrokerTrap
 ) -> Iterator[Celery]:
-    url = servers.url(request.param)
-    empty_store(url)
     app = make_app(
-        url,
+        empty_store(servers.url(request.param)).url,
         broker_trap.url,
         ratchet_poll_interval=0.1,
         beat_schedule={
@@ -48,9 +45,7 @@ def recurring_app(
         record(key, self.request.eta)
 
     app.conf.recurring_key = key
-    with start_worker(
-        app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30
-    ):
+    with worker_running(app):
         yield app
 
 

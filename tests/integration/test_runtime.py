@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
+from celery_ratchet.errors import StoreUnavailable
 from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.jobstore import JobStore
@@ -92,3 +93,34 @@ def test_claims_the_node_lost_track_of_are_handed_back(
     assert len(store.claim(rt.node_id, ["side"], 2)) == 2
     assert store.count_by_status() == {"RUNNING": 2}
     wait_for(lambda: store.count_by_status() == {"PENDING": 2})
+
+
+def test_a_node_that_cannot_heartbeat_stops_starting_jobs(store: JobStore) -> None:
+    executor = Executor()
+    rt = WorkerRuntime(
+        store,
+        FAST,
+        node_id="cut-off",
+        queues=["celery"],
+        capacity=Capacity(running=2, buffered=2),
+        dispatch=executor,
+    )
+    executor.runtime = rt
+    real_heartbeat = store.heartbeat
+
+    def no_heartbeat(node_id: str) -> bool:
+        raise StoreUnavailable("cut off from the database")
+
+    store.heartbeat = no_heartbeat  # type: ignore[method-assign]
+    rt.start()
+    try:
+        # Grace 1.0 s minus one 0.2 s interval: after 0.8 s the cluster may declare it dead.
+        time.sleep(1.2)
+        store.enqueue_many([new_job(f"held{i}") for i in range(3)])
+        time.sleep(0.6)
+        assert executor.ran == [], "a node that may be presumed dead started a job"
+        store.heartbeat = real_heartbeat  # type: ignore[method-assign]
+        wait_for(lambda: store.count_by_status() == {"SUCCEEDED": 3})
+    finally:
+        store.heartbeat = real_heartbeat  # type: ignore[method-assign]
+        rt.close(timeout=10)
