@@ -26,6 +26,7 @@ CREATE TABLE scheduler_job (
 	group_id VARCHAR(255),
 	business_key VARCHAR(255),
 	schedule_spec TEXT,
+	resource VARCHAR(255),
 	picked_by VARCHAR(255),
 	claim_token VARCHAR(32),
 	claimed_at DATETIME(6),
@@ -44,11 +45,11 @@ CREATE TABLE scheduler_job (
 	PRIMARY KEY (id)
 )ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
 
-CREATE INDEX ix_scheduler_job_claim_status ON scheduler_job (status, queue, priority DESC, scheduled_time, id);
-
 CREATE INDEX ix_scheduler_job_finished ON scheduler_job (status, finished_at);
 
 CREATE INDEX ix_scheduler_job_owner ON scheduler_job (status, picked_by);
+
+CREATE INDEX ix_scheduler_job_ready_status ON scheduler_job (status, resource, queue, priority DESC, scheduled_time, id);
 
 CREATE UNIQUE INDEX ux_scheduler_job_job_id ON scheduler_job (job_id);
 
@@ -70,6 +71,7 @@ CREATE TABLE scheduler_job_archive (
 	group_id VARCHAR(255),
 	business_key VARCHAR(255),
 	schedule_spec TEXT,
+	resource VARCHAR(255),
 	picked_by VARCHAR(255),
 	claim_token VARCHAR(32),
 	claimed_at DATETIME(6),
@@ -104,10 +106,18 @@ CREATE TABLE scheduler_node (
 	PRIMARY KEY (node_id)
 )ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
 
+CREATE TABLE scheduler_resource (
+	resource VARCHAR(255) NOT NULL,
+	capacity INTEGER NOT NULL,
+	updated_at DATETIME(6) NOT NULL,
+	PRIMARY KEY (resource)
+)ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
+
 CREATE TABLE scheduler_resource_permit (
 	resource VARCHAR(255) NOT NULL,
 	job_id VARCHAR(255) NOT NULL,
 	node_id VARCHAR(255) NOT NULL,
 	acquired_at DATETIME(6) NOT NULL,
+	claim_token VARCHAR(32),
 	PRIMARY KEY (resource, job_id)
 )ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;

@@ -26,6 +26,7 @@ CREATE TABLE scheduler_job (
 	group_id VARCHAR(255),
 	business_key VARCHAR(255),
 	schedule_spec TEXT,
+	resource VARCHAR(255),
 	picked_by VARCHAR(255),
 	claim_token VARCHAR(32),
 	claimed_at TIMESTAMP WITH TIME ZONE,
@@ -45,11 +46,13 @@ CREATE TABLE scheduler_job (
 )
  WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
 
-CREATE INDEX ix_scheduler_job_claim ON scheduler_job (queue, priority DESC, scheduled_time, id) WHERE status = 'PENDING';
-
 CREATE INDEX ix_scheduler_job_finished ON scheduler_job (status, finished_at);
 
 CREATE INDEX ix_scheduler_job_owner ON scheduler_job (status, picked_by);
+
+CREATE INDEX ix_scheduler_job_ready ON scheduler_job (queue, priority DESC, scheduled_time, id) WHERE status = 'PENDING' AND resource IS NULL;
+
+CREATE INDEX ix_scheduler_job_ready_resource ON scheduler_job (resource, queue, priority DESC, scheduled_time, id) WHERE status = 'PENDING' AND resource IS NOT NULL;
 
 CREATE UNIQUE INDEX ux_scheduler_job_job_id ON scheduler_job (job_id);
 
@@ -71,6 +74,7 @@ CREATE TABLE scheduler_job_archive (
 	group_id VARCHAR(255),
 	business_key VARCHAR(255),
 	schedule_spec TEXT,
+	resource VARCHAR(255),
 	picked_by VARCHAR(255),
 	claim_token VARCHAR(32),
 	claimed_at TIMESTAMP WITH TIME ZONE,
@@ -105,10 +109,18 @@ CREATE TABLE scheduler_node (
 	PRIMARY KEY (node_id)
 );
 
+CREATE TABLE scheduler_resource (
+	resource VARCHAR(255) NOT NULL,
+	capacity INTEGER NOT NULL,
+	updated_at TIMESTAMP WITH TIME ZONE NOT NULL,
+	PRIMARY KEY (resource)
+);
+
 CREATE TABLE scheduler_resource_permit (
 	resource VARCHAR(255) NOT NULL,
 	job_id VARCHAR(255) NOT NULL,
 	node_id VARCHAR(255) NOT NULL,
 	acquired_at TIMESTAMP WITH TIME ZONE NOT NULL,
+	claim_token VARCHAR(32),
 	PRIMARY KEY (resource, job_id)
 );

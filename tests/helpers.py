@@ -21,6 +21,7 @@ def new_job(
     priority: int = 4,
     due: datetime | None = None,
     attempts: int = 0,
+    resource: str | None = None,
 ) -> NewJob:
     job_id = job_id or uuid.uuid4().hex
     headers = {"id": job_id, "task": task, "retries": attempts}
@@ -32,4 +33,5 @@ def new_job(
         message=Message(BODY, "application/json", "utf-8", json.dumps(headers), "{}"),
         due=due,
         attempts=attempts,
+        resource=resource,
     )

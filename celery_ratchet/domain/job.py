@@ -65,6 +65,8 @@ class NewJob:
     job_type: JobType = JobType.SINGLE
     business_key: str | None = None
     schedule_spec: str | None = None
+    #: A resource whose permits limit how many such jobs run at once, cluster-wide.
+    resource: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ class ClaimedJob:
     schedule_spec: str | None = None
     #: The database clock at the claim.
     claimed_now: datetime | None = None
+    #: The resource whose permit this execution holds, if any.
+    resource: str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,8 @@ class Settlement:
     status: JobStatus
     error: str | None = None
     traceback: str | None = None
+    #: The resource permit the execution held, released with this write.
+    resource: str | None = None
 
 
 @dataclass(frozen=True)

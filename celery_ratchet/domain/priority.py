@@ -17,6 +17,8 @@ MIN_PRIORITY = 0
 MAX_PRIORITY = 9
 #: Numeric steps one boost interval adds: one named level.
 BOOST_STEP = 2
+#: The seeds' default boost interval (minutes); 0 disables aging.
+DEFAULT_BOOST_MINUTES = 15.0
 
 
 class Priority(enum.IntEnum):

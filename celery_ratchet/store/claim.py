@@ -1,14 +1,16 @@
 """Claiming a batch of due jobs: one statement or one short transaction per batch, per dialect.
 
 Each strategy moves up to ``limit`` due PENDING rows of the given queues to RUNNING, owned by
-``node_id`` under a fresh claim token, in (priority desc, due time, id) order, and returns them.
-Rows another claimer holds are skipped, never waited for.
+``node_id`` under a fresh claim token, best first, and returns them: by effective priority
+(priority raised as the job waits, see ``domain.priority``), then due time, then id. Rows
+another claimer holds are skipped, never waited for.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlalchemy import bindparam, text
@@ -16,29 +18,109 @@ from sqlalchemy.engine import Connection, Dialect, Row
 from sqlalchemy.sql.selectable import TextualSelect
 
 from celery_ratchet.domain.job import ClaimedJob, JobType, Message
-from celery_ratchet.store.engine import db_now, family, transaction
+from celery_ratchet.domain.priority import BOOST_STEP, MAX_PRIORITY, MIN_PRIORITY
+from celery_ratchet.store.engine import db_now, family
 from celery_ratchet.store.schema import UTCDateTime
 
 RETURNED = (
     "id, job_id, task_name, queue, priority, attempts, claims, scheduled_time, "
-    "payload, content_type, content_encoding, headers, properties, job_type, schedule_spec"
+    "payload, content_type, content_encoding, headers, properties, job_type, schedule_spec, "
+    "resource"
 )
 _ORDER = "ORDER BY priority DESC, scheduled_time, id"
-_DUE = "status = 'PENDING' AND queue IN ({queues}) AND scheduled_time <= {now}"
+_DUE = "status = 'PENDING' AND queue IN ({queues}) AND scheduled_time <= {now} AND {resource}"
 _CLAIMED = (
     "status = 'RUNNING', picked_by = :node, claim_token = :token, claimed_at = {now}, "
     "started_at = NULL, claims = claims + 1"
 )
+#: Levels the aging merge reads one by one; send clamps priorities into this range.
+_LEVELS = range(MIN_PRIORITY, MAX_PRIORITY + 1)
 
 
-def _due(now: str, queues: int) -> str:
+@dataclass(frozen=True)
+class ClaimShape:
+    """What one claim statement is compiled for: the worker's queue count, whether it claims
+    jobs of one resource (else jobs with none), and the aging interval (0: no aging)."""
+
+    queues: int
+    resource: bool = False
+    boost_minutes: float = 0.0
+
+
+def _due(now: str, shape: ClaimShape) -> str:
     # One bind parameter per queue, not an expanding IN: a worker's queues never change, so
     # the statement compiles once instead of on every claim.
-    return _DUE.format(now=now, queues=", ".join(f":q{i}" for i in range(queues)))
+    return _DUE.format(
+        now=now,
+        queues=", ".join(f":q{i}" for i in range(shape.queues)),
+        resource="resource = :resource" if shape.resource else "resource IS NULL",
+    )
+
+
+def _waited_minutes(kind: str, now: str) -> str:
+    return {
+        "postgresql": f"(EXTRACT(EPOCH FROM ({now} - scheduled_time)) / 60.0)",
+        "mysql": f"(TIMESTAMPDIFF(MICROSECOND, scheduled_time, {now}) / 60000000.0)",
+        "sqlite": f"((julianday({now}) - julianday(scheduled_time)) * 1440.0)",
+    }[kind]
+
+
+def _effective(kind: str, now: str, boost_minutes: float) -> str:
+    """Effective priority (``domain.priority.effective_priority``) as SQL."""
+    intervals = f"{_waited_minutes(kind, now)} / {boost_minutes!r}"
+    # Rows are due, so the wait is never negative: SQLite's truncation is the floor.
+    steps = f"CAST({intervals} AS INTEGER)" if kind == "sqlite" else f"FLOOR({intervals})"
+    return f"(priority + {BOOST_STEP} * {steps})"
+
+
+def candidates(kind: str, now: str, shape: ClaimShape, columns: str, lock: bool) -> str:
+    """A SELECT of ``columns`` of the due rows to claim, best first, ``:limit`` of them.
+
+    Without aging one index scan in (priority desc, due time) order serves it. With aging the
+    order depends on the clock, so no index holds it; but within one priority level the
+    effective priority only grows with the wait, so the best ``limit`` rows overall are among
+    the ``limit`` oldest of each level: read those (ten short index range scans) and order
+    that handful. Exact, and its cost does not grow with the backlog.
+    """
+    lock_clause = " FOR UPDATE SKIP LOCKED" if lock else ""
+    due = _due(now, shape)
+    if not shape.boost_minutes:
+        return f"SELECT {columns} FROM scheduler_job WHERE {due} {_ORDER} LIMIT :limit{lock_clause}"
+    order = f"ORDER BY {_effective(kind, now, shape.boost_minutes)} DESC, scheduled_time, id"
+    level = "ORDER BY scheduled_time, id LIMIT :limit"
+    if kind == "postgresql":  # FOR UPDATE is refused inside UNION; a LATERAL join takes it
+        return (
+            f"SELECT {columns} FROM generate_series({_LEVELS[0]}, {_LEVELS[-1]}) AS lvl(p) "
+            f"CROSS JOIN LATERAL (SELECT {columns} FROM scheduler_job "
+            f"WHERE {due} AND priority = lvl.p {level}{lock_clause}) AS c {order} LIMIT :limit"
+        )
+    if kind == "mysql":
+        parts = [
+            f"(SELECT {columns} FROM scheduler_job WHERE {due} AND priority = {p} "
+            f"{level}{lock_clause})"
+            for p in _LEVELS
+        ]
+    else:  # SQLite: LIMIT inside a compound SELECT needs a sub-select of its own
+        parts = [
+            f"SELECT * FROM (SELECT {columns} FROM scheduler_job WHERE {due} "
+            f"AND priority = {p} {level})"
+            for p in _LEVELS
+        ]
+    return f"SELECT * FROM ({' UNION ALL '.join(parts)}) AS c {order} LIMIT :limit"
 
 
 def _queue_params(queues: Sequence[str]) -> dict[str, str]:
     return {f"q{i}": q for i, q in enumerate(queues)}
+
+
+def _params(
+    node_id: str, token: str, queues: Sequence[str], limit: int, resource: str | None
+) -> dict[str, Any]:
+    params: dict[str, Any] = {"node": node_id, "token": token, "limit": limit}
+    params.update(_queue_params(queues))
+    if resource is not None:
+        params["resource"] = resource
+    return params
 
 
 def _prepare(sql: str) -> TextualSelect:
@@ -67,13 +149,19 @@ def to_claimed(row: Row[Any], token: str, claims_offset: int = 0) -> ClaimedJob:
         job_type=JobType(row.job_type),
         schedule_spec=row.schedule_spec,
         claimed_now=getattr(row, "claimed_now", None),
+        resource=row.resource,
     )
 
 
 class ClaimStrategy(Protocol):
+    #: Whether :meth:`claim` must run inside a transaction the caller opens.
+    needs_transaction: bool
+
     def claim(
-        self, conn: Connection, node_id: str, token: str, queues: Sequence[str], limit: int
-    ) -> list[ClaimedJob]: ...
+        self, conn: Connection, shape: ClaimShape, params: dict[str, Any]
+    ) -> list[ClaimedJob]:
+        """Move up to ``params['limit']`` due rows to RUNNING under ``params['token']``."""
+        ...
 
 
 class PostgresClaim:
@@ -81,29 +169,31 @@ class PostgresClaim:
     # its rows by primary key. The rows are locked while PENDING (the lock re-checks the
     # condition), so the update needs no status test, which would tempt the planner onto
     # the status index and its dead entries.
+    needs_transaction = False
+
     def __init__(self, now: str) -> None:
         self.now = now
 
-    @functools.lru_cache(maxsize=8)  # noqa: B019 - one strategy per store, a few queue counts
-    def statement(self, queues: int) -> TextualSelect:
+    @functools.lru_cache(maxsize=16)  # noqa: B019 - one strategy per store, a few shapes
+    def statement(self, shape: ClaimShape) -> TextualSelect:
+        picked = candidates("postgresql", self.now, shape, "id, priority, scheduled_time", True)
         return _prepare(
             f"UPDATE scheduler_job SET {_CLAIMED.format(now=self.now)} "
-            "WHERE id = ANY(ARRAY("
-            f"SELECT id FROM scheduler_job WHERE {_due(self.now, queues)} "
-            f"{_ORDER} LIMIT :limit FOR UPDATE SKIP LOCKED)) "
+            f"WHERE id = ANY(ARRAY(SELECT id FROM ({picked}) AS picked)) "
             f"RETURNING {RETURNED}, {self.now} AS claimed_now"
         )
 
     def claim(
-        self, conn: Connection, node_id: str, token: str, queues: Sequence[str], limit: int
+        self, conn: Connection, shape: ClaimShape, params: dict[str, Any]
     ) -> list[ClaimedJob]:
-        params = {"node": node_id, "token": token, "limit": limit, **_queue_params(queues)}
-        rows = conn.execute(self.statement(len(queues)), params).all()
-        return [to_claimed(row, token) for row in rows]
+        rows = conn.execute(self.statement(shape), params).all()
+        return [to_claimed(row, params["token"]) for row in rows]
 
 
 class MySQLClaim:
     # No UPDATE ... RETURNING: lock and read the rows, then flip them, in one transaction.
+    needs_transaction = True
+
     def __init__(self, now: str) -> None:
         self.now = now
         self.mark_running = text(
@@ -111,48 +201,51 @@ class MySQLClaim:
             "WHERE id IN :ids AND status = 'PENDING'"
         ).bindparams(bindparam("ids", expanding=True))
 
-    @functools.lru_cache(maxsize=8)  # noqa: B019 - one strategy per store, a few queue counts
-    def select_locked(self, queues: int) -> TextualSelect:
-        return _prepare(
-            f"SELECT {RETURNED}, {self.now} AS claimed_now FROM scheduler_job "
-            f"WHERE {_due(self.now, queues)} "
-            f"{_ORDER} LIMIT :limit FOR UPDATE SKIP LOCKED"
-        )
+    @functools.lru_cache(maxsize=16)  # noqa: B019 - one strategy per store, a few shapes
+    def select_locked(self, shape: ClaimShape) -> TextualSelect:
+        columns = f"{RETURNED}, {self.now} AS claimed_now"
+        return _prepare(candidates("mysql", self.now, shape, columns, True))
 
     def claim(
-        self, conn: Connection, node_id: str, token: str, queues: Sequence[str], limit: int
+        self, conn: Connection, shape: ClaimShape, params: dict[str, Any]
     ) -> list[ClaimedJob]:
-        select = self.select_locked(len(queues))
-        with transaction(conn):
-            rows = conn.execute(select, {"limit": limit, **_queue_params(queues)}).all()
-            if not rows:
-                return []
-            ids = [r.id for r in rows]
-            conn.execute(self.mark_running, {"node": node_id, "token": token, "ids": ids})
-        return [to_claimed(row, token, claims_offset=1) for row in rows]
+        rows = conn.execute(self.select_locked(shape), params).all()
+        if not rows:
+            return []
+        ids = [r.id for r in rows]
+        conn.execute(
+            self.mark_running, {"node": params["node"], "token": params["token"], "ids": ids}
+        )
+        return [to_claimed(row, params["token"], claims_offset=1) for row in rows]
 
 
 class SQLiteClaim:
     # The write lock is taken up front (BEGIN IMMEDIATE), so claimers queue instead of failing.
+    needs_transaction = True
+
     def __init__(self, now: str) -> None:
         self.now = now
 
-    @functools.lru_cache(maxsize=8)  # noqa: B019 - one strategy per store, a few queue counts
-    def statement(self, queues: int) -> TextualSelect:
+    @functools.lru_cache(maxsize=16)  # noqa: B019 - one strategy per store, a few shapes
+    def statement(self, shape: ClaimShape) -> TextualSelect:
+        picked = candidates("sqlite", self.now, shape, "id, priority, scheduled_time", False)
         return _prepare(
             f"UPDATE scheduler_job SET {_CLAIMED.format(now=self.now)} "
-            "WHERE status = 'PENDING' AND id IN ("
-            f"SELECT id FROM scheduler_job WHERE {_due(self.now, queues)} {_ORDER} "
-            f"LIMIT :limit) RETURNING {RETURNED}, {self.now} AS claimed_now"
+            f"WHERE status = 'PENDING' AND id IN (SELECT id FROM ({picked})) "
+            f"RETURNING {RETURNED}, {self.now} AS claimed_now"
         )
 
     def claim(
-        self, conn: Connection, node_id: str, token: str, queues: Sequence[str], limit: int
+        self, conn: Connection, shape: ClaimShape, params: dict[str, Any]
     ) -> list[ClaimedJob]:
-        params = {"node": node_id, "token": token, "limit": limit, **_queue_params(queues)}
-        with transaction(conn):
-            rows = conn.execute(self.statement(len(queues)), params).all()
-        return [to_claimed(row, token) for row in rows]
+        rows = conn.execute(self.statement(shape), params).all()
+        return [to_claimed(row, params["token"]) for row in rows]
+
+
+def claim_params(
+    node_id: str, token: str, queues: Sequence[str], limit: int, resource: str | None = None
+) -> dict[str, Any]:
+    return _params(node_id, token, queues, limit, resource)
 
 
 def strategy_for(dialect: Dialect) -> ClaimStrategy:

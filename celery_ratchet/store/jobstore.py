@@ -37,6 +37,7 @@ from sqlalchemy.sql.elements import BindParameter
 
 from celery_ratchet.domain.job import (
     ACTIVE_STATUSES,
+    SCHEDULES_QUEUE,
     TERMINAL_STATUSES,
     ClaimedJob,
     JobStatus,
@@ -46,9 +47,16 @@ from celery_ratchet.domain.job import (
     ResultRecord,
     Settlement,
 )
+from celery_ratchet.domain.priority import DEFAULT_BOOST_MINUTES, effective_priority
 from celery_ratchet.errors import DuplicateJob, StoreBusy
 from celery_ratchet.settings import mask_password
-from celery_ratchet.store.claim import RETURNED, strategy_for, to_claimed
+from celery_ratchet.store.claim import (
+    RETURNED,
+    ClaimShape,
+    claim_params,
+    strategy_for,
+    to_claimed,
+)
 from celery_ratchet.store.ddl import add_missing_columns, create_missing_tables, index_applies
 from celery_ratchet.store.engine import (
     db_now,
@@ -66,6 +74,7 @@ from celery_ratchet.store.schema import (
     scheduler_group_result,
     scheduler_job,
     scheduler_node,
+    scheduler_resource,
     scheduler_resource_permit,
 )
 
@@ -106,6 +115,7 @@ def _new_job_values() -> dict[str, Any]:
         "properties": bindparam("p_properties"),
         "business_key": bindparam("p_business_key"),
         "schedule_spec": bindparam("p_schedule_spec"),
+        "resource": bindparam("p_resource"),
     }
 
 
@@ -129,7 +139,7 @@ _CLEARED_RESULT = {
 _INSERTED = (
     "job_id, task_name, queue, status, job_type, priority, scheduled_time, created_at, "
     "expires_at, attempts, claims, root_id, parent_id, group_id, payload, content_type, "
-    "content_encoding, headers, properties, business_key, schedule_spec"
+    "content_encoding, headers, properties, business_key, schedule_spec, resource"
 )
 
 
@@ -137,6 +147,7 @@ _PARAM_NAMES = (
     "p_job_id", "p_task_name", "p_queue", "p_job_type", "p_priority", "p_due", "p_expires_at",
     "p_attempts", "p_root_id", "p_parent_id", "p_group_id", "p_payload", "p_content_type",
     "p_content_encoding", "p_headers", "p_properties", "p_business_key", "p_schedule_spec",
+    "p_resource",
 )  # fmt: skip
 #: Rows per multi-row INSERT (MySQL): 8,000 parameters a statement.
 BULK_ROWS = 500
@@ -155,7 +166,8 @@ def _insert_statement(dialect: Any, rows: int = 1, ignore_existing: bool = False
         f"{now}, :p_expires_at{suffix(i)}, :p_attempts{suffix(i)}, 0, :p_root_id{suffix(i)}, "
         f":p_parent_id{suffix(i)}, :p_group_id{suffix(i)}, :p_payload{suffix(i)}, "
         f":p_content_type{suffix(i)}, :p_content_encoding{suffix(i)}, :p_headers{suffix(i)}, "
-        f":p_properties{suffix(i)}, :p_business_key{suffix(i)}, :p_schedule_spec{suffix(i)})"
+        f":p_properties{suffix(i)}, :p_business_key{suffix(i)}, :p_schedule_spec{suffix(i)}, "
+        f":p_resource{suffix(i)})"
         for i in range(rows)
     )
     typed: list[BindParameter[Any]] = []
@@ -213,14 +225,24 @@ def _params(new: NewJob) -> dict[str, Any]:
         "p_properties": m.properties,
         "p_business_key": new.business_key,
         "p_schedule_spec": new.schedule_spec,
+        "p_resource": new.resource,
     }
 
 
 class JobStore:
     """Job rows in one database. Thread-safe; one instance per URL per process is enough."""
 
-    def __init__(self, url: str, *, create_schema: bool = True, engine: Engine | None = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        create_schema: bool = True,
+        engine: Engine | None = None,
+        priority_boost_minutes: float = DEFAULT_BOOST_MINUTES,
+    ):
         self.url = url
+        #: Aging: a waiting job gains one priority level per this many minutes (0: never).
+        self.priority_boost_minutes = max(float(priority_boost_minutes), 0.0)
         self.display_url = mask_password(url)
         self.engine = engine or engine_for(url)
         self.family = family(self.engine.dialect.name)
@@ -263,6 +285,30 @@ class JobStore:
                 error_traceback=func.coalesce(bindparam("p_traceback"), job.c.error_traceback),
                 **cleared,
             )
+        )
+        permit = scheduler_resource_permit
+        self._known_resources: set[str] = set()
+        self._count_permits = (
+            select(func.count())
+            .select_from(permit)
+            .where(permit.c.resource == bindparam("resource"))
+        )
+        still_running = (
+            select(job.c.id)
+            .where(
+                job.c.job_id == permit.c.job_id,
+                job.c.claim_token == permit.c.claim_token,
+                job.c.status == JobStatus.RUNNING.value,
+            )
+            .correlate(permit)
+        )
+        self._drop_stale_permits = delete(permit).where(
+            permit.c.resource == bindparam("resource"), ~still_running.exists()
+        )
+        self._release_permit = delete(permit).where(
+            permit.c.resource == bindparam("p_resource"),
+            permit.c.job_id == bindparam("p_job_id"),
+            permit.c.claim_token == bindparam("p_token"),
         )
         self._reuse_finished = (
             update(job)
@@ -435,17 +481,78 @@ class JobStore:
         False when the claim was lost: the row belongs to another execution now.
         """
         params = {**_params(new), "p_token": token}
-        return self._run(
-            lambda conn: conn.execute(self._replace_running, params).rowcount == 1,
-            "the job was not rescheduled",
-        )
+        permit = scheduler_resource_permit
+        release = delete(permit).where(permit.c.job_id == new.job_id, permit.c.claim_token == token)
+
+        def work(conn: Connection) -> bool:
+            if conn.execute(self._replace_running, params).rowcount != 1:
+                return False
+            conn.execute(release)  # a permit is held per execution, not across retries
+            return True
+
+        return self._run(work, "the job was not rescheduled")
 
     # -- claim and settle -------------------------------------------------------------------
 
     def claim(self, node_id: str, queues: Sequence[str], limit: int) -> list[ClaimedJob]:
+        """Claim up to ``limit`` due jobs of ``queues`` that need no resource permit."""
         if limit <= 0 or not queues:
             return []
+        shape = ClaimShape(len(queues), False, self._boost_for(queues))
         token = uuid.uuid4().hex
+        params = claim_params(node_id, token, queues, limit)
+
+        def claim(conn: Connection) -> list[ClaimedJob]:
+            if not self._claim.needs_transaction:
+                return self._claim.claim(conn, shape, params)
+            with transaction(conn):
+                return self._claim.claim(conn, shape, params)
+
+        return self._claiming(token, claim)
+
+    def claim_for_resource(
+        self, node_id: str, queues: Sequence[str], resource: str, capacity: int, limit: int
+    ) -> list[ClaimedJob]:
+        """Claim due jobs needing ``resource``, as many as its free permits allow (at most
+        ``capacity`` such jobs RUNNING cluster-wide), each with its permit, atomically."""
+        if limit <= 0 or capacity <= 0 or not queues:
+            return []
+        shape = ClaimShape(len(queues), True, self._boost_for(queues))
+        token = uuid.uuid4().hex
+        self._ensure_resource_row(resource, capacity)
+
+        def claim(conn: Connection) -> list[ClaimedJob]:
+            with transaction(conn):
+                self._lock_resource(conn, resource, capacity)
+                conn.execute(self._drop_stale_permits, {"resource": resource})
+                held = conn.execute(self._count_permits, {"resource": resource}).scalar_one()
+                free = min(capacity - held, limit)
+                if free <= 0:
+                    return []
+                params = claim_params(node_id, token, queues, free, resource)
+                claimed = self._claim.claim(conn, shape, params)
+                if claimed:
+                    permits = [
+                        {"resource": resource, "job_id": j.job_id, "node_id": node_id}
+                        for j in claimed
+                    ]
+                    conn.execute(
+                        insert(scheduler_resource_permit).values(
+                            acquired_at=db_now(), claim_token=token
+                        ),
+                        permits,
+                    )
+                return claimed
+
+        return self._claiming(token, claim)
+
+    def _boost_for(self, queues: Sequence[str]) -> float:
+        # Recurring masters fire strictly by due time; aging would only cost them.
+        return 0.0 if list(queues) == [SCHEDULES_QUEUE] else self.priority_boost_minutes
+
+    def _claiming(
+        self, token: str, claim: Callable[[Connection], list[ClaimedJob]]
+    ) -> list[ClaimedJob]:
         tries = 0
 
         def work(conn: Connection) -> list[ClaimedJob]:
@@ -457,11 +564,33 @@ class JobStore:
                 adopted = self._claimed_with(conn, token)
                 if adopted:
                     return adopted
-            return self._claim.claim(conn, node_id, token, queues, limit)
+            return claim(conn)
 
         claimed = self._run(work, "no job was claimed")
-        claimed.sort(key=lambda j: (-j.priority, j.scheduled_time, j.id))
-        return claimed
+        claimed.sort(key=lambda j: j.id)
+        return _best_first(claimed, self.priority_boost_minutes)
+
+    def _ensure_resource_row(self, resource: str, capacity: int) -> None:
+        if resource in self._known_resources:
+            return
+        r = scheduler_resource
+        stmt = _insert_ignoring_duplicates(
+            self.engine.dialect, r, {"resource": resource, "capacity": capacity}
+        )
+        self._run(lambda conn: conn.execute(stmt), "the resource was not registered")
+        self._known_resources.add(resource)
+
+    def _lock_resource(self, conn: Connection, resource: str, capacity: int) -> None:
+        """Serialise the claims of one resource: the row lock (SQLite: the write lock taken
+        by BEGIN IMMEDIATE) is held until the permits are written."""
+        r = scheduler_resource
+        lock = (
+            update(r).where(r.c.resource == resource).values(capacity=capacity, updated_at=db_now())
+        )
+        if conn.execute(lock).rowcount == 0:  # the row was deleted by hand: make it again
+            values = {"resource": resource, "capacity": capacity}
+            conn.execute(_insert_ignoring_duplicates(conn.dialect, r, values))
+            conn.execute(lock)
 
     def _claimed_with(self, conn: Connection, token: str) -> list[ClaimedJob]:
         rows = conn.execute(self._select_claimed, {"token": token}).all()
@@ -480,6 +609,7 @@ class JobStore:
     def settle(self, settlements: Iterable[Settlement]) -> int:
         """Finish claimed executions in one round trip where the driver pipelines. Rows whose
         claim is gone are left alone; returns the number of rows changed."""
+        settlements = list(settlements)
         params = [
             {"p_job_id": s.job_id, "p_token": s.token, "p_status": s.status.value,
              "p_error": storable(s.error), "p_traceback": storable(s.traceback)}
@@ -487,29 +617,40 @@ class JobStore:
         ]  # fmt: skip
         if not params:
             return 0
+        permits = [
+            {"p_resource": s.resource, "p_job_id": s.job_id, "p_token": s.token}
+            for s in settlements
+            if s.resource is not None
+        ]
 
         def work(conn: Connection) -> int:
-            if self.family != "mysql":  # executemany: pipelined by psycopg and sqlite3
-                return conn.execute(self._settle_one, params).rowcount
-            # PyMySQL would send executemany row by row: group the plain outcomes instead.
-            plain = [p for p in params if p["p_error"] is None and p["p_traceback"] is None]
-            changed = 0
-            for p in params:
-                if p["p_error"] is not None or p["p_traceback"] is not None:
-                    changed += conn.execute(self._settle_one, p).rowcount
-            for status, claims in _group_by_outcome(plain).items():
-                stmt = (
-                    update(job)
-                    .where(
-                        job.c.status == JobStatus.RUNNING.value,
-                        tuple_(job.c.job_id, job.c.claim_token).in_(claims),
-                    )
-                    .values(**_settled_values(JobStatus(status)))
-                )
-                changed += conn.execute(stmt).rowcount
+            changed = self._settle_rows(conn, params)
+            if permits:
+                conn.execute(self._release_permit, permits)
             return changed
 
         return self._run(work, "job outcomes were not recorded")
+
+    def _settle_rows(self, conn: Connection, params: list[dict[str, Any]]) -> int:
+        if self.family != "mysql":  # executemany: pipelined by psycopg and sqlite3
+            return conn.execute(self._settle_one, params).rowcount
+        # PyMySQL would send executemany row by row: group the plain outcomes instead.
+        plain = [p for p in params if p["p_error"] is None and p["p_traceback"] is None]
+        changed = 0
+        for p in params:
+            if p["p_error"] is not None or p["p_traceback"] is not None:
+                changed += conn.execute(self._settle_one, p).rowcount
+        for status, claims in _group_by_outcome(plain).items():
+            stmt = (
+                update(job)
+                .where(
+                    job.c.status == JobStatus.RUNNING.value,
+                    tuple_(job.c.job_id, job.c.claim_token).in_(claims),
+                )
+                .values(**_settled_values(JobStatus(status)))
+            )
+            changed += conn.execute(stmt).rowcount
+        return changed
 
     def store_outcome(
         self,
@@ -954,6 +1095,33 @@ class JobStore:
         stmt = select(job.c.status, func.count()).group_by(job.c.status)
         rows = self._run(lambda conn: conn.execute(stmt).all(), "jobs were not counted")
         return {status: count for status, count in rows}
+
+
+def _best_first(claimed: list[ClaimedJob], boost_minutes: float) -> list[ClaimedJob]:
+    """Dispatch order of one claimed batch: the claim's own order."""
+
+    def key(j: ClaimedJob) -> tuple[int, datetime, int]:
+        now = j.claimed_now or j.scheduled_time
+        return (-effective_priority(j.priority, j.scheduled_time, now, boost_minutes),
+                j.scheduled_time, j.id)  # fmt: skip
+
+    return sorted(claimed, key=key)
+
+
+def _insert_ignoring_duplicates(dialect: Any, table: Any, values: dict[str, Any]) -> Any:
+    """INSERT of a row that may exist already (then nothing happens), in one statement."""
+    values = {**values, "updated_at": db_now()}
+    if family(dialect.name) == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table).values(**values).on_conflict_do_nothing()
+    if family(dialect.name) == "mysql":
+        from sqlalchemy.dialects.mysql import insert as mysql_insert
+
+        stmt = mysql_insert(table).values(**values)
+        first = next(iter(table.primary_key.columns)).name
+        return stmt.on_duplicate_key_update({first: stmt.inserted[first]})
+    return insert(table).values(**values).prefix_with("OR IGNORE")
 
 
 def storable(text: str | None) -> str | None:

@@ -84,6 +84,7 @@ def _job_columns() -> list[Column[Any]]:
         Column("group_id", String(255)),
         Column("business_key", String(255)),
         Column("schedule_spec", Text),
+        Column("resource", String(255)),
         Column("picked_by", String(255)),
         Column("claim_token", String(32)),
         Column("claimed_at", UTCDateTime),
@@ -129,21 +130,36 @@ scheduler_job = Table(
 
 Index("ux_scheduler_job_job_id", scheduler_job.c.job_id, unique=True)
 
-# The claim reads pending rows of a queue in (priority desc, due time) order. A partial index
-# holds only pending rows where the dialect has partial indexes; MySQL/MariaDB lead with status.
+# The claim reads pending rows of a queue level by level (priority, then due time): partial
+# indexes hold only pending rows where the dialect has them, one for jobs without a resource
+# and one for jobs that need a permit. MySQL/MariaDB lead with status and resource instead.
+_READY = "status = 'PENDING' AND resource IS NULL"
+_READY_RESOURCE = "status = 'PENDING' AND resource IS NOT NULL"
 Index(
-    "ix_scheduler_job_claim",
+    "ix_scheduler_job_ready",
     scheduler_job.c.queue,
     scheduler_job.c.priority.desc(),
     scheduler_job.c.scheduled_time,
     scheduler_job.c.id,
-    postgresql_where=text("status = 'PENDING'"),
-    sqlite_where=text("status = 'PENDING'"),
+    postgresql_where=text(_READY),
+    sqlite_where=text(_READY),
     info={"dialects": ("postgresql", "sqlite")},
 )
 Index(
-    "ix_scheduler_job_claim_status",
+    "ix_scheduler_job_ready_resource",
+    scheduler_job.c.resource,
+    scheduler_job.c.queue,
+    scheduler_job.c.priority.desc(),
+    scheduler_job.c.scheduled_time,
+    scheduler_job.c.id,
+    postgresql_where=text(_READY_RESOURCE),
+    sqlite_where=text(_READY_RESOURCE),
+    info={"dialects": ("postgresql", "sqlite")},
+)
+Index(
+    "ix_scheduler_job_ready_status",
     scheduler_job.c.status,
+    scheduler_job.c.resource,
     scheduler_job.c.queue,
     scheduler_job.c.priority.desc(),
     scheduler_job.c.scheduled_time,
@@ -182,6 +198,19 @@ scheduler_node = Table(
     **_MYSQL_OPTIONS,
 )
 
+# One row per resource: claims of that resource lock it, so two nodes never both take the
+# last permit. ``capacity`` is what the last claiming node was configured with.
+scheduler_resource = Table(
+    "scheduler_resource",
+    metadata,
+    Column("resource", String(255), primary_key=True),
+    Column("capacity", Integer, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    **_MYSQL_OPTIONS,
+)
+
+# A permit counts while its job is still RUNNING under the same claim: however a job ends
+# (or is taken from a dead node), a permit left behind can never block the resource.
 scheduler_resource_permit = Table(
     "scheduler_resource_permit",
     metadata,
@@ -189,6 +218,7 @@ scheduler_resource_permit = Table(
     Column("job_id", String(255), primary_key=True),
     Column("node_id", String(255), nullable=False),
     Column("acquired_at", UTCDateTime, nullable=False),
+    Column("claim_token", String(32)),
     **_MYSQL_OPTIONS,
 )
 
