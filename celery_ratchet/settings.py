@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from celery_ratchet.errors import ConfigurationError
@@ -31,6 +31,24 @@ def _to_optional_str(value: Any) -> str | None:
     return None if value in (None, "") else str(value)
 
 
+def _to_capacities(value: Any) -> dict[str, int]:
+    """``{"payments": 2}``, or ``"payments=2,reports=1"`` from an environment variable."""
+    if isinstance(value, str):
+        pairs = [item.partition("=") for item in value.split(",") if item.strip()]
+        if any(not sep for _, sep, _ in pairs):
+            raise ValueError("expected name=capacity pairs separated by commas")
+        value = {name.strip(): number.strip() for name, _, number in pairs}
+    if not isinstance(value, Mapping):
+        raise ValueError("expected a mapping of resource name to capacity")
+    capacities = {str(name): int(number) for name, number in value.items()}
+    for name, number in capacities.items():
+        if number < 1 or not name or len(name) > 255:
+            raise ValueError(
+                f"resource {name!r} needs a name of 1-255 characters and capacity >= 1"
+            )
+    return capacities
+
+
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "bool": _to_bool,
     "int": int,
@@ -39,6 +57,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "str | None": _to_optional_str,
     "int | None": lambda v: None if v in (None, "") else int(v),
     "float | None": lambda v: None if v in (None, "") else float(v),
+    "dict[str, int]": _to_capacities,
 }
 
 
@@ -60,6 +79,12 @@ class RatchetSettings:
     orphan_scan_interval_minutes: float = 5.0
     #: Finer control of the orphan scan; wins over the minutes setting when set.
     orphan_scan_interval_seconds: float | None = None
+    #: Aging: a waiting job rises one priority level per this many minutes; 0 disables.
+    priority_boost_interval_minutes: float = 15.0
+    #: Cluster-wide permits: at most this many jobs of each resource run at once.
+    resources: dict[str, int] = field(default_factory=dict)
+    #: Off switch of every task's circuit breaker.
+    circuit_breaker: bool = True
 
     @property
     def orphan_scan_interval(self) -> float:
@@ -74,10 +99,10 @@ class RatchetSettings:
         conf = conf or {}
         environ = environ or {}
         values: dict[str, Any] = {}
-        for field in fields(cls):
-            setting = f"ratchet_{field.name}"
+        for spec in fields(cls):
+            setting = f"ratchet_{spec.name}"
             env_name = setting.upper()
-            type_name = str(field.type)
+            type_name = str(spec.type)
             convert = _CONVERTERS[type_name]
             if env_name in environ:
                 raw, source = environ[env_name], f"environment variable {env_name}"
@@ -87,7 +112,7 @@ class RatchetSettings:
                     continue
                 source = f"setting {setting}"
             try:
-                values[field.name] = convert(raw)
+                values[spec.name] = convert(raw)
             except (TypeError, ValueError) as exc:
                 raise ConfigurationError(
                     f"{source} = {raw!r} is not a valid {type_name}: {exc}"
@@ -109,6 +134,11 @@ class RatchetSettings:
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigurationError(f"ratchet_{name} must be positive, got {value!r}")
+        if self.priority_boost_interval_minutes < 0:
+            raise ConfigurationError(
+                "ratchet_priority_boost_interval_minutes must be 0 (no aging) or positive, "
+                f"got {self.priority_boost_interval_minutes!r}"
+            )
         if not 0 <= self.default_priority <= 9:
             raise ConfigurationError(
                 f"ratchet_default_priority must be within 0-9, got {self.default_priority!r}"

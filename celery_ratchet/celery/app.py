@@ -46,7 +46,11 @@ class RatchetState:
         with self._lock:
             if self._store is None or self._store_pid != os.getpid():
                 settings = self.settings
-                self._store = JobStore(settings.url, create_schema=settings.create_schema)
+                self._store = JobStore(
+                    settings.url,
+                    create_schema=settings.create_schema,
+                    priority_boost_minutes=settings.priority_boost_interval_minutes,
+                )
                 self._store_pid = os.getpid()
             return self._store
 
@@ -82,6 +86,7 @@ def is_ratchet_app(app: Celery) -> bool:
 
 def install(app: Celery) -> Celery:
     """Make ``app`` send to and run from its job store. Idempotent; ``task_cls`` does this."""
+    from celery_ratchet.celery import retry
     from celery_ratchet.celery.consumer import JobConsumer
 
     with _INSTALL_LOCK:
@@ -94,6 +99,7 @@ def install(app: Celery) -> Celery:
         app.control_cls = "celery_ratchet.celery.control:RatchetControl"
         app.__dict__.pop("control", None)
         app.steps["consumer"].add(JobConsumer)
+        retry.connect(app)
         _connect_worker_signals()
         if app.configured:
             apply_defaults(app)

@@ -22,9 +22,11 @@ from kombu.serialization import prepare_accept_content
 
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import exception_record
+from celery_ratchet.celery.breaker import lookup as breaker_lookup
 from celery_ratchet.celery.message import JobMessage
 from celery_ratchet.celery.recurring import occurrence, register_all
 from celery_ratchet.celery.request import ratchet_request_class
+from celery_ratchet.celery.retry import install_retries
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
 from celery_ratchet.errors import StoreBusy, StoreUnavailable
 from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
@@ -75,9 +77,16 @@ class Dispatcher:
             )
 
     def _on_end(
-        self, job: ClaimedJob, status: JobStatus | None, error: str | None, traceback: str | None
+        self,
+        job: ClaimedJob,
+        status: JobStatus | None,
+        error: str | None,
+        traceback: str | None,
+        failed: bool | None = None,
     ) -> None:
         assert self.runtime is not None
+        if failed is not None:
+            self.runtime.record_outcome(job.job_id, job.token, failed)
         if status is None:
             self.runtime.release(job.job_id, job.token)
         else:
@@ -113,6 +122,7 @@ class JobConsumer(bootsteps.StartStopStep):
         app = c.app
         state = ratchet_state(app)
         _report_outcomes_to_store(app)
+        install_retries(app)
         c.update_strategies()
         _register_recurring(app)
         dispatcher = Dispatcher(c)
@@ -125,6 +135,7 @@ class JobConsumer(bootsteps.StartStopStep):
             dispatch=dispatcher,
             occurrence=occurrence,
             hostname=c.hostname,
+            breaker_for=breaker_lookup(app),
         )
         dispatcher.runtime = runtime
         self.runtime = state.runtime = runtime

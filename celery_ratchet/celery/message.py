@@ -8,7 +8,8 @@ strategy and request classes accept as if a broker had delivered it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone, tzinfo
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 
 from kombu.compression import compress
@@ -17,6 +18,7 @@ from kombu.serialization import dumps
 from kombu.utils import json as kjson
 
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Message, NewJob
+from celery_ratchet.domain.priority import to_numeric
 from celery_ratchet.errors import PayloadTooLarge, SerializerNotAllowed
 
 #: Header carrying the claim token into ``self.request``; never stored with the job.
@@ -52,6 +54,8 @@ def job_from_message(
     max_payload_kb: int,
     allow_pickle: bool,
     timezone_: tzinfo,
+    resource: str | None = None,
+    business_key: str | None = None,
 ) -> NewJob:
     check_serializer(serializer, allow_pickle)
     content_type, content_encoding, data = dumps(body, serializer=serializer)
@@ -62,10 +66,10 @@ def job_from_message(
     if len(payload) > max_payload_kb * 1024:
         raise PayloadTooLarge(name, len(payload), max_payload_kb)
     priority = properties.get("priority")
-    if priority is None:
-        priority = default_priority
-    if not isinstance(priority, int) or not 0 <= priority <= 255:
-        raise ValueError(f"priority of task {name!r} must be an integer 0-9, got {priority!r}")
+    try:
+        priority = default_priority if priority is None else to_numeric(priority)
+    except ValueError as exc:
+        raise ValueError(f"task {name!r}: {exc}") from None
     properties["priority"] = priority
     headers.pop(CLAIM_HEADER, None)
     return NewJob(
@@ -86,6 +90,8 @@ def job_from_message(
         root_id=headers.get("root_id"),
         parent_id=headers.get("parent_id"),
         group_id=headers.get("group"),
+        resource=resource,
+        business_key=business_key,
     )
 
 
@@ -98,8 +104,29 @@ def _to_json(value: dict[str, Any], task_name: str, what: str) -> str:
         ) from exc
 
 
-#: Called once per claimed execution: (job, status or None, error record, traceback).
-EndCallback = Callable[[ClaimedJob, JobStatus | None, str | None, str | None], None]
+#: Called once per claimed execution: (job, status or None, error record, traceback, and
+#: whether the execution failed, for circuit breakers: None when that is not known).
+EndCallback = Callable[[ClaimedJob, JobStatus | None, str | None, str | None, bool | None], None]
+
+
+def retry_of(job: ClaimedJob, delay: float) -> NewJob:
+    """The claimed job as its own next try, ``delay`` seconds from now: Celery's retry count
+    and ETA in the message move on with it."""
+    headers = kjson.loads(job.message.headers)
+    headers.pop(CLAIM_HEADER, None)
+    attempts = int(headers.get("retries") or 0) + 1
+    due = datetime.now(timezone.utc) + timedelta(seconds=delay)
+    headers["retries"], headers["eta"] = attempts, due.isoformat()
+    return NewJob(
+        job_id=job.job_id,
+        task_name=job.task_name,
+        queue=job.queue,
+        priority=job.priority,
+        message=replace(job.message, headers=str(kjson.dumps(headers))),
+        due=due,
+        attempts=attempts,
+        resource=job.resource,
+    )
 
 
 class JobMessage(KombuMessage):
@@ -136,12 +163,19 @@ class JobMessage(KombuMessage):
         self._ended = False
 
     def end(
-        self, status: JobStatus | None, error: str | None = None, traceback: str | None = None
+        self,
+        status: JobStatus | None,
+        error: str | None = None,
+        traceback: str | None = None,
+        *,
+        failed: bool | None = None,
     ) -> None:
         """Report how this execution ended; ``None``: the row already moved on (a retry)."""
         if not self._ended:
             self._ended = True
-            self._on_end(self.job, status, error, traceback)
+            if failed is None:
+                failed = {JobStatus.SUCCEEDED: False, JobStatus.FAILED: True}.get(status)  # type: ignore[arg-type]
+            self._on_end(self.job, status, error, traceback, failed)
 
     def ack(self, multiple: bool = False) -> None:
         self._state = "ACK"

@@ -8,16 +8,22 @@ claimed row. The first outcome wins; later ones for the same execution are ignor
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
 from celery.exceptions import Ignore, Retry, TaskRevokedError, Terminated, TimeLimitExceeded
 from celery.worker.request import Request
 
+from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import RatchetBackend, exception_record
-from celery_ratchet.celery.message import JobMessage
+from celery_ratchet.celery.message import JobMessage, retry_of
+from celery_ratchet.celery.retry import decision_for
 from celery_ratchet.domain.job import JobStatus
+
+logger = logging.getLogger(__name__)
 
 
 def _unwrap(exc: BaseException) -> BaseException:
@@ -37,11 +43,13 @@ class RatchetRequest(Request):
         status: JobStatus | None,
         exc: BaseException | None = None,
         traceback: str | None = None,
+        *,
+        failed: bool | None = None,
     ) -> None:
         message = self._message
         if isinstance(message, JobMessage):
             error = exception_record(exc) if exc is not None else None
-            message.end(status, error, traceback)
+            message.end(status, error, traceback, failed=failed)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Celery's strategy subclasses the task's Request class with an optimised on_success
@@ -61,7 +69,7 @@ class RatchetRequest(Request):
     def _end_success(self) -> None:
         # Where the task's result went to the store, that write already finished the row.
         stored = not self._ignore_result and isinstance(self._task.backend, RatchetBackend)
-        self._end(None if stored else JobStatus.SUCCEEDED)
+        self._end(None if stored else JobStatus.SUCCEEDED, failed=False)
 
     def on_failure(
         self, exc_info: ExceptionInfo, send_failed_event: bool = True, return_ok: bool = False
@@ -73,7 +81,7 @@ class RatchetRequest(Request):
             )
         finally:
             if isinstance(exc, Retry):
-                self._end(None)  # the retry already rescheduled the row
+                self._end(None, failed=True)  # the retry already rescheduled the row
             elif isinstance(exc, Ignore):
                 self._end(JobStatus.IGNORED)
             elif isinstance(exc, Terminated):
@@ -86,11 +94,33 @@ class RatchetRequest(Request):
                 self._end(JobStatus.FAILED, exc, str(exc_info.traceback or "") or None)
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
+        if not soft and self._retry_after(TimeLimitExceeded(timeout)):
+            return
         try:
             super().on_timeout(soft, timeout)
         finally:
             if not soft:
                 self._end(JobStatus.FAILED, TimeLimitExceeded(timeout))
+
+    def _retry_after(self, exc: BaseException) -> bool:
+        """A failure the task never saw (its process was killed at the hard time limit)
+        goes through the same retry decision as one it raised: reschedule the row."""
+        message = self._message
+        if not isinstance(message, JobMessage):
+            return False
+        request = SimpleNamespace(**{str(k): v for k, v in self._request_dict.items()})
+        decision = decision_for(self._task.app, self._task, request, exc)
+        if decision is None or not decision.retry:
+            return False
+        retried = retry_of(message.job, decision.delay)
+        if not ratchet_state(self._task.app).store.replace_running(message.job.token, retried):
+            return False
+        logger.warning(
+            "ratchet: task %s[%s] %s; retry %d in %.1fs",
+            self._task.name, self.id, exc, retried.attempts, decision.delay,
+        )  # fmt: skip
+        self._end(None, failed=True)
+        return True
 
     def _announce_revoked(self, reason: str, terminated: bool, signum: Any, expired: bool) -> None:
         try:

@@ -21,6 +21,7 @@ from celery.app.amqp import AMQP
 from kombu import Connection
 from kombu.common import Broadcast
 
+from celery_ratchet.celery import options as options_
 from celery_ratchet.celery.app import NO_BROKER, ratchet_state
 from celery_ratchet.celery.message import CLAIM_HEADER, job_from_message
 from celery_ratchet.domain.job import NewJob
@@ -186,7 +187,9 @@ class RatchetAMQP(AMQP):
             headers2, properties, body, _sent_event = message
             if headers:
                 headers2.update(headers)
-            kwargs.pop("ratchet", None)  # ratchet options: read by later features
+            given = kwargs.pop("ratchet", None)
+            if given is None:  # a retry or a replace: the options of the job it copies
+                given = headers2.get(options_.HEADER)
             if kwargs:
                 properties.update(kwargs)
             qname = _queue_name(amqp, queue, exchange, routing_key)
@@ -203,10 +206,14 @@ class RatchetAMQP(AMQP):
             )
             state = ratchet_state(app)
             settings = state.settings
+            options = options_.resolve(name, app.tasks.get(name), given, settings)
+            options_.apply_to_message(options, headers2, properties)
             # signature_from_request (retries, retry_on_worker_lost) carries the claim header of
             # the request it copies; a replace() is found as the job running in this process.
             claim = headers2.get(CLAIM_HEADER) or _claim_of_current_job(app, headers2.get("id"))
             job = job_from_message(
+                resource=options.get("resource"),
+                business_key=options.get("business_key"),
                 headers=headers2,
                 properties=properties,
                 body=body,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery, Task
 
 from celery_ratchet.celery.app import install
+from celery_ratchet.celery.retry import refuse_do_not_retry
 
 
 class RatchetTask(Task):
@@ -15,6 +18,32 @@ class RatchetTask(Task):
     """
 
     Request = "celery_ratchet.celery.request:RatchetRequest"
+
+    #: Ratchet options (see ``celery_ratchet.celery.options``); ``apply_async(ratchet=...)``
+    #: overrides them per call.
+    resource: str | None = None
+    backoff: str | None = None
+    backoff_param: float | None = None
+    timeout: float | None = None
+    #: A RetryPolicy (instance, class or import path) for this task's failures.
+    ratchet_retry_policy: Any = None
+    #: ``"service"`` or ``{"name": ..., "failure_rate": ..., "window": ..., "open_seconds": ...}``.
+    circuit_breaker: Any = None
+
+    def retry(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: BaseException | None = None,
+        throw: bool = True,
+        eta: Any = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> Any:
+        """Celery's retry, except that a do-not-retry failure is raised as it is."""
+        refuse_do_not_retry(exc)
+        return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:

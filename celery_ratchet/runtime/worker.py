@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 
+from celery_ratchet.domain.breaker import BreakerConfig, CircuitBreaker
 from celery_ratchet.domain.job import (
     SCHEDULES_QUEUE,
     ClaimedJob,
@@ -39,6 +40,8 @@ _MASTER_RETRY_SECONDS = 60.0
 
 #: Builds the job of one occurrence of a recurring master, for one fire time.
 OccurrenceFactory = Callable[[ClaimedJob, MasterSpec, datetime], NewJob]
+#: The circuit breaker a job's task is protected by: (service name, its configuration).
+BreakerLookup = Callable[[ClaimedJob], "tuple[str, BreakerConfig] | None"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class WorkerRuntime:
         dispatch: Callable[[ClaimedJob], None],
         occurrence: OccurrenceFactory | None = None,
         hostname: str | None = None,
+        breaker_for: BreakerLookup | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -95,6 +99,11 @@ class WorkerRuntime:
         self.hostname = hostname or socket.gethostname()
         self._ready: deque[ClaimedJob] = deque()
         self._in_flight: dict[str, str] = {}  # job id → claim token
+        #: Permits and breakers of jobs in flight, by (job id, claim token).
+        self._permits: dict[tuple[str, str], str] = {}
+        self._protected: dict[tuple[str, str], CircuitBreaker] = {}
+        self.breaker_for = breaker_for if settings.circuit_breaker else None
+        self.breakers: dict[str, CircuitBreaker] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()  # something changed: a slot freed, or a hint
         self._hint = threading.Event()  # new work may be due
@@ -166,7 +175,9 @@ class WorkerRuntime:
             unstarted = list(self._ready)
             self._ready.clear()
         for job in unstarted:
-            self._report(Settlement(job.job_id, job.token, JobStatus.PENDING))
+            self._report(
+                Settlement(job.job_id, job.token, JobStatus.PENDING, resource=job.resource)
+            )
         if unstarted:
             logger.info("ratchet: handing back %d unstarted jobs", len(unstarted))
         return unstarted
@@ -181,7 +192,7 @@ class WorkerRuntime:
             unfinished = list(self._in_flight.items())
             self._in_flight.clear()
         for job_id, token in unfinished:
-            self._report(Settlement(job_id, token, JobStatus.PENDING))
+            self._report(self._with_permit(Settlement(job_id, token, JobStatus.PENDING)))
         if unfinished:
             logger.info(
                 "ratchet: handing back %d jobs the executor did not finish", len(unfinished)
@@ -212,8 +223,21 @@ class WorkerRuntime:
 
     def settle(self, settlement: Settlement) -> None:
         """Record the end of one dispatched job (thread-safe, never blocks on the database)."""
+        settlement = self._with_permit(settlement)
         self.release(settlement.job_id, settlement.token)
         self._report(settlement)
+
+    def _with_permit(self, settlement: Settlement) -> Settlement:
+        with self._lock:
+            resource = self._permits.pop((settlement.job_id, settlement.token), None)
+        return settlement if resource is None else replace(settlement, resource=resource)
+
+    def record_outcome(self, job_id: str, token: str, failed: bool) -> None:
+        """Count a finished execution in its task's circuit breaker, if it has one."""
+        with self._lock:
+            breaker = self._protected.pop((job_id, token), None)
+            if breaker is not None:
+                breaker.record(failed, time.monotonic())
 
     def _report(self, settlement: Settlement) -> None:
         with self._lock:
@@ -234,6 +258,7 @@ class WorkerRuntime:
         with self._lock:
             if self._in_flight.get(job_id) == token:
                 del self._in_flight[job_id]
+            self._permits.pop((job_id, token), None)
         self._wake.set()
 
     # -- loops ------------------------------------------------------------------------------
@@ -257,12 +282,27 @@ class WorkerRuntime:
         if self._heartbeat_stale():
             self._drop_buffer("no heartbeat for too long, the claims may belong to others now")
             return
+        deferred: list[tuple[ClaimedJob, datetime]] = []
+        try:
+            self._dispatch_until_full(deferred)
+        finally:
+            if deferred:
+                self._defer(deferred)
+
+    def _dispatch_until_full(self, deferred: list[tuple[ClaimedJob, datetime]]) -> None:
         while True:
             with self._lock:
                 if not self._ready or len(self._in_flight) >= self.capacity.running:
                     return
                 job = self._ready.popleft()
+            until = self._breaker_hold(job)
+            if until is not None:
+                deferred.append((job, until))
+                continue
+            with self._lock:
                 self._in_flight[job.job_id] = job.token
+                if job.resource is not None:
+                    self._permits[(job.job_id, job.token)] = job.resource
             try:
                 self.dispatch(job)
             except Exception as exc:
@@ -276,6 +316,42 @@ class WorkerRuntime:
                     )
                 )
 
+    def _breaker_hold(self, job: ClaimedJob) -> datetime | None:
+        """When the job's circuit breaker is open: the time to try it again."""
+        if self.breaker_for is None:
+            return None
+        found = self.breaker_for(job)
+        if found is None:
+            return None
+        service, config = found
+        now = time.monotonic()
+        with self._lock:
+            breaker = self.breakers.get(service)
+            if breaker is None:
+                breaker = self.breakers[service] = CircuitBreaker(config)
+            until = breaker.defer_until(now)
+            if until is None:
+                self._protected[(job.job_id, job.token)] = breaker
+                return None
+        claimed_at = job.claimed_now or datetime.now(timezone.utc)
+        return claimed_at + timedelta(seconds=until - now)
+
+    def _defer(self, deferred: list[tuple[ClaimedJob, datetime]]) -> None:
+        """Put jobs whose service's breaker is open back, due when it half-opens; they
+        lose no attempt."""
+        try:
+            self.store.defer([(job.job_id, job.token, due) for job, due in deferred])
+        except Exception as exc:  # kept claimed and buffered: deferred again next round
+            self._throttle.warn("defer", "ratchet: jobs not deferred yet: %s", exc)
+            with self._lock:
+                self._ready.extend(job for job, _ in deferred)
+            return
+        logger.info(
+            "ratchet: circuit open; deferred %d jobs (%s)",
+            len(deferred),
+            ", ".join(sorted({job.task_name for job, _ in deferred})),
+        )
+
     def _room(self) -> tuple[int, bool]:
         """How many jobs to claim, and whether it is time to: the local buffer is down to half
         (so claims come in batches, not one per finished job)."""
@@ -285,8 +361,29 @@ class WorkerRuntime:
         return room, ready <= self.capacity.buffered // 2
 
     def _claim(self, room: int) -> list[ClaimedJob]:
+        # Jobs that need a permit first: few at a time, and never starved by the rest.
+        claimed: list[ClaimedJob] = []
+        for resource, capacity in self.settings.resources.items():
+            if room > len(claimed):
+                claimed += self._claim_with(
+                    self.store.claim_for_resource,
+                    self.node_id,
+                    self.queues,
+                    resource,
+                    capacity,
+                    room - len(claimed),
+                )
+        if room > len(claimed):
+            claimed += self._claim_with(
+                self.store.claim, self.node_id, self.queues, room - len(claimed)
+            )
+        return claimed
+
+    def _claim_with(
+        self, claim: Callable[..., list[ClaimedJob]], *args: object
+    ) -> list[ClaimedJob]:
         try:
-            claimed = self.store.claim(self.node_id, self.queues, room)
+            claimed = claim(*args)
         except (StoreUnavailable, StoreBusy) as exc:
             self._throttle.warn("claim", "ratchet: %s; retrying", exc)
             return []

@@ -652,6 +652,35 @@ class JobStore:
             changed += conn.execute(stmt).rowcount
         return changed
 
+    def defer(self, deferrals: Sequence[tuple[str, str, datetime]]) -> int:
+        """Give claimed jobs back, due at the given times, as if never claimed (an open
+        circuit breaker): no attempt is counted. Returns how many were still held."""
+        if not deferrals:
+            return 0
+        permit = scheduler_resource_permit
+        params = [{"p_job_id": j, "p_token": t, "p_due": due} for j, t, due in deferrals]
+        back = (
+            update(job)
+            .where(*_held(bindparam("p_job_id"), bindparam("p_token")))
+            .values(
+                status=JobStatus.PENDING.value,
+                scheduled_time=bindparam("p_due", type_=UTCDateTime()),
+                claims=job.c.claims - 1,
+                **_CLEARED_CLAIM,
+            )
+        )
+        release = delete(permit).where(
+            permit.c.job_id == bindparam("p_job_id"), permit.c.claim_token == bindparam("p_token")
+        )
+
+        def work(conn: Connection) -> int:
+            with transaction(conn):
+                changed = conn.execute(back, params).rowcount
+                conn.execute(release, [{"p_job_id": j, "p_token": t} for j, t, _ in deferrals])
+            return changed
+
+        return self._run(work, "no job was deferred")
+
     def store_outcome(
         self,
         job_id: str,

@@ -86,10 +86,15 @@ def test_pickle_needs_explicit_permission() -> None:
     )
 
 
-@pytest.mark.parametrize("priority", [-1, 256, "high"])
+@pytest.mark.parametrize("priority", [-1, "urgent", 2.5])
 def test_invalid_priority_is_refused(priority: object) -> None:
     with pytest.raises(ValueError, match="priority"):
         _job(properties={"priority": priority})
+
+
+def test_level_names_are_accepted_and_broker_sized_priorities_capped() -> None:
+    assert _job(properties={"priority": "high"}).priority == 6
+    assert _job(properties={"priority": 200}).priority == 9
 
 
 def test_compressed_bodies_are_decompressed_for_the_worker() -> None:
@@ -119,7 +124,7 @@ def test_a_claimed_row_becomes_a_delivered_message() -> None:
     message = JobMessage(
         _claimed(_job(), claims=2),
         accept={"application/json"},
-        on_end=lambda job, status, error, tb: ends.append((job.job_id, status)),
+        on_end=lambda job, status, error, tb, failed: ends.append((job.job_id, status)),
     )
     assert message.headers[CLAIM_HEADER] == "tok"
     assert message.delivery_info == {

@@ -1,0 +1,89 @@
+"""Ratchet's per-job options: ``apply_async(ratchet={...})`` over task attributes.
+
+Names follow the seeds: ``resource``, ``backoff`` (none | fixed | exponential),
+``backoff_param`` (seconds), ``max_retries``, ``timeout`` (seconds), ``priority`` (a level
+name or 0-9), ``business_key`` and ``tags``. The same names set as task attributes are the
+defaults of every call. What the worker needs later (retry settings, tags) travels in the
+message header ``ratchet``; what the claim needs (resource, priority) goes on the row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from celery_ratchet.domain.priority import to_numeric
+from celery_ratchet.domain.retry import Backoff
+from celery_ratchet.errors import ConfigurationError
+from celery_ratchet.settings import RatchetSettings
+
+HEADER = "ratchet"
+OPTIONS = frozenset(
+    {"resource", "backoff", "backoff_param", "max_retries", "timeout", "priority",
+     "business_key", "tags"}
+)  # fmt: skip
+#: Task attributes read as defaults; ``priority`` is Celery's own attribute already.
+_TASK_ATTRIBUTES = ("resource", "backoff", "backoff_param", "timeout", "business_key", "tags")
+
+
+def task_defaults(task: Any) -> dict[str, Any]:
+    if task is None:
+        return {}
+    values = {name: getattr(task, name, None) for name in _TASK_ATTRIBUTES}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def resolve(
+    task_name: str, task: Any, given: Mapping[str, Any] | None, settings: RatchetSettings
+) -> dict[str, Any]:
+    """The job's ratchet options, validated: ``given`` over the task's attributes."""
+    if given is not None and not isinstance(given, Mapping):
+        raise TypeError(f"ratchet= takes a dict of options, got {type(given).__name__}")
+    unknown = set(given or {}) - OPTIONS
+    if unknown:
+        raise ValueError(
+            f"unknown ratchet option(s) {', '.join(sorted(unknown))} for task {task_name!r}; "
+            f"known: {', '.join(sorted(OPTIONS))}"
+        )
+    options = {**task_defaults(task), **dict(given or {})}
+    if "backoff" in options:
+        options["backoff"] = Backoff.parse(options["backoff"]).value
+    for name in ("backoff_param", "timeout"):
+        if name in options:
+            value = float(options[name])
+            if value < 0 or (name == "timeout" and value == 0):
+                raise ValueError(f"ratchet option {name} must be positive, got {value!r}")
+            options[name] = value
+    if options.get("max_retries") is not None:
+        options["max_retries"] = int(options["max_retries"])
+    if "priority" in options:
+        options["priority"] = to_numeric(options["priority"])
+    if "tags" in options:
+        options["tags"] = [str(tag) for tag in options["tags"]]
+    resource = options.get("resource")
+    if resource is not None and resource not in settings.resources:
+        configured = ", ".join(sorted(settings.resources)) or "none"
+        raise ConfigurationError(
+            f"task {task_name!r} needs resource {resource!r}, which has no capacity here "
+            f"(configured: {configured}); set ratchet_resources = {{{resource!r}: N}} "
+            "(env RATCHET_RESOURCES) on clients and workers"
+        )
+    return options
+
+
+def apply_to_message(
+    options: Mapping[str, Any], headers: dict[str, Any], properties: dict[str, Any]
+) -> None:
+    """Write the options into the message: the whole set as the ``ratchet`` header (so a
+    retry, which copies the headers, keeps them), the timeout as Celery's hard time limit
+    unless one was given, the priority as Celery's."""
+    if not options:
+        headers.pop(HEADER, None)
+        return
+    headers[HEADER] = dict(options)
+    timeout = options.get("timeout")
+    if timeout is not None:
+        hard, soft = [*(headers.get("timelimit") or ()), None, None][:2]
+        headers["timelimit"] = [hard if hard is not None else timeout, soft]
+    if "priority" in options:
+        properties["priority"] = options["priority"]
