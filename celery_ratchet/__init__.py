@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "RatchetTask": "celery_ratchet.celery.task",
     "install": "celery_ratchet.celery.app",
+    "dlq": "celery_ratchet.celery.app",
     "bulk": "celery_ratchet.celery.sender",
     "recurring": "celery_ratchet.celery.recurring",
     "schedule_recurring": "celery_ratchet.celery.recurring",

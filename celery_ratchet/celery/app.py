@@ -153,3 +153,10 @@ def _on_worker_init(sender: Any = None, instance: Any = None, **_: Any) -> None:
     if app is not None and is_ratchet_app(app):
         install(app)
         forget_broker(app)
+
+
+def dlq(app: Celery) -> Any:
+    """The app's dead-letter queue (:class:`celery_ratchet.runtime.dlq.DeadLetterQueue`)."""
+    from celery_ratchet.runtime.dlq import DeadLetterQueue
+
+    return DeadLetterQueue(ratchet_state(app).store)

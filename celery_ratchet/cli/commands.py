@@ -14,6 +14,7 @@ from celery_ratchet.domain.cron import CronExpression
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.errors import RatchetError
 from celery_ratchet.runtime import recurring
+from celery_ratchet.runtime.dlq import DeadLetterQueue
 from celery_ratchet.settings import mask_password
 from celery_ratchet.store.ddl import DIALECTS, ddl_script
 from celery_ratchet.store.jobstore import JobStore
@@ -278,7 +279,111 @@ def cron_next(expression: str, zone: str, after_text: str | None, count: int) ->
         click.echo(f"(no further fire times after {len(times)})", err=True)
 
 
-COMMANDS: Iterable[click.Command] = (jobs, stats, nodes, schedules, schema, cron)
+@click.group("dlq", invoke_without_command=True)
+@click.pass_context
+def dlq(ctx: click.Context) -> None:
+    """The dead-letter queue: jobs that failed for good (list, show, retry, purge)."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(dlq_list)
+
+
+_dlq_filters = [
+    click.option("--task", "task_name", help="Only jobs of this task name."),
+    click.option("--queue", help="Only jobs of this queue."),
+]
+
+
+def _with_filters(command: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(_dlq_filters):
+        command = option(command)
+    return command
+
+
+@dlq.command("list")
+@_with_filters
+@click.option("--limit", default=50, show_default=True)
+@json_option
+@pass_cli
+def dlq_list(
+    cli: CliContext,
+    task_name: str | None = None,
+    queue: str | None = None,
+    limit: int = 50,
+    as_json: bool = False,
+) -> None:
+    """Failed jobs, newest first."""
+    found = DeadLetterQueue(cli.store).list(task_name=task_name, queue=queue, limit=limit)
+    columns = ["job_id", "task_name", "queue", "attempts", "finished_at", "last_error"]
+    emit([vars(j) for j in found], columns, as_json)
+
+
+@dlq.command("show")
+@click.argument("job_id")
+@json_option
+@pass_cli
+def dlq_show(cli: CliContext, job_id: str, as_json: bool) -> None:
+    """One failed job: its arguments, exception, traceback and attempts."""
+    letter = DeadLetterQueue(cli.store).show(job_id)
+    if letter is None:
+        fail(f"no failed job {job_id!r} in the dead-letter queue")
+        return
+    values = {k: _jsonable(v) for k, v in vars(letter).items()}
+    if as_json:
+        click.echo(json.dumps(values, indent=2, default=str))
+        return
+    for key, value in values.items():
+        if key in ("args", "kwargs"):
+            value = json.dumps(value, default=str)
+        if key != "traceback":
+            click.echo(f"{key + ':':13}{value}")
+    if letter.traceback:
+        click.echo("traceback:\n" + letter.traceback.rstrip())
+
+
+@dlq.command("retry")
+@click.argument("job_ids", nargs=-1)
+@_with_filters
+@click.option("--all", "everything", is_flag=True, help="Every failed job matching the filters.")
+@pass_cli
+def dlq_retry(
+    cli: CliContext,
+    job_ids: tuple[str, ...],
+    task_name: str | None,
+    queue: str | None,
+    everything: bool,
+) -> None:
+    """Requeue failed jobs: due now, attempts 0, error cleared."""
+    queue_ = DeadLetterQueue(cli.store)
+    if job_ids:
+        count = queue_.retry(*job_ids)
+    elif everything or task_name or queue:
+        count = queue_.retry_all(task_name=task_name, queue=queue)
+    else:
+        fail("name job ids, or pass --all / --task / --queue to requeue every match")
+        return
+    click.echo(f"requeued {count} job{'s' if count != 1 else ''}")
+
+
+@dlq.command("purge")
+@click.argument("job_ids", nargs=-1)
+@_with_filters
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@pass_cli
+def dlq_purge(
+    cli: CliContext,
+    job_ids: tuple[str, ...],
+    task_name: str | None,
+    queue: str | None,
+    yes: bool,
+) -> None:
+    """Delete failed jobs (all of them unless ids or filters are given)."""
+    if not (job_ids or task_name or queue or yes):
+        click.confirm("delete every failed job?", abort=True)
+    count = DeadLetterQueue(cli.store).purge(*job_ids, task_name=task_name, queue=queue)
+    click.echo(f"deleted {count} failed job{'s' if count != 1 else ''}")
+
+
+COMMANDS: Iterable[click.Command] = (jobs, stats, nodes, schedules, schema, cron, dlq)
 
 
 def add_commands(group: click.Group) -> click.Group:

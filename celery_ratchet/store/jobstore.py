@@ -883,6 +883,84 @@ class JobStore:
         )
         return self._run(lambda conn: conn.execute(stmt).rowcount, "no job was purged")
 
+    # -- the dead-letter queue: FAILED jobs ----------------------------------------------------
+
+    def _failed(
+        self, job_ids: Sequence[str] | None, task_name: str | None, queue: str | None
+    ) -> Any:
+        conditions = [job.c.status == JobStatus.FAILED.value]
+        if job_ids is not None:
+            conditions.append(job.c.job_id.in_(list(job_ids)))
+        if task_name is not None:
+            conditions.append(job.c.task_name == task_name)
+        if queue is not None:
+            conditions.append(job.c.queue == queue)
+        return and_(*conditions)
+
+    def retry_failed(
+        self,
+        job_ids: Sequence[str] | None = None,
+        *,
+        task_name: str | None = None,
+        queue: str | None = None,
+        rewrite_headers: Callable[[str], str] = lambda headers: headers,
+    ) -> int:
+        """Send FAILED jobs (all, or those named or matching) back to PENDING, due now, with
+        their error cleared and attempts restarted at 0; ``rewrite_headers`` restarts the
+        message's own retry count. Returns how many were requeued."""
+        if job_ids is not None and not job_ids:
+            return 0
+        where = self._failed(job_ids, task_name, queue)
+        requeue = (
+            update(job)
+            .where(job.c.job_id == bindparam("p_job_id"), job.c.status == JobStatus.FAILED.value)
+            .values(
+                status=JobStatus.PENDING.value,
+                scheduled_time=db_now(),
+                expires_at=None,
+                attempts=0,
+                claims=0,
+                headers=bindparam("p_headers"),
+                **_CLEARED_CLAIM,
+                **_CLEARED_RESULT,
+            )
+        )
+        page = (
+            select(job.c.id, job.c.job_id, job.c.headers)
+            .where(where, job.c.id > bindparam("after"))
+            .order_by(job.c.id)
+            .limit(500)
+        )
+
+        def requeue_page(conn: Connection, after: int) -> tuple[int, int | None]:
+            rows = conn.execute(page, {"after": after}).all()
+            if not rows:
+                return 0, None
+            params = [{"p_job_id": r.job_id, "p_headers": rewrite_headers(r.headers)} for r in rows]
+            return conn.execute(requeue, params).rowcount, rows[-1].id
+
+        done, after = 0, 0
+        while True:
+            changed, last = self._run(
+                functools.partial(requeue_page, after=after), "no job was requeued"
+            )
+            if last is None:
+                return done
+            done, after = done + changed, last
+
+    def purge_failed(
+        self,
+        job_ids: Sequence[str] | None = None,
+        *,
+        task_name: str | None = None,
+        queue: str | None = None,
+    ) -> int:
+        """Delete FAILED jobs (all, or those named or matching); returns how many."""
+        if job_ids is not None and not job_ids:
+            return 0
+        stmt = delete(job).where(self._failed(job_ids, task_name, queue))
+        return self._run(lambda conn: conn.execute(stmt).rowcount, "the DLQ was not purged")
+
     # -- inspection -------------------------------------------------------------------------
 
     def list_jobs(

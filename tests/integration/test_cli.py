@@ -101,3 +101,37 @@ def test_cron_next_prints_utc_and_local_times() -> None:
     bad = runner.invoke(cli, ["cron", "next", "*/5 * * * *"])
     assert bad.exit_code == 2
     assert "did you mean '0 */5 * * * ?'" in bad.output
+
+
+def test_dlq_list_show_retry_purge(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'dlq.db'}"
+    store = empty_store(url)
+    store.enqueue_many([new_job(f"dead-{i}", task="tests.charge", attempts=3) for i in range(3)])
+    error = '{"exc_type": "CardDeclined", "exc_message": ["no funds"], "exc_module": "shop"}'
+    store.settle(
+        [Settlement(j.job_id, j.token, JobStatus.FAILED, error=error, traceback="Traceback: x")
+         for j in store.claim("n", ["celery"], 10)]
+    )  # fmt: skip
+    runner = CliRunner()
+
+    def run(*args: str) -> str:
+        result = runner.invoke(cli, ["--url", url, "dlq", *args])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    listed = json.loads(run("list", "--task", "tests.charge", "--json"))
+    assert sorted(j["job_id"] for j in listed) == ["dead-0", "dead-1", "dead-2"]
+    shown = json.loads(run("show", "dead-0", "--json"))
+    assert (shown["args"], shown["attempts"], shown["exception"]) == (
+        [1, 2], 3, "CardDeclined: no funds",
+    )  # fmt: skip
+    assert "Traceback: x" in run("show", "dead-0")
+    assert run("retry", "dead-0").strip() == "requeued 1 job"
+    record = store.result("dead-0")
+    assert record is not None and (record.status, record.attempts) == (JobStatus.PENDING, 0)
+    assert '"retries": 0' in (record.headers or "")
+    assert runner.invoke(cli, ["--url", url, "dlq", "retry"]).exit_code == 2  # nothing named
+    assert run("purge", "--yes").strip() == "deleted 2 failed jobs"
+    assert json.loads(run("list", "--json")) == []
+    missing = runner.invoke(cli, ["--url", url, "dlq", "show", "dead-0"])
+    assert missing.exit_code == 2 and "no failed job" in missing.output

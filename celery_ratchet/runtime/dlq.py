@@ -1,0 +1,119 @@
+"""The dead-letter queue: jobs that failed for good (status FAILED), to inspect and requeue.
+
+dlq = celery_ratchet.dlq(app)        # or DeadLetterQueue(JobStore(url))
+dlq.list(task_name="shop.charge")
+dlq.show(job_id)                     # args, kwargs, exception, traceback, attempts
+dlq.retry(job_id); dlq.retry_all(task_name="shop.charge"); dlq.purge()
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from celery_ratchet.domain.job import JobStatus, JobSummary
+from celery_ratchet.store.jobstore import JobStore
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    job_id: str
+    task_name: str
+    queue: str
+    attempts: int
+    args: Any
+    kwargs: Any
+    exception: str | None
+    traceback: str | None
+    finished_at: datetime | None
+    worker: str | None
+
+
+def restart_retries(headers: str) -> str:
+    """The message headers of a requeued job: Celery's retry count back to 0, and no ETA or
+    expiry left over from its last run (an operator asked for it to run now)."""
+    try:
+        values = json.loads(headers)
+    except ValueError:
+        return headers
+    if not isinstance(values, dict):
+        return headers
+    values.update(retries=0, eta=None, expires=None)
+    return json.dumps(values)
+
+
+def _exception(stored: str | None) -> str | None:
+    """``Type: message`` from Celery's stored exception record."""
+    if not stored:
+        return None
+    try:
+        record = json.loads(stored)
+    except ValueError:
+        return stored
+    if isinstance(record, dict) and "exc_type" in record:
+        message = record.get("exc_message")
+        if isinstance(message, list):
+            message = ", ".join(str(m) for m in message)
+        return f"{record['exc_type']}: {message}"
+    return str(record)
+
+
+def _arguments(payload: bytes | None, content_type: str | None) -> tuple[Any, Any]:
+    if not payload or content_type != "application/json":
+        return None, None
+    try:
+        body = json.loads(payload)
+        return body[0], body[1]
+    except (ValueError, IndexError, KeyError, TypeError):
+        return None, None
+
+
+class DeadLetterQueue:
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+
+    def list(
+        self, *, task_name: str | None = None, queue: str | None = None, limit: int = 50
+    ) -> list[JobSummary]:
+        return self.store.list_jobs(
+            status=JobStatus.FAILED, task_name=task_name, queue=queue, limit=limit
+        )
+
+    def show(self, job_id: str) -> DeadLetter | None:
+        record = self.store.result(job_id)
+        if record is None or record.status is not JobStatus.FAILED:
+            return None
+        args, kwargs = _arguments(record.payload, record.content_type)
+        return DeadLetter(
+            job_id=record.job_id,
+            task_name=record.task_name,
+            queue=record.queue,
+            attempts=record.attempts,
+            args=args,
+            kwargs=kwargs,
+            exception=_exception(record.last_error),
+            traceback=record.error_traceback,
+            finished_at=record.finished_at,
+            worker=record.picked_by,
+        )
+
+    def retry(self, *job_ids: str) -> int:
+        """Requeue these failed jobs: due now, attempts 0, error cleared."""
+        return self.store.retry_failed(list(job_ids), rewrite_headers=restart_retries)
+
+    def retry_all(self, *, task_name: str | None = None, queue: str | None = None) -> int:
+        return self.store.retry_failed(
+            task_name=task_name, queue=queue, rewrite_headers=restart_retries
+        )
+
+    def purge(
+        self,
+        *job_ids: str,
+        task_name: str | None = None,
+        queue: str | None = None,
+    ) -> int:
+        return self.store.purge_failed(
+            list(job_ids) if job_ids else None, task_name=task_name, queue=queue
+        )
