@@ -8,6 +8,7 @@ outcome through :class:`~celery_ratchet.celery.request.RatchetRequest`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -15,8 +16,10 @@ import uuid
 from typing import Any
 
 from celery import bootsteps, signals
-from celery.exceptions import InvalidTaskError, NotRegistered
+from celery.exceptions import InvalidTaskError, NotRegistered, TaskRevokedError
+from celery.platforms import signals as platform_signals
 from celery.utils.imports import symbol_by_name
+from celery.worker import state as worker_state
 from kombu.exceptions import ContentDisallowed, DecodeError
 from kombu.serialization import prepare_accept_content
 
@@ -30,6 +33,7 @@ from celery_ratchet.celery.retry import install_retries
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
 from celery_ratchet.errors import StoreBusy, StoreUnavailable
 from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
+from celery_ratchet.store.jobstore import REVOKE_ONLY
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +140,8 @@ class JobConsumer(bootsteps.StartStopStep):
             occurrence=occurrence,
             hostname=c.hostname,
             breaker_for=breaker_lookup(app),
+            on_revoke=functools.partial(_revoke_started, c),
+            revoked_error=exception_record(TaskRevokedError("revoked")),
         )
         dispatcher.runtime = runtime
         self.runtime = state.runtime = runtime
@@ -154,6 +160,27 @@ class JobConsumer(bootsteps.StartStopStep):
         signals.worker_shutdown.disconnect(self._on_worker_shutdown)
         if self.runtime is not None:
             self.runtime.close()
+
+
+def _revoke_started(consumer: Any, job_id: str, request: str) -> None:
+    """A revoke of a job this worker has started: Celery's own revoke, as its remote control
+    would have done it. Not started in the pool yet: Celery discards it when it gets there.
+    Running: terminated with the signal asked for, where the pool can (prefork)."""
+    worker_state.revoked.add(job_id)
+    if request == REVOKE_ONLY:
+        return
+    running = worker_state.requests.get(job_id)
+    if running is None:
+        return
+    logger.info("ratchet: terminating job %s (%s)", job_id, request)
+    try:
+        running.terminate(consumer.pool, signal=platform_signals.signum(request))
+    except NotImplementedError:
+        logger.warning(
+            "ratchet: the %s pool cannot terminate job %s; it runs to its end",
+            type(consumer.pool).__name__,
+            job_id,
+        )
 
 
 def _register_recurring(app: Any) -> None:

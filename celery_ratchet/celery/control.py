@@ -4,10 +4,12 @@ broker to travel on and return no replies."""
 from __future__ import annotations
 
 import logging
+from signal import Signals
 from typing import Any
 
 from celery.app.control import Control
 from celery.exceptions import TaskRevokedError
+from celery.platforms import signals as platform_signals
 
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import exception_record
@@ -24,18 +26,22 @@ class RatchetControl(Control):
         signal: Any = None,
         **kwargs: Any,
     ) -> int:
-        """Revoke pending jobs: they will never run. Running jobs finish (terminating them is
-        not supported yet) and are reported in the log."""
+        """Revoke jobs: pending ones never run; running ones are dropped by their worker if
+        not started yet, and with ``terminate=True`` terminated with ``signal`` (default
+        SIGTERM) where the pool allows (prefork). Returns how many jobs were reached."""
         ids = [task_id] if isinstance(task_id, str) else list(task_id)
         store = ratchet_state(self.app).store
-        revoked = store.revoke_pending(ids, exception_record(TaskRevokedError("revoked")))
-        if revoked < len(ids):
+        sig = _signal_name(signal) if terminate else None
+        pending, running = store.request_revoke(
+            ids, exception_record(TaskRevokedError("revoked")), terminate_signal=sig
+        )
+        if pending + running < len(ids):
             logger.info(
-                "ratchet: %d of %d jobs were not pending (running or finished) and were left alone",
-                len(ids) - revoked,
+                "ratchet: %d of %d jobs were already finished (or unknown) and were left alone",
+                len(ids) - pending - running,
                 len(ids),
             )
-        return revoked
+        return pending + running
 
     def purge(self, connection: Any = None) -> int:
         """Delete every pending job of the app's queues; returns how many."""
@@ -55,3 +61,20 @@ class RatchetControl(Control):
     ) -> Any:
         logger.debug("ratchet: no broker, broadcast %r reaches no worker", command)
         return [] if reply else None
+
+
+def _signal_name(signal: Any) -> str:
+    """``SIGTERM`` for None, 15, "TERM" or "SIGTERM"; unknown signals are refused."""
+    if signal is None:
+        return "SIGTERM"
+    if isinstance(signal, int):
+        return Signals(signal).name
+    name = str(signal).upper()
+    name = name if name.startswith("SIG") else f"SIG{name}"
+    try:
+        platform_signals.signum(name)
+    except (AttributeError, TypeError, ValueError):
+        raise ValueError(
+            f"revoke: unknown signal {signal!r} (try 'SIGTERM' or 'SIGKILL')"
+        ) from None
+    return name

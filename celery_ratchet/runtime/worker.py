@@ -87,6 +87,8 @@ class WorkerRuntime:
         occurrence: OccurrenceFactory | None = None,
         hostname: str | None = None,
         breaker_for: BreakerLookup | None = None,
+        on_revoke: Callable[[str, str], None] | None = None,
+        revoked_error: str | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -104,6 +106,9 @@ class WorkerRuntime:
         self._protected: dict[tuple[str, str], CircuitBreaker] = {}
         self.breaker_for = breaker_for if settings.circuit_breaker else None
         self.breakers: dict[str, CircuitBreaker] = {}
+        #: Called with (job id, ``REVOKE`` or a signal name) for a started job to stop.
+        self.on_revoke = on_revoke
+        self.revoked_error = revoked_error
         self._lock = threading.Lock()
         self._wake = threading.Event()  # something changed: a slot freed, or a hint
         self._hint = threading.Event()  # new work may be due
@@ -125,6 +130,7 @@ class WorkerRuntime:
             ("settler", self._settle_loop),
             ("heartbeat", self._heartbeat_loop),
             ("orphan-scan", self._orphan_loop),
+            ("revocations", self._revocation_loop),
         ):
             self._spawn(name, target)
 
@@ -597,6 +603,39 @@ class WorkerRuntime:
                 len(strays),
                 ", ".join(j for j, _ in strays[:20]),
             )
+
+    def _revocation_loop(self) -> None:
+        """Revokes asked while a job of this node was RUNNING: a job not started yet is
+        dropped (REVOKED); a started one is handed to ``on_revoke`` (terminate, if asked)."""
+        handled: set[tuple[str, str]] = set()
+        while not self._closed.wait(self.settings.poll_interval):
+            try:
+                asked = self.store.revocations(self.node_id)
+            except Exception as exc:
+                self._throttle.warn("revocations", "ratchet: revokes not checked: %s", exc)
+                continue
+            for job_id, token, request in asked:
+                if (job_id, token) not in handled:
+                    handled.add((job_id, token))
+                    self._revoke(job_id, token, request)
+            handled &= {(job_id, token) for job_id, token, _ in asked}
+
+    def _revoke(self, job_id: str, token: str, request: str) -> None:
+        with self._lock:
+            buffered = next(
+                (j for j in self._ready if j.job_id == job_id and j.token == token), None
+            )
+            if buffered is not None:
+                self._ready.remove(buffered)
+            started = self._in_flight.get(job_id) == token
+        if buffered is not None:
+            logger.info("ratchet: job %s revoked before it started", job_id)
+            self._report(
+                Settlement(job_id, token, JobStatus.REVOKED, self.revoked_error,
+                           resource=buffered.resource)
+            )  # fmt: skip
+        elif started and self.on_revoke is not None:
+            self.on_revoke(job_id, request)
 
     def _orphan_loop(self) -> None:
         interval = self.settings.orphan_scan_interval

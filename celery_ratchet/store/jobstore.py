@@ -91,6 +91,8 @@ class _ClaimLost(Exception):
 
 
 _CONFLICT_RETRIES = 5
+#: ``revoke_requested`` of a revoke without terminate: drop the job if it has not started.
+REVOKE_ONLY = "REVOKE"
 
 
 def _new_job_values() -> dict[str, Any]:
@@ -127,6 +129,7 @@ _DEFINITION = (
 
 _CLEARED_CLAIM = {"picked_by": None, "claim_token": None, "claimed_at": None, "started_at": None}
 _CLEARED_RESULT = {
+    "revoke_requested": None,
     "finished_at": None,
     "job_result": None,
     "result_type": None,
@@ -868,14 +871,43 @@ class JobStore:
 
     def revoke_pending(self, job_ids: Sequence[str], error: str) -> int:
         """Pending jobs become REVOKED and never run; returns how many were pending."""
+        return self.request_revoke(job_ids, error)[0]
+
+    def request_revoke(
+        self, job_ids: Sequence[str], error: str, *, terminate_signal: str | None = None
+    ) -> tuple[int, int]:
+        """Pending jobs become REVOKED; running ones are marked for their node, which drops
+        them if not started yet and, given ``terminate_signal``, terminates them.
+        Returns (pending revoked, running marked)."""
         if not job_ids:
-            return 0
-        stmt = (
+            return 0, 0
+        ids = list(job_ids)
+        pending = (
             update(job)
-            .where(job.c.job_id.in_(list(job_ids)), job.c.status == JobStatus.PENDING.value)
+            .where(job.c.job_id.in_(ids), job.c.status == JobStatus.PENDING.value)
             .values(status=JobStatus.REVOKED.value, finished_at=db_now(), last_error=error)
         )
-        return self._run(lambda conn: conn.execute(stmt).rowcount, "no job was revoked")
+        running = (
+            update(job)
+            .where(job.c.job_id.in_(ids), job.c.status == JobStatus.RUNNING.value)
+            .values(revoke_requested=terminate_signal or REVOKE_ONLY)
+        )
+
+        def work(conn: Connection) -> tuple[int, int]:
+            return conn.execute(pending).rowcount, conn.execute(running).rowcount
+
+        return self._run(work, "no job was revoked")
+
+    def revocations(self, node_id: str) -> list[tuple[str, str, str]]:
+        """(job id, claim token, request) of this node's running jobs asked to stop; the
+        request is ``REVOKE`` or a signal name."""
+        stmt = select(job.c.job_id, job.c.claim_token, job.c.revoke_requested).where(
+            job.c.status == JobStatus.RUNNING.value,
+            job.c.picked_by == node_id,
+            job.c.revoke_requested.is_not(None),
+        )
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "revocations were not read")
+        return [(r.job_id, r.claim_token, r.revoke_requested) for r in rows]
 
     def purge_pending(self, queues: Sequence[str]) -> int:
         stmt = delete(job).where(
