@@ -28,12 +28,14 @@ sys.path.insert(0, str(ROOT))
 import psycopg  # noqa: E402
 import redis  # noqa: E402
 from celery import group  # noqa: E402
+from sqlalchemy import create_engine  # noqa: E402
 
 PG_ADMIN = os.environ.get("BENCH_PG_ADMIN", "host=127.0.0.1 user=postgres dbname=postgres")
 PG_DB = "ratchet_bench"
 os.environ.setdefault("RATCHET_URL", f"postgresql://postgres@127.0.0.1/{PG_DB}")
 
 from bench.apps import REDIS_URL, ratchet_app, redis_app  # noqa: E402
+from bench.claim import bench_claim  # noqa: E402
 from celery_ratchet.celery.app import ratchet_state  # noqa: E402
 
 RESULTS: list[dict[str, Any]] = []
@@ -78,6 +80,20 @@ def reset() -> None:
     with store.engine.connect() as conn:
         conn.exec_driver_sql("TRUNCATE scheduler_job, scheduler_node")
     _redis.flushdb()
+
+
+def claim_urls() -> dict[str, str]:
+    """The bench database on PostgreSQL, and on MariaDB (created if missing)."""
+    mysql_admin = create_engine(
+        "mysql+pymysql://root@127.0.0.1:3306/", isolation_level="AUTOCOMMIT"
+    )
+    with mysql_admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE IF NOT EXISTS {PG_DB} CHARACTER SET utf8mb4")
+    mysql_admin.dispose()
+    return {
+        "postgresql": os.environ["RATCHET_URL"],
+        "mysql": f"mysql://root@127.0.0.1:3306/{PG_DB}",
+    }
 
 
 def raw_connection() -> psycopg.Connection[Any]:
@@ -330,17 +346,20 @@ def main() -> None:
     parser.add_argument("--latency-samples", type=int, default=200)
     parser.add_argument("--idle-samples", type=int, default=12)
     parser.add_argument("--quick", action="store_true", help="small numbers, for a smoke run")
-    parser.add_argument("--only", choices=["enqueue", "bulk", "drain", "latency"])
+    parser.add_argument("--only", choices=["enqueue", "bulk", "drain", "latency", "claim"])
+    parser.add_argument("--backlog", type=int, default=20_000, help="pending rows to claim from")
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.enqueue, args.rounds = 500, 300, 1
         args.latency_samples, args.idle_samples = 20, 3
+        args.backlog = 1_000
     prepare_database()
     sections = {
         "enqueue": lambda: bench_enqueue(args.enqueue, args.rounds),
         "bulk": lambda: bench_bulk(args.rounds),
         "drain": lambda: bench_drain(args.jobs),
         "latency": lambda: bench_latency(args.latency_samples, args.idle_samples),
+        "claim": lambda: bench_claim(claim_urls(), args.backlog, args.backlog // 2, report),
     }
     for name, run in sections.items():
         if args.only in (None, name):

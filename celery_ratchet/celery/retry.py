@@ -12,6 +12,7 @@ documented; a do-not-retry exception is never retried by any of them.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -71,7 +72,8 @@ def retry_plan(app: Celery, task: Any, request: Any) -> RetryPlan | None:
         getattr(task, "ratchet_retry_policy", None), f"{task.name}.ratchet_retry_policy"
     )
     if policy is None:
-        policy = load_policy(app.conf.get("ratchet_retry_policy"), "ratchet_retry_policy")
+        configured = os.environ.get("RATCHET_RETRY_POLICY") or app.conf.get("ratchet_retry_policy")
+        policy = load_policy(configured, "ratchet_retry_policy")
     if policy is None and "backoff" not in options and "max_retries" not in options:
         return None
     max_retries = options.get("max_retries", task.max_retries)

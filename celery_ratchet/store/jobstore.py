@@ -308,11 +308,6 @@ class JobStore:
         self._drop_stale_permits = delete(permit).where(
             permit.c.resource == bindparam("resource"), ~still_running.exists()
         )
-        self._release_permit = delete(permit).where(
-            permit.c.resource == bindparam("p_resource"),
-            permit.c.job_id == bindparam("p_job_id"),
-            permit.c.claim_token == bindparam("p_token"),
-        )
         self._reuse_finished = (
             update(job)
             .where(job.c.job_id == bindparam("p_job_id"), job.c.status.in_(_TERMINAL))
@@ -620,16 +615,23 @@ class JobStore:
         ]  # fmt: skip
         if not params:
             return 0
-        permits = [
-            {"p_resource": s.resource, "p_job_id": s.job_id, "p_token": s.token}
-            for s in settlements
-            if s.resource is not None
+        held: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for s in settlements:
+            if s.resource is not None:
+                held[s.resource].append((s.job_id, s.token))
+        permit = scheduler_resource_permit
+        releases = [
+            delete(permit).where(
+                permit.c.resource == resource,
+                tuple_(permit.c.job_id, permit.c.claim_token).in_(claims),
+            )
+            for resource, claims in held.items()
         ]
 
         def work(conn: Connection) -> int:
             changed = self._settle_rows(conn, params)
-            if permits:
-                conn.execute(self._release_permit, permits)
+            for release in releases:  # one statement per resource, not per job
+                conn.execute(release)
             return changed
 
         return self._run(work, "job outcomes were not recorded")
