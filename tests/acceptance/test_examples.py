@@ -1,0 +1,38 @@
+"""The examples run as they are documented: ``python examples/<name>.py``, on SQLite."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def run_example(name: str, cwd: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / f"{name}.py")],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_quickstart(tmp_path: Path) -> None:
+    out = run_example("quickstart", tmp_path)
+    assert "add(2, 3)       = 5" in out and "flaky           = report succeeded" in out
+
+
+def test_reliability(tmp_path: Path) -> None:
+    out = run_example("reliability", tmp_path)
+    assert "retries with backoff: EUR rate fetched on attempt 3" in out
+    assert "in the dead-letter queue: BadAccount: acme: no such customer" in out
+    assert "requeued from the DLQ: acme opened" in out
+    assert "1 permit: overlapping = False" in out
