@@ -124,6 +124,10 @@ def apply_defaults(app: Celery) -> None:
             "result_backend 'rpc://' sends results over the broker, and a ratchet app has none; "
             "remove result_backend to store results in the job store (the default)"
         )
+    if "result_backend_always_retry" not in conf.changes:
+        # A result written while the database is briefly away waits for it (Celery's own
+        # retry, StoreUnavailable being safe to retry) instead of failing a job that ran.
+        conf.result_backend_always_retry = True
     forget_broker(app)
 
 
