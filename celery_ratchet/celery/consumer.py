@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 from celery import bootsteps, signals
+from celery.concurrency.base import BasePool
 from celery.exceptions import InvalidTaskError, NotRegistered, TaskRevokedError
 from celery.platforms import signals as platform_signals
 from celery.utils.imports import symbol_by_name
@@ -26,12 +27,14 @@ from kombu.serialization import prepare_accept_content
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import exception_record
 from celery_ratchet.celery.breaker import lookup as breaker_lookup
+from celery_ratchet.celery.breaker import parse as parse_breaker
 from celery_ratchet.celery.message import JobMessage
+from celery_ratchet.celery.options import resolve as resolve_options
 from celery_ratchet.celery.recurring import occurrence, register_all
 from celery_ratchet.celery.request import ratchet_request_class
 from celery_ratchet.celery.retry import install_retries
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
-from celery_ratchet.errors import StoreBusy, StoreUnavailable
+from celery_ratchet.errors import ConfigurationError, StoreBusy, StoreUnavailable
 from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
 from celery_ratchet.store.jobstore import REVOKE_ONLY
 
@@ -52,7 +55,7 @@ def capacity_for(consumer: Any) -> Capacity:
     multiplier = int(consumer.app.conf.worker_prefetch_multiplier or 0)
     running = concurrency * 2
     total = concurrency * multiplier if multiplier > 0 else running * 2
-    return Capacity(running=running, buffered=max(total - running, concurrency))
+    return Capacity(running=running, buffered=max(total - running, concurrency), slots=concurrency)
 
 
 class Dispatcher:
@@ -126,6 +129,7 @@ class JobConsumer(bootsteps.StartStopStep):
         app = c.app
         state = ratchet_state(app)
         _report_outcomes_to_store(app)
+        _check_task_options(app, state.settings)
         install_retries(app)
         c.update_strategies()
         _register_recurring(app)
@@ -163,24 +167,27 @@ class JobConsumer(bootsteps.StartStopStep):
 
 
 def _revoke_started(consumer: Any, job_id: str, request: str) -> None:
-    """A revoke of a job this worker has started: Celery's own revoke, as its remote control
-    would have done it. Not started in the pool yet: Celery discards it when it gets there.
-    Running: terminated with the signal asked for, where the pool can (prefork)."""
+    """A revoke of a job this worker has handed to Celery: Celery's own revoke, as its remote
+    control would do it. Still queued for a pool process: terminated the moment a process
+    takes it (prefork), so it does not run. Running: terminated if asked, where the pool can."""
     worker_state.revoked.add(job_id)
-    if request == REVOKE_ONLY:
+    queued = worker_state.requests.get(job_id)
+    if queued is None:
         return
-    running = worker_state.requests.get(job_id)
-    if running is None:
+    started = queued.time_start is not None
+    if started and request == REVOKE_ONLY:
         return
-    logger.info("ratchet: terminating job %s (%s)", job_id, request)
-    try:
-        running.terminate(consumer.pool, signal=platform_signals.signum(request))
-    except NotImplementedError:
+    pool = consumer.pool
+    if type(pool).terminate_job is BasePool.terminate_job:
         logger.warning(
             "ratchet: the %s pool cannot terminate job %s; it runs to its end",
-            type(consumer.pool).__name__,
+            type(pool).__name__,
             job_id,
         )
+        return
+    sig = "SIGTERM" if request == REVOKE_ONLY else request
+    logger.info("ratchet: terminating job %s (%s)", job_id, sig)
+    queued.terminate(pool, signal=platform_signals.signum(sig))
 
 
 def _register_recurring(app: Any) -> None:
@@ -197,6 +204,24 @@ def _register_recurring(app: Any) -> None:
             delay = min(delay * 2, 30.0)
     if keys:
         logger.info("ratchet: %d recurring jobs registered: %s", len(keys), ", ".join(keys))
+
+
+def _check_task_options(app: Any, settings: Any) -> None:
+    """Refuse to start on a task whose ratchet options are wrong (an unknown backoff, a
+    resource with no capacity, a malformed circuit breaker), rather than fail its jobs."""
+    problems = []
+    for task in app.tasks.values():
+        if task.name.startswith("celery."):
+            continue
+        try:
+            resolve_options(task.name, task, None, settings)
+            parse_breaker(getattr(task, "circuit_breaker", None), task.name)
+        except (ValueError, TypeError) as exc:
+            problems.append(f"{task.name}: {exc}")
+    if problems:
+        raise ConfigurationError(
+            "ratchet options of tasks are invalid:\n  " + "\n  ".join(problems)
+        )
 
 
 def _report_outcomes_to_store(app: Any) -> None:

@@ -18,6 +18,7 @@ from celery.schedules import schedule as interval_schedule
 from kombu.utils import json as kjson
 
 from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.options import HEADER
 from celery_ratchet.celery.sender import JobBatch
 from celery_ratchet.domain.cron import CronExpression
 from celery_ratchet.domain.job import ClaimedJob, Message, NewJob
@@ -264,6 +265,9 @@ def occurrence(master: ClaimedJob, spec: MasterSpec, fire: datetime) -> NewJob:
         due=fire,
         expires_at=expires,
         root_id=job_id,
+        # The template went through the send path: its ratchet options name the resource.
+        # The master itself holds no permit; each occurrence needs one.
+        resource=(headers.get(HEADER) or {}).get("resource"),
     )
 
 

@@ -75,6 +75,9 @@ class RatchetRequest(Request):
         self, exc_info: ExceptionInfo, send_failed_event: bool = True, return_ok: bool = False
     ) -> Any:
         exc = _unwrap(exc_info.exception)
+        # The pool reports a hard time limit here, before on_timeout: decide the retry first.
+        if isinstance(exc, TimeLimitExceeded) and self._retry_after(exc):
+            return None
         try:
             return super().on_failure(
                 exc_info, send_failed_event=send_failed_event, return_ok=return_ok

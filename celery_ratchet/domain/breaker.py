@@ -57,7 +57,8 @@ class CircuitBreaker:
     _failures: int = 0
 
     def defer_until(self, now: float) -> float | None:
-        """None: run the job now. Else the time (same clock as ``now``) to try it again."""
+        """None: run the job now (while HALF_OPEN, as the probe). Else the time (same clock
+        as ``now``) to try it again."""
         if self.state is BreakerState.OPEN:
             if now < self.opened_until:
                 return self.opened_until
@@ -74,8 +75,13 @@ class CircuitBreaker:
             return now + min(PROBE_WAIT_SECONDS, self.config.open_seconds)
         return None
 
-    def record(self, failed: bool, now: float) -> None:
+    def record(self, failed: bool, now: float, *, probe: bool = False) -> None:
+        """Count one outcome. While HALF_OPEN only the probe's counts (``probe=True``: the
+        job admitted by :meth:`defer_until` in that state); a job started earlier, finishing
+        late, decides nothing."""
         if self.state is BreakerState.HALF_OPEN:
+            if not probe:
+                return
             if failed:
                 self._open(now)
             else:

@@ -89,6 +89,8 @@ class ClaimedJob:
     claimed_now: datetime | None = None
     #: The resource whose permit this execution holds, if any.
     resource: str | None = None
+    #: Set when the job was revoked while an earlier execution of it was running.
+    revoke_requested: str | None = None
 
 
 @dataclass(frozen=True)

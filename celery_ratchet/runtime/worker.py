@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 
-from celery_ratchet.domain.breaker import BreakerConfig, CircuitBreaker
+from celery_ratchet.domain.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from celery_ratchet.domain.job import (
     SCHEDULES_QUEUE,
     ClaimedJob,
@@ -50,10 +50,16 @@ class Capacity:
 
     running: int
     buffered: int
+    #: Jobs that actually execute at once (the pool's processes); 0 means ``running``.
+    slots: int = 0
 
     @property
     def total(self) -> int:
         return self.running + self.buffered
+
+    @property
+    def executing(self) -> int:
+        return self.slots or self.running
 
 
 class _Throttle:
@@ -103,7 +109,8 @@ class WorkerRuntime:
         self._in_flight: dict[str, str] = {}  # job id → claim token
         #: Permits and breakers of jobs in flight, by (job id, claim token).
         self._permits: dict[tuple[str, str], str] = {}
-        self._protected: dict[tuple[str, str], CircuitBreaker] = {}
+        #: (breaker, whether this execution is its half-open probe)
+        self._protected: dict[tuple[str, str], tuple[CircuitBreaker, bool]] = {}
         self.breaker_for = breaker_for if settings.circuit_breaker else None
         self.breakers: dict[str, CircuitBreaker] = {}
         #: Called with (job id, ``REVOKE`` or a signal name) for a started job to stop.
@@ -241,9 +248,10 @@ class WorkerRuntime:
     def record_outcome(self, job_id: str, token: str, failed: bool) -> None:
         """Count a finished execution in its task's circuit breaker, if it has one."""
         with self._lock:
-            breaker = self._protected.pop((job_id, token), None)
-            if breaker is not None:
-                breaker.record(failed, time.monotonic())
+            protected = self._protected.pop((job_id, token), None)
+            if protected is not None:
+                breaker, probe = protected
+                breaker.record(failed, time.monotonic(), probe=probe)
 
     def _report(self, settlement: Settlement) -> None:
         with self._lock:
@@ -265,6 +273,7 @@ class WorkerRuntime:
             if self._in_flight.get(job_id) == token:
                 del self._in_flight[job_id]
             self._permits.pop((job_id, token), None)
+            self._protected.pop((job_id, token), None)  # an end with no outcome to count
         self._wake.set()
 
     # -- loops ------------------------------------------------------------------------------
@@ -326,7 +335,16 @@ class WorkerRuntime:
         """When the job's circuit breaker is open: the time to try it again."""
         if self.breaker_for is None:
             return None
-        found = self.breaker_for(job)
+        try:
+            found = self.breaker_for(job)
+        except Exception as exc:  # a bad breaker setting must not stop the claim loop
+            self._throttle.warn(
+                f"breaker:{job.task_name}",
+                "ratchet: no circuit breaker for %s: %s",
+                job.task_name,
+                exc,
+            )
+            return None
         if found is None:
             return None
         service, config = found
@@ -337,7 +355,8 @@ class WorkerRuntime:
                 breaker = self.breakers[service] = CircuitBreaker(config)
             until = breaker.defer_until(now)
             if until is None:
-                self._protected[(job.job_id, job.token)] = breaker
+                probe = breaker.state is BreakerState.HALF_OPEN
+                self._protected[(job.job_id, job.token)] = (breaker, probe)
                 return None
         claimed_at = job.claimed_now or datetime.now(timezone.utc)
         return claimed_at + timedelta(seconds=until - now)
@@ -367,17 +386,22 @@ class WorkerRuntime:
         return room, ready <= self.capacity.buffered // 2
 
     def _claim(self, room: int) -> list[ClaimedJob]:
-        # Jobs that need a permit first: few at a time, and never starved by the rest.
+        # Jobs that need a permit first: few at a time, and never starved by the rest. A node
+        # holds no more of them than it can execute at once, so a permit is never held by a
+        # job queued behind others while another node sits idle.
         claimed: list[ClaimedJob] = []
+        with self._lock:
+            held = len(self._permits) + sum(1 for j in self._ready if j.resource is not None)
+        permit_room = max(0, self.capacity.executing - held)
         for resource, capacity in self.settings.resources.items():
-            if room > len(claimed):
+            if min(room, permit_room) > len(claimed):
                 claimed += self._claim_with(
                     self.store.claim_for_resource,
                     self.node_id,
                     self.queues,
                     resource,
                     capacity,
-                    room - len(claimed),
+                    min(room, permit_room) - len(claimed),
                 )
         if room > len(claimed):
             claimed += self._claim_with(
@@ -404,35 +428,44 @@ class WorkerRuntime:
         idle_wait = settings.poll_interval_min
         next_claim = 0.0
         while not self._stopping.is_set():
-            self._wake.clear()  # before looking: a change made after this wakes the wait below
-            self._fire_due_masters()
-            self._dispatch_ready()
-            room, low = self._room()
-            wants_work = room > 0 and low and not self._heartbeat_stale()
-            if wants_work and (self._hint.is_set() or time.monotonic() >= next_claim):
-                self._hint.clear()
-                claimed = self._claim(room)
-                if claimed:
-                    with self._lock:
-                        self._ready.extend(claimed)
-                    self._dispatch_ready()
-                if len(claimed) == room:  # there may be more due: claim again at once
-                    idle_wait, next_claim = settings.poll_interval_min, 0.0
-                    continue
-                # The queue ran dry: back off, doubling up to the poll interval.
-                idle_wait = (
-                    settings.poll_interval_min
-                    if claimed
-                    else min(idle_wait * 2, settings.poll_interval)
+            try:
+                self._wake.clear()  # before looking: a change made after this wakes the wait below
+                self._fire_due_masters()
+                self._dispatch_ready()
+                room, low = self._room()
+                wants_work = room > 0 and low and not self._heartbeat_stale()
+                if wants_work and (self._hint.is_set() or time.monotonic() >= next_claim):
+                    self._hint.clear()
+                    claimed = self._claim(room)
+                    revoked = self._drop_revoked(claimed)
+                    if revoked:
+                        claimed = [j for j in claimed if j not in revoked]
+                    if claimed:
+                        with self._lock:
+                            self._ready.extend(claimed)
+                        self._dispatch_ready()
+                    if len(claimed) == room:  # there may be more due: claim again at once
+                        idle_wait, next_claim = settings.poll_interval_min, 0.0
+                        continue
+                    # The queue ran dry: back off, doubling up to the poll interval.
+                    idle_wait = (
+                        settings.poll_interval_min
+                        if claimed
+                        else min(idle_wait * 2, settings.poll_interval)
+                    )
+                    next_claim = time.monotonic() + idle_wait
+                # Sleep until a slot frees, a wake-up hint arrives, or the next claim is due.
+                timeout = (
+                    max(0.0, next_claim - time.monotonic())
+                    if wants_work
+                    else (settings.poll_interval)
                 )
-                next_claim = time.monotonic() + idle_wait
-            # Sleep until a slot frees, a wake-up hint arrives, or the next claim is due.
-            timeout = (
-                max(0.0, next_claim - time.monotonic()) if wants_work else (settings.poll_interval)
-            )
-            if self.occurrence is not None:
-                timeout = min(timeout, max(0.0, self._next_master_check - time.monotonic()))
-            self._wake.wait(timeout)
+                if self.occurrence is not None:
+                    timeout = min(timeout, max(0.0, self._next_master_check - time.monotonic()))
+                self._wake.wait(timeout)
+            except Exception:  # keep claiming: a dead poller would strand this node
+                logger.exception("ratchet: claim loop error; continuing")
+                self._stopping.wait(settings.poll_interval)
 
     def _fire_due_masters(self) -> None:
         """Recurring masters take no slot: they are claimed on their own, a few times a second
@@ -604,6 +637,18 @@ class WorkerRuntime:
                 ", ".join(j for j, _ in strays[:20]),
             )
 
+    def _drop_revoked(self, claimed: list[ClaimedJob]) -> list[ClaimedJob]:
+        """Jobs revoked while an earlier execution of theirs ran (a retry, a hand-back):
+        they end REVOKED here instead of running again."""
+        revoked = [job for job in claimed if job.revoke_requested is not None]
+        for job in revoked:
+            logger.info("ratchet: job %s was revoked; not running it again", job.job_id)
+            self._report(
+                Settlement(job.job_id, job.token, JobStatus.REVOKED, self.revoked_error,
+                           resource=job.resource)
+            )  # fmt: skip
+        return revoked
+
     def _revocation_loop(self) -> None:
         """Revokes asked while a job of this node was RUNNING: a job not started yet is
         dropped (REVOKED); a started one is handed to ``on_revoke`` (terminate, if asked)."""
@@ -635,7 +680,10 @@ class WorkerRuntime:
                            resource=buffered.resource)
             )  # fmt: skip
         elif started and self.on_revoke is not None:
-            self.on_revoke(job_id, request)
+            try:
+                self.on_revoke(job_id, request)
+            except Exception:
+                logger.exception("ratchet: revoke of job %s failed", job_id)
 
     def _orphan_loop(self) -> None:
         interval = self.settings.orphan_scan_interval

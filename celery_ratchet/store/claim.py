@@ -25,7 +25,7 @@ from celery_ratchet.store.schema import UTCDateTime
 RETURNED = (
     "id, job_id, task_name, queue, priority, attempts, claims, scheduled_time, "
     "payload, content_type, content_encoding, headers, properties, job_type, schedule_spec, "
-    "resource"
+    "resource, revoke_requested"
 )
 _ORDER = "ORDER BY priority DESC, scheduled_time, id"
 _DUE = "status = 'PENDING' AND queue IN ({queues}) AND scheduled_time <= {now} AND {resource}"
@@ -33,8 +33,11 @@ _CLAIMED = (
     "status = 'RUNNING', picked_by = :node, claim_token = :token, claimed_at = {now}, "
     "started_at = NULL, claims = claims + 1"
 )
-#: Levels the aging merge reads one by one; send clamps priorities into this range.
-_LEVELS = range(MIN_PRIORITY, MAX_PRIORITY + 1)
+#: Levels the aging merge reads one by one. Sending clamps priorities into 0-9; rows written
+#: before that (up to 255) are read by the last part, so none is ever left behind.
+_LEVEL_CONDITIONS = [f"priority = {p}" for p in range(MIN_PRIORITY, MAX_PRIORITY + 1)] + [
+    f"priority > {MAX_PRIORITY}"
+]
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ def candidates(kind: str, now: str, shape: ClaimShape, columns: str, lock: bool)
     Without aging one index scan in (priority desc, due time) order serves it. With aging the
     order depends on the clock, so no index holds it; but within one priority level the
     effective priority only grows with the wait, so the best ``limit`` rows overall are among
-    the ``limit`` oldest of each level: read those (ten short index range scans) and order
+    the ``limit`` oldest of each level: read those (eleven short index range scans) and order
     that handful. Exact, and its cost does not grow with the backlog.
     """
     lock_clause = " FOR UPDATE SKIP LOCKED" if lock else ""
@@ -88,23 +91,26 @@ def candidates(kind: str, now: str, shape: ClaimShape, columns: str, lock: bool)
         return f"SELECT {columns} FROM scheduler_job WHERE {due} {_ORDER} LIMIT :limit{lock_clause}"
     order = f"ORDER BY {_effective(kind, now, shape.boost_minutes)} DESC, scheduled_time, id"
     level = "ORDER BY scheduled_time, id LIMIT :limit"
-    if kind == "postgresql":  # FOR UPDATE is refused inside UNION; a LATERAL join takes it
+    if kind == "postgresql":
+        # FOR UPDATE is refused inside UNION: each level is an ARRAY(...) of locked ids.
+        parts = [
+            f"ARRAY(SELECT id FROM scheduler_job WHERE {due} AND {level_is} {level}{lock_clause})"
+            for level_is in _LEVEL_CONDITIONS
+        ]
         return (
-            f"SELECT {columns} FROM generate_series({_LEVELS[0]}, {_LEVELS[-1]}) AS lvl(p) "
-            f"CROSS JOIN LATERAL (SELECT {columns} FROM scheduler_job "
-            f"WHERE {due} AND priority = lvl.p {level}{lock_clause}) AS c {order} LIMIT :limit"
+            f"SELECT {columns} FROM scheduler_job WHERE id = ANY({' || '.join(parts)}) "
+            f"{order} LIMIT :limit"
         )
     if kind == "mysql":
         parts = [
-            f"(SELECT {columns} FROM scheduler_job WHERE {due} AND priority = {p} "
-            f"{level}{lock_clause})"
-            for p in _LEVELS
+            f"(SELECT {columns} FROM scheduler_job WHERE {due} AND {level_is} {level}{lock_clause})"
+            for level_is in _LEVEL_CONDITIONS
         ]
     else:  # SQLite: LIMIT inside a compound SELECT needs a sub-select of its own
         parts = [
-            f"SELECT * FROM (SELECT {columns} FROM scheduler_job WHERE {due} "
-            f"AND priority = {p} {level})"
-            for p in _LEVELS
+            f"SELECT * FROM (SELECT {columns} FROM scheduler_job WHERE {due} AND {level_is} "
+            f"{level})"
+            for level_is in _LEVEL_CONDITIONS
         ]
     return f"SELECT * FROM ({' UNION ALL '.join(parts)}) AS c {order} LIMIT :limit"
 
@@ -150,6 +156,7 @@ def to_claimed(row: Row[Any], token: str, claims_offset: int = 0) -> ClaimedJob:
         schedule_spec=row.schedule_spec,
         claimed_now=getattr(row, "claimed_now", None),
         resource=row.resource,
+        revoke_requested=row.revoke_requested,
     )
 
 

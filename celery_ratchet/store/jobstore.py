@@ -896,7 +896,11 @@ class JobStore:
         )
 
         def work(conn: Connection) -> tuple[int, int]:
-            return conn.execute(pending).rowcount, conn.execute(running).rowcount
+            # One transaction, running rows first: a job moving from RUNNING back to PENDING
+            # (a retry) in between is caught by one statement or the other.
+            with transaction(conn):
+                marked = conn.execute(running).rowcount
+                return conn.execute(pending).rowcount, marked
 
         return self._run(work, "no job was revoked")
 

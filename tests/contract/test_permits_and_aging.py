@@ -153,3 +153,11 @@ def test_racing_nodes_never_exceed_the_capacity(server_store: JobStore) -> None:
         w.join(30)
     assert worst <= 3
     assert server_store.count_by_status().get("SUCCEEDED", 0) > 0
+
+
+def test_rows_with_broker_sized_priorities_are_still_claimed(store: JobStore) -> None:
+    store.enqueue(new_job("legacy", priority=4))
+    with store.engine.connect() as conn:  # as written before priorities were capped at 9
+        conn.execute(text("UPDATE scheduler_job SET priority = 200 WHERE job_id = 'legacy'"))
+    store.enqueue(new_job("high", priority=Priority.HIGH))
+    assert [j.job_id for j in store.claim("n", ["celery"], 5)] == ["legacy", "high"]

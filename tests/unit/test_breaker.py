@@ -53,10 +53,10 @@ def test_a_successful_probe_closes_and_a_failed_one_reopens() -> None:
     cb = breaker(failure_rate=0.5, window=2, open_seconds=30, minimum_calls=2)
     cb.record(True, 0), cb.record(True, 0)
     cb.defer_until(30)
-    cb.record(True, 31)
+    cb.record(True, 31, probe=True)
     assert cb.state is BreakerState.OPEN and cb.opened_until == 61
     cb.defer_until(61)
-    cb.record(False, 62)
+    cb.record(False, 62, probe=True)
     assert cb.state is BreakerState.CLOSED and cb.failure_rate() == 0
     assert cb.defer_until(62) is None
 
@@ -81,3 +81,14 @@ def test_invalid_configuration_is_refused() -> None:
                 {"window": 5, "minimum_calls": 6}):  # fmt: skip
         with pytest.raises(ValueError):
             BreakerConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_while_half_open_only_the_probe_decides() -> None:
+    cb = breaker(window=2, open_seconds=5, minimum_calls=2)
+    cb.record(True, 0), cb.record(True, 0)
+    assert cb.defer_until(5) is None  # the probe
+    cb.record(False, 5.5)  # a job started before the breaker opened, finishing late
+    cb.record(True, 5.6)
+    assert cb.state is BreakerState.HALF_OPEN
+    cb.record(False, 6, probe=True)
+    assert cb.state is BreakerState.CLOSED
