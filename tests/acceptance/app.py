@@ -24,10 +24,11 @@ SIDE_EFFECTS = "acceptance_run"
 
 
 def record_run(key: str) -> None:
+    """One row per execution: which pool process ran it (pid), under which worker (ppid)."""
     with engine_for(os.environ["RATCHET_URL"]).connect() as conn:
         conn.execute(
-            text(f"INSERT INTO {SIDE_EFFECTS} (run_key, pid) VALUES (:k, :p)"),
-            {"k": key, "p": os.getpid()},
+            text(f"INSERT INTO {SIDE_EFFECTS} (run_key, pid, ppid) VALUES (:k, :p, :pp)"),
+            {"k": key, "p": os.getpid(), "pp": os.getppid()},
         )
 
 
@@ -40,6 +41,20 @@ def double(n: int) -> int:
 @app.task(name="acc.sleep")
 def sleep(key: str, seconds: float) -> str:
     record_run(key)
+    time.sleep(seconds)
+    return key
+
+
+@app.task(name="acc.noted_sleep")
+def noted_sleep(key: str, seconds: float) -> str:
+    """Like acc.sleep, but notes its run in a file (RATCHET_ACCEPTANCE_RUN_LOG), not in the
+    job store: for tests that take the database away while jobs run."""
+    line = f"{key} {os.getpid()} {os.getppid()}\n".encode()
+    fd = os.open(os.environ["RATCHET_ACCEPTANCE_RUN_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, line)  # one O_APPEND write: lines from several processes never mix
+    finally:
+        os.close(fd)
     time.sleep(seconds)
     return key
 

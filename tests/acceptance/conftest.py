@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -39,14 +40,32 @@ class Worker:
                    "-P", pool, "-c", str(concurrency), "-n", f"{name}@%h", "-l", "info",
                    *extra]  # fmt: skip
         environment = {**os.environ, "RATCHET_URL": url, "PYTHONPATH": str(ROOT), **env}
+        # Its own process group, so that kill() reaches the pool's children too.
         self.process = subprocess.Popen(
-            command, cwd=ROOT, env=environment, stdout=log.open("wb"), stderr=subprocess.STDOUT
+            command,
+            cwd=ROOT,
+            env=environment,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
         if self.process.poll() is None:
             self.process.send_signal(sig)
         return self.process.wait(timeout)
+
+    def kill(self, timeout: float = 30) -> None:
+        """SIGKILL the worker and every process of its group (the pool's children) at once,
+        as a crashed machine would; returns when none of them runs any more."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.process.wait(timeout)
+        wait_until(lambda: not group_members(self.pid), timeout, f"the end of {self.name}")
 
 
 class Cluster:
@@ -74,11 +93,15 @@ class Cluster:
         return "\n".join(f"--- {w.name}\n{w.log.read_text()[-4000:]}" for w in self.workers)
 
     def stop_all(self) -> None:
+        # Signal all first: the warm shutdowns run side by side, not one after another.
+        for worker in self.workers:
+            if worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGTERM)
         for worker in self.workers:
             try:
-                worker.stop()
+                worker.process.wait(60)
             except subprocess.TimeoutExpired:
-                worker.stop(signal.SIGKILL)
+                worker.kill()
 
 
 @pytest.fixture
@@ -96,7 +119,9 @@ def _app_on(url: str) -> Iterator[Celery]:
     store = empty_store(url)
     with store.engine.connect() as conn:
         conn.execute(text(f"DROP TABLE IF EXISTS {SIDE_EFFECTS}"))
-        conn.execute(text(f"CREATE TABLE {SIDE_EFFECTS} (run_key VARCHAR(100), pid INTEGER)"))
+        conn.execute(
+            text(f"CREATE TABLE {SIDE_EFFECTS} (run_key VARCHAR(100), pid INTEGER, ppid INTEGER)")
+        )
     app.conf.ratchet_url = url
     ratchet_state(app).reset()
     yield app
@@ -119,6 +144,20 @@ def server_cluster(server_app: Celery, tmp_path: Path) -> Iterator[Cluster]:
 def side_effects(store: JobStore) -> list[tuple[str, int]]:
     with store.engine.connect() as conn:
         return [tuple(r) for r in conn.execute(text(f"SELECT run_key, pid FROM {SIDE_EFFECTS}"))]
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``, from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # gone meanwhile
+            continue
+        # After the command: state, ppid, pgrp.
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            found.append(int(stat.parent.name))
+    return found
 
 
 def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,281 @@
+"""PostgreSQL restarted under two running workers: they reconnect by themselves, every job
+succeeds with its result readable, and an enqueue made while the server is down raises
+StoreUnavailable and writes nothing.
+
+The server restarted is a private cluster this test creates (initdb into a temporary
+directory, on a free port), never the shared one other test runs use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+from celery import Celery, group
+from sqlalchemy import text
+
+from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.errors import StoreUnavailable
+from celery_ratchet.store.engine import engine_for
+from celery_ratchet.store.jobstore import JobStore
+from tests.acceptance.conftest import Cluster, _app_on, wait_until
+from tests.conftest import IN_CI
+
+pytestmark = pytest.mark.slow
+
+JOBS = 500
+REFUSED_GROUP = 50
+#: Heartbeats fail (and are logged) within a second of the outage; the grace period is long
+#: enough that the outage never makes a node look dead.
+SETTINGS = {
+    "RATCHET_NODE_HEARTBEAT_INTERVAL_SECONDS": "1",
+    "RATCHET_NODE_ORPHAN_GRACE_SECONDS": "30",
+    "RATCHET_ORPHAN_SCAN_INTERVAL_SECONDS": "1",
+}
+#: Seconds the server stays down (at least).
+OUTAGE_SECONDS = 2.0
+#: What a worker logs when a heartbeat finds the store down (throttled: once per outage).
+HEARTBEAT_FAILED = "ratchet: heartbeat failed: cannot reach the job store"
+
+
+def _version(path: Path) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", path.parent.parent.name))
+
+
+def _pg_bin() -> Path | None:
+    """The directory of initdb and pg_ctl: on PATH, else the newest Debian/Ubuntu install."""
+    found = shutil.which("pg_ctl")
+    if found and shutil.which("initdb"):
+        return Path(found).resolve().parent
+    installed = [
+        p.parent
+        for p in sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), key=_version)
+        if (p.parent / "initdb").exists()
+    ]
+    return installed[-1] if installed else None
+
+
+def _unavailable(reason: str) -> NoReturn:
+    if IN_CI:
+        pytest.fail(f"{reason}: CI requires it to restart a private PostgreSQL server")
+    pytest.skip(reason)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PrivatePostgres:
+    """A throwaway PostgreSQL cluster on 127.0.0.1:<free port>, with trust authentication.
+
+    initdb refuses to run as root: as root, every pg command runs as the ``postgres`` user,
+    which owns the temporary directory.
+    """
+
+    def __init__(self, bin_dir: Path) -> None:
+        self.bin = bin_dir
+        self.prefix: list[str] = []
+        self.dir = Path(tempfile.mkdtemp(prefix="ratchet-pg-"))
+        if os.geteuid() == 0:
+            try:
+                owner = pwd.getpwnam("postgres")
+            except KeyError:
+                shutil.rmtree(self.dir)
+                _unavailable("running as root and there is no postgres user to run initdb")
+            if shutil.which("runuser") is None:
+                shutil.rmtree(self.dir)
+                _unavailable("running as root and runuser is missing")
+            os.chown(self.dir, owner.pw_uid, owner.pw_gid)
+            self.prefix = ["runuser", "-u", "postgres", "--"]
+        self.data = self.dir / "data"
+        self.log = self.dir / "server.log"
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, tool: str, *args: str) -> None:
+        command = [*self.prefix, str(self.bin / tool), *args]
+        done = subprocess.run(
+            command, cwd=self.dir, capture_output=True, text=True, timeout=120, check=False
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}{done.stderr}"
+                f"\n{self.server_log()}"
+            )
+
+    def server_log(self) -> str:
+        try:
+            return self.log.read_text()[-4000:]
+        except OSError:
+            return ""
+
+    def init(self) -> None:
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
+                  "--no-sync")  # fmt: skip
+        for _ in range(5):  # another process may take the free port before the server does
+            self.port = _free_port()
+            try:
+                self.start()
+                return
+            except RuntimeError:
+                if f"{self.port}" not in self.server_log():
+                    raise
+        raise RuntimeError(f"no free port for PostgreSQL:\n{self.server_log()}")
+
+    def start(self) -> None:
+        options = (
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
+            "-c full_page_writes=off"
+        )
+        self._run("pg_ctl", "start", "-D", str(self.data), "-l", str(self.log), "-w", "-t",
+                  "60", "-o", options)  # fmt: skip
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "stop", "-D", str(self.data), "-m", mode, "-w", "-t", "60")
+
+    def destroy(self) -> None:
+        """Whatever state it is in: stop the server, remove its files."""
+        pidfile = self.data / "postmaster.pid"
+        if pidfile.exists():
+            try:
+                self.stop("immediate")
+            except (RuntimeError, subprocess.TimeoutExpired):
+                with contextlib.suppress(ValueError, OSError):
+                    os.kill(int(pidfile.read_text().split()[0]), signal.SIGKILL)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    bin_dir = _pg_bin()
+    if bin_dir is None:
+        _unavailable("PostgreSQL server binaries (initdb, pg_ctl) not found")
+    server = PrivatePostgres(bin_dir)
+    try:
+        server.init()
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+def private_app(private_postgres: PrivatePostgres) -> Iterator[Celery]:
+    """The acceptance app on the private server; its publish retry policy restored after."""
+    app = next(_app_on(private_postgres.url))
+    policy = app.conf.task_publish_retry_policy
+    yield app
+    app.conf.task_publish_retry_policy = policy
+    engine_for(private_postgres.url).dispose()
+    ratchet_state(app).reset()
+
+
+@pytest.fixture
+def private_cluster(private_app: Celery, tmp_path: Path) -> Iterator[Cluster]:
+    found = Cluster(private_app.conf.ratchet_url, tmp_path)
+    yield found
+    found.stop_all()
+
+
+def unfinished(store: JobStore) -> int:
+    counts = store.count_by_status()
+    return counts.get("PENDING", 0) + counts.get("RUNNING", 0)
+
+
+def rows_with_ids(private_app: Celery, ids: list[str]) -> int:
+    with ratchet_state(private_app).store.engine.connect() as conn:
+        statement = text("SELECT COUNT(*) FROM scheduler_job WHERE job_id = ANY(:ids)")
+        return int(conn.execute(statement, {"ids": ids}).scalar_one())
+
+
+def test_workers_ride_out_a_postgresql_restart_and_enqueues_fail_loudly_meanwhile(
+    private_postgres: PrivatePostgres,
+    private_app: Celery,
+    private_cluster: Cluster,
+    tmp_path: Path,
+) -> None:
+    store = ratchet_state(private_app).store
+    noted = private_app.tasks["acc.noted_sleep"]
+    keys = [f"r{i}" for i in range(JOBS)]
+    result = group(noted.s(key, 0.05) for key in keys).apply_async()
+    run_log = tmp_path / "runs.log"
+    workers = [
+        private_cluster.start(
+            name, concurrency=4, RATCHET_ACCEPTANCE_RUN_LOG=str(run_log), **SETTINGS
+        )
+        for name in ("w1", "w2")
+    ]
+    started = time.monotonic()
+    try:
+        wait_until(
+            lambda: store.count_by_status().get("SUCCEEDED", 0) >= JOBS // 5,
+            60,
+            "a fifth of the jobs done",
+        )
+        logged_before = [len(w.log.read_bytes()) for w in workers]
+        stopped_at = time.monotonic()
+        private_postgres.stop("fast")
+
+        # Down: an enqueue raises at once, for a single task as for a group.
+        private_app.conf.task_publish_retry_policy = {"max_retries": 0}
+        with pytest.raises(StoreUnavailable):
+            noted.delay("refused-single", 0)
+        refused = [uuid.uuid4().hex for _ in range(REFUSED_GROUP)]
+        with pytest.raises(StoreUnavailable):
+            group(
+                noted.s(f"refused-{i}", 0).set(task_id=task_id) for i, task_id in enumerate(refused)
+            ).apply_async()
+        # The server comes back once both workers have met the outage.
+        wait_until(
+            lambda: all(
+                HEARTBEAT_FAILED in w.log.read_bytes()[n:].decode(errors="replace")
+                for w, n in zip(workers, logged_before, strict=True)
+            ),
+            30,
+            "both workers to notice the outage",
+        )
+        # Not synchronisation: how long the outage lasts, so that it spans several claims.
+        time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - stopped_at)))
+        private_postgres.start()
+        down = time.monotonic() - stopped_at
+        wait_until(lambda: not unfinished(store), 90, "every job to finish")
+    except Exception:
+        print(private_cluster.logs())
+        print(private_postgres.server_log())
+        raise
+    elapsed = time.monotonic() - started
+
+    runs = Counter(line.split()[0] for line in run_log.read_text().splitlines())
+    again = {key: n for key, n in runs.items() if n > 1}
+    counts = store.count_by_status()
+    print(
+        f"\n[postgresql restart] {JOBS} jobs in {elapsed:.1f}s, server down {down:.1f}s; "
+        f"statuses {counts}; {len(again)} jobs ran more than once: {sorted(again.items())[:20]}"
+    )
+    assert set(runs) == set(keys), "a job never ran, or a refused enqueue ran"
+    assert rows_with_ids(private_app, refused) == 0, "part of the refused group was written"
+    assert [w.process.poll() for w in workers] == [None, None], "a worker exited"
+    nodes = {n["node_id"].split("@")[0] for n in store.list_nodes()}
+    assert nodes == {"w1", "w2"}, f"both workers should still be registered: {nodes}"
+    failed = [(j.job_id, j.last_error) for j in store.list_jobs(status=JobStatus.FAILED)]
+    assert counts == {"SUCCEEDED": JOBS}, f"{counts}; failed jobs: {failed[:3]}"
+    assert result.get(timeout=30) == keys
