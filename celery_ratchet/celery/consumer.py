@@ -178,7 +178,8 @@ def _revoke_started(consumer: Any, job_id: str, request: str) -> None:
     if started and request == REVOKE_ONLY:
         return
     pool = consumer.pool
-    if type(pool).terminate_job is BasePool.terminate_job:
+    # Prefork sets terminate_job on the instance when it starts; the base one only raises.
+    if getattr(pool.terminate_job, "__func__", None) is BasePool.terminate_job:
         logger.warning(
             "ratchet: the %s pool cannot terminate job %s; it runs to its end",
             type(pool).__name__,

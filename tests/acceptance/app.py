@@ -19,6 +19,7 @@ from celery_ratchet.store.engine import engine_for
 app = Celery("acceptance", task_cls="celery_ratchet:RatchetTask")
 app.conf.broker_url = "amqp://guest:guest@127.0.0.1:1//"
 app.conf.ratchet_poll_interval = 0.2
+app.conf.ratchet_resources = {"ledger": 1}
 
 SIDE_EFFECTS = "acceptance_run"
 
@@ -30,6 +31,21 @@ def record_run(key: str) -> None:
             text(f"INSERT INTO {SIDE_EFFECTS} (run_key, pid, ppid) VALUES (:k, :p, :pp)"),
             {"k": key, "p": os.getpid(), "pp": os.getppid()},
         )
+
+
+@app.task(name="acc.hard_retried", time_limit=0.5, backoff="fixed", backoff_param=0.1,
+          max_retries=2)  # fmt: skip
+def hard_retried(key: str) -> str:
+    record_run(key)
+    time.sleep(5)
+    return "no limit"
+
+
+@app.task(name="acc.ledger", resource="ledger")
+def ledger(key: str) -> None:
+    record_run(f"{key}:start:{time.time():.6f}")
+    time.sleep(0.3)
+    record_run(f"{key}:end:{time.time():.6f}")
 
 
 @app.task(name="acc.double")
