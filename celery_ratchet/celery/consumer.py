@@ -208,14 +208,20 @@ def _register_recurring(app: Any) -> None:
 
 
 def _check_task_options(app: Any, settings: Any) -> None:
-    """Refuse to start on a task whose ratchet options are wrong (an unknown backoff, a
-    resource with no capacity, a malformed circuit breaker), rather than fail its jobs."""
+    """Refuse to start on a task whose ratchet options are wrong in themselves (an unknown
+    backoff, a malformed circuit breaker), rather than fail its jobs. A resource this worker
+    has no capacity for is only logged: such jobs are left to workers configured for it."""
     problems = []
     for task in app.tasks.values():
         if task.name.startswith("celery."):
             continue
         try:
             resolve_options(task.name, task, None, settings)
+        except ConfigurationError as exc:
+            logger.warning("ratchet: %s; this worker will not run its jobs", exc)
+        except (ValueError, TypeError) as exc:
+            problems.append(f"{task.name}: {exc}")
+        try:
             parse_breaker(getattr(task, "circuit_breaker", None), task.name)
         except (ValueError, TypeError) as exc:
             problems.append(f"{task.name}: {exc}")
