@@ -293,6 +293,25 @@ def latency(
 ) -> None:
     reset()
     app = ratchet_app if app_name == "ratchet_app" else redis_app
+    # The sender takes part in wake-ups too (its INSERT notifies, it publishes to Redis).
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    ratchet_state(ratchet_app).reset()
+    try:
+        _latency(label, app, prefix, samples, env, gap)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        ratchet_state(ratchet_app).reset()
+
+
+def _latency(
+    label: str, app: Any, prefix: str, samples: int, env: dict[str, str], gap: float
+) -> None:
+    app_name = "ratchet_app" if app is ratchet_app else "redis_app"
     stamp = app.tasks["bench.stamp"]
     worker = start_worker(app_name, "threads", env=env)
     try:
@@ -324,13 +343,21 @@ def bench_latency(samples: int, sparse: int) -> None:
         f"enqueue→start latency, -P threads: {samples} tasks 50 ms apart (busy), then "
         f"{sparse} tasks 1.5 s apart (a worker idle between them)"
     )
+    polling = {"RATCHET_LISTEN_NOTIFY": "false"}
     for label, app_name, prefix, env in (
-        ("celery_ratchet, poll interval 1 s (default)", "ratchet_app", "ratchet", {}),
+        ("celery_ratchet, polling only, poll 1 s", "ratchet_app", "ratchet", polling),
         (
-            "celery_ratchet, poll interval 0.1 s",
+            "celery_ratchet, polling only, poll 0.1 s",
             "ratchet_app",
             "ratchet",
-            {"RATCHET_POLL_INTERVAL": "0.1"},
+            {**polling, "RATCHET_POLL_INTERVAL": "0.1"},
+        ),
+        ("celery_ratchet, LISTEN/NOTIFY (default)", "ratchet_app", "ratchet", {}),
+        (
+            "celery_ratchet, Redis wake-ups",
+            "ratchet_app",
+            "ratchet",
+            {**polling, "RATCHET_EVENTS_URL": REDIS_URL},
         ),
         ("Celery on Redis", "redis_app", "redis", {}),
     ):

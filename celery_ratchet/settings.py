@@ -85,6 +85,11 @@ class RatchetSettings:
     resources: dict[str, int] = field(default_factory=dict)
     #: Off switch of every task's circuit breaker.
     circuit_breaker: bool = True
+    #: PostgreSQL: enqueues notify idle workers, which claim at once instead of at the next
+    #: poll (LISTEN/NOTIFY). No effect on other databases.
+    listen_notify: bool = True
+    #: Redis URL for wake-ups on any database (``redis://host:6379/0``); optional.
+    events_url: str | None = None
 
     @property
     def orphan_scan_interval(self) -> float:

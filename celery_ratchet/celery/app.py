@@ -33,6 +33,7 @@ class RatchetState:
         self._lock = threading.Lock()
         #: The running worker's runtime, in the worker's main process only.
         self.runtime: Any = None
+        self._publisher: Any = None
 
     @property
     def settings(self) -> RatchetSettings:
@@ -50,6 +51,7 @@ class RatchetState:
                     settings.url,
                     create_schema=settings.create_schema,
                     priority_boost_minutes=settings.priority_boost_interval_minutes,
+                    notify=settings.listen_notify,
                 )
                 self._store_pid = os.getpid()
             return self._store
@@ -59,6 +61,33 @@ class RatchetState:
         with self._lock:
             self._settings = None
             self._store = None
+            self._publisher = None
+
+    def published(self, queues: list[str]) -> None:
+        """Jobs of ``queues`` were committed: wake workers through Redis, if configured."""
+        url = self.settings.events_url
+        if not url:
+            return
+        if self._publisher is None:
+            from celery_ratchet.events.redis import RedisPublisher
+
+            self._publisher = RedisPublisher(url)
+        self._publisher.publish(queues)
+
+    def wakeup_sources(self) -> list[Any]:
+        """The worker's wake-up listeners for this app's settings and database."""
+        settings, store = self.settings, self.store
+        sources: list[Any] = []
+        if store.notify:
+            from celery_ratchet.events.postgres import PostgresWakeups
+            from celery_ratchet.store.engine import libpq_conninfo
+
+            sources.append(PostgresWakeups(libpq_conninfo(store.url)))
+        if settings.events_url:
+            from celery_ratchet.events.redis import RedisWakeups
+
+            sources.append(RedisWakeups(settings.events_url))
+        return sources
 
 
 def ratchet_state(app: Celery) -> RatchetState:

@@ -146,6 +146,7 @@ class JobConsumer(bootsteps.StartStopStep):
             breaker_for=breaker_lookup(app),
             on_revoke=functools.partial(_revoke_started, c),
             revoked_error=exception_record(TaskRevokedError("revoked")),
+            wakeups=state.wakeup_sources(),
         )
         dispatcher.runtime = runtime
         self.runtime = state.runtime = runtime

@@ -91,6 +91,7 @@ class JobBatch:
             conf.task_publish_retry,
             dict(conf.task_publish_retry_policy or {}),
         )
+        ratchet_state(self.app).published([j.queue for j in jobs])
         for stored in callbacks:
             stored()
 
@@ -236,11 +237,13 @@ class RatchetAMQP(AMQP):
             if claim is not None:
                 # A retry or a replace of the running job: the same row, rescheduled.
                 _with_retry(lambda: _reschedule(state.store, claim, job), retries, policy)
+                state.published([job.queue])
                 published()
             elif isinstance(producer, JobBatch):
                 producer.add(job, published)
             else:
                 _with_retry(lambda: state.store.enqueue(job), retries, policy)
+                state.published([job.queue])
                 published()
 
         return send_task_message

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
+from typing import Protocol
 
 from celery_ratchet.domain.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from celery_ratchet.domain.job import (
@@ -40,6 +41,16 @@ _MASTER_RETRY_SECONDS = 60.0
 
 #: Builds the job of one occurrence of a recurring master, for one fire time.
 OccurrenceFactory = Callable[[ClaimedJob, MasterSpec, datetime], NewJob]
+
+
+class WakeupSource(Protocol):
+    """Something that calls ``wake(queue)`` when jobs of that queue were committed."""
+
+    def start(self, wake: Callable[[str], None]) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 #: The circuit breaker a job's task is protected by: (service name, its configuration).
 BreakerLookup = Callable[[ClaimedJob], "tuple[str, BreakerConfig] | None"]
 
@@ -95,6 +106,7 @@ class WorkerRuntime:
         breaker_for: BreakerLookup | None = None,
         on_revoke: Callable[[str, str], None] | None = None,
         revoked_error: str | None = None,
+        wakeups: Sequence[WakeupSource] = (),
     ) -> None:
         self.store = store
         self.settings = settings
@@ -116,6 +128,7 @@ class WorkerRuntime:
         #: Called with (job id, ``REVOKE`` or a signal name) for a started job to stop.
         self.on_revoke = on_revoke
         self.revoked_error = revoked_error
+        self.wakeups = list(wakeups)
         self._lock = threading.Lock()
         self._wake = threading.Event()  # something changed: a slot freed, or a hint
         self._hint = threading.Event()  # new work may be due
@@ -140,6 +153,19 @@ class WorkerRuntime:
             ("revocations", self._revocation_loop),
         ):
             self._spawn(name, target)
+        for source in self.wakeups:
+            source.start(self._woken)
+
+    def wakeups_threads(self) -> list[threading.Thread]:
+        """The wake-up listeners' threads (for health checks and tests)."""
+        return [t for t in (getattr(w, "thread", None) for w in self.wakeups) if t is not None]
+
+    def _woken(self, queue: str) -> None:
+        """A job of ``queue`` was committed: claim now if it is one of ours."""
+        if queue in self.queues or (queue == SCHEDULES_QUEUE and self.occurrence is not None):
+            if queue == SCHEDULES_QUEUE:
+                self._next_master_check = 0.0
+            self.wake()
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
         thread = threading.Thread(target=target, name=f"ratchet-{name}", daemon=True)
@@ -214,6 +240,8 @@ class WorkerRuntime:
         while self._unwritten_count() and time.monotonic() < deadline:
             time.sleep(0.05)
         self._closed.set()
+        for source in self.wakeups:
+            source.stop()
         for thread in self._threads:
             thread.join(timeout=max(0.1, deadline - time.monotonic()))
         left = self._unwritten_count()

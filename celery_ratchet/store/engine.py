@@ -115,6 +115,12 @@ _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
 
 
+def libpq_conninfo(url: str) -> str:
+    """A PostgreSQL job-store URL as a libpq connection string (for a LISTEN connection)."""
+    parsed = make_url(normalize_url(url)).set(drivername="postgresql")
+    return parsed.render_as_string(hide_password=False)
+
+
 def engine_for(url: str) -> Engine:
     """One engine (and connection pool) per URL per process."""
     key = normalize_url(url)

@@ -1,0 +1,64 @@
+"""Optional wake-ups: a new job wakes idle workers at once instead of at their next poll.
+
+Two sources, each a thread on the worker that calls ``wake(queue)``: PostgreSQL's
+LISTEN/NOTIFY (the enqueue INSERT notifies, see ``JobStore.notify``) and Redis pub/sub
+(``ratchet_events_url``; the sender publishes after the row is committed). Without either,
+polling alone is correct: a wake-up only makes a claim happen sooner.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
+
+Wake = Callable[[str], None]
+
+
+class ListenerThread:
+    """A daemon thread that keeps one subscription alive, reconnecting with backoff."""
+
+    name = "wakeups"
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        self._last_warning = 0.0
+
+    def start(self, wake: Wake) -> None:
+        self.thread = threading.Thread(
+            target=self._run, args=(wake,), name=f"ratchet-{self.name}", daemon=True
+        )
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def _run(self, wake: Wake) -> None:
+        delay = 0.5
+        while not self._stop.is_set():
+            try:
+                self.listen(wake)
+                delay = 0.5
+            except Exception as exc:
+                now = time.monotonic()
+                if now - self._last_warning > 60:
+                    self._last_warning = now
+                    logger.warning(
+                        "ratchet: %s lost (%s); polling meanwhile, reconnecting", self.name, exc
+                    )
+                self._stop.wait(delay)
+                delay = min(delay * 2, 30.0)
+
+    def listen(self, wake: Wake) -> None:
+        """Subscribe and call ``wake`` per message until stopped; raise on a lost connection."""
+        raise NotImplementedError

@@ -1,0 +1,60 @@
+"""Wake-ups: with polling all but off (an hour between claims), a new job still starts at
+once, woken by PostgreSQL LISTEN/NOTIFY or by Redis pub/sub."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+
+from celery_ratchet.celery.app import ratchet_state
+from tests.conftest import IN_CI, Servers, empty_store
+from tests.integration.conftest import BrokerTrap, make_app, worker_running
+
+REDIS = os.environ.get("RATCHET_TEST_REDIS", "redis://127.0.0.1:6379/14")
+AN_HOUR = {"ratchet_poll_interval": 3600, "ratchet_poll_interval_min": 3600}
+
+
+def _redis_reachable() -> None:
+    host, port = REDIS.split("//")[1].split("/")[0].split(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except OSError:
+        if IN_CI:
+            pytest.fail(f"Redis is not reachable at {REDIS}: CI requires it")
+        pytest.skip(f"Redis is not reachable at {REDIS}")
+
+
+def _idle_worker_runs_a_new_job(app: Celery) -> None:
+    with worker_running(app):
+        runtime = ratchet_state(app).runtime
+        deadline = time.monotonic() + 30
+        while runtime is None or not all(t.is_alive() for t in runtime.wakeups_threads()):
+            assert time.monotonic() < deadline, "wake-up listeners did not start"
+            time.sleep(0.05)
+            runtime = ratchet_state(app).runtime
+        time.sleep(0.5)  # past its first claims: the worker now waits an hour between polls
+        assert app.tasks["t.add"].delay(20, 22).get(timeout=30) == 42
+
+
+@pytest.fixture
+def pg_url(servers: Servers) -> Iterator[str]:
+    yield empty_store(servers.url("postgresql")).url
+
+
+def test_listen_notify_wakes_an_idle_worker_on_postgresql(
+    pg_url: str, broker_trap: BrokerTrap
+) -> None:
+    _idle_worker_runs_a_new_job(make_app(pg_url, broker_trap.url, **AN_HOUR))
+
+
+def test_redis_wakes_an_idle_worker_on_any_database(
+    servers: Servers, broker_trap: BrokerTrap
+) -> None:
+    _redis_reachable()
+    url = empty_store(servers.url("sqlite")).url
+    _idle_worker_runs_a_new_job(make_app(url, broker_trap.url, ratchet_events_url=REDIS, **AN_HOUR))
