@@ -18,6 +18,7 @@ _EXPORTS = {
     "install": "celery_ratchet.celery.app",
     "dlq": "celery_ratchet.celery.app",
     "bulk": "celery_ratchet.celery.sender",
+    "transaction": "celery_ratchet.celery.sender",
     "recurring": "celery_ratchet.celery.recurring",
     "schedule_recurring": "celery_ratchet.celery.recurring",
     "cancel_recurring": "celery_ratchet.celery.recurring",

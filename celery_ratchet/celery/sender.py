@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from celery import Celery, signals
@@ -86,6 +87,12 @@ class JobBatch:
             return
         conf = self.app.conf
         store = ratchet_state(self.app).store
+        within = _within.get()
+        if within is not None:
+            store.enqueue_within(within, jobs)
+            for stored in callbacks:
+                stored()
+            return
         _with_retry(
             lambda: store.enqueue_many(jobs),
             conf.task_publish_retry,
@@ -241,6 +248,9 @@ class RatchetAMQP(AMQP):
                 published()
             elif isinstance(producer, JobBatch):
                 producer.add(job, published)
+            elif _within.get() is not None:
+                state.store.enqueue_within(_within.get(), [job])
+                published()
             else:
                 _with_retry(lambda: state.store.enqueue(job), retries, policy)
                 state.published([job.queue])
@@ -316,6 +326,33 @@ def _with_retry(action: Any, retry: bool, policy: dict[str, Any]) -> None:
             attempt += 1
             time.sleep(min(interval, cap))
             interval += step
+
+
+_within: ContextVar[Any] = ContextVar("ratchet_transaction", default=None)
+
+
+@contextmanager
+def transaction(connection_or_session: Any) -> Iterator[None]:
+    """Write the jobs sent in this block in the caller's own database transaction::
+
+        with engine.begin() as conn:                 # or a Session
+            conn.execute(orders.insert(), order)
+            with celery_ratchet.transaction(conn):
+                ship.delay(order["id"])
+
+    The job rows exist if and only if that transaction commits, so a worker never sees a
+    job whose data is not there yet (or never will be). The connection must reach the job
+    store's database. On PostgreSQL the wake-up notification is delivered at the commit;
+    elsewhere workers find the jobs by polling.
+    """
+    target = connection_or_session
+    if not hasattr(target, "dialect"):  # a Session: the connection of its transaction
+        target = target.connection()
+    token = _within.set(target)
+    try:
+        yield
+    finally:
+        _within.reset(token)
 
 
 @contextmanager

@@ -48,7 +48,7 @@ from celery_ratchet.domain.job import (
     Settlement,
 )
 from celery_ratchet.domain.priority import DEFAULT_BOOST_MINUTES, effective_priority
-from celery_ratchet.errors import DuplicateJob, StoreBusy
+from celery_ratchet.errors import ConfigurationError, DuplicateJob, StoreBusy
 from celery_ratchet.settings import mask_password
 from celery_ratchet.store.claim import (
     RETURNED,
@@ -460,17 +460,61 @@ class JobStore:
 
         self._run(work, "no job was enqueued")
 
+    def enqueue_within(self, conn: Connection, jobs: Sequence[NewJob]) -> None:
+        """Insert jobs on the caller's own connection, inside the caller's transaction: they
+        exist if and only if that transaction commits. A taken task id raises DuplicateJob
+        without spoiling the caller's transaction (a savepoint holds each try)."""
+        if not jobs:
+            return
+        self._check_same_database(conn)
+        self.ensure_schema()
+        params = [_params(j) for j in jobs]
+        insert = _insert_statement(conn.dialect, notify=self.notify)
+        with conn.begin_nested():
+            try:
+                with conn.begin_nested():
+                    self._insert_many(conn, params, statement=insert)
+                return
+            except IntegrityError:
+                pass
+            for p in params:
+                try:
+                    with conn.begin_nested():
+                        conn.execute(insert, p)
+                except IntegrityError:
+                    with conn.begin_nested():
+                        self._reuse_or_refuse(conn, p, retried=False)
+
+    def _check_same_database(self, conn: Connection) -> None:
+        mine, theirs = self.engine.url, conn.engine.url
+        same = family(mine.get_backend_name()) == family(theirs.get_backend_name()) and (
+            mine.host,
+            mine.port,
+            mine.database,
+        ) == (theirs.host, theirs.port, theirs.database)
+        if not same:
+            raise ConfigurationError(
+                f"transactional enqueue needs the job store's database: this connection is to "
+                f"{mask_password(theirs.render_as_string())}, ratchet_url is {self.display_url}"
+            )
+
     def _insert_many(
-        self, conn: Connection, params: list[dict[str, Any]], *, ignore_existing: bool = False
+        self,
+        conn: Connection,
+        params: list[dict[str, Any]],
+        *,
+        ignore_existing: bool = False,
+        statement: Any = None,
     ) -> None:
         # Measured per 1,000 rows: psycopg and sqlite3 pipeline executemany (25k and 60k
         # rows/s); PyMySQL sends it row by row (4.5k/s) but multi-row VALUES reach 15k/s.
         if self.family != "mysql":
-            statement = (
-                _insert_statement(conn.dialect, 1, True, self.notify)
-                if ignore_existing
-                else self._insert
-            )
+            if statement is None:
+                statement = (
+                    _insert_statement(conn.dialect, 1, True, self.notify)
+                    if ignore_existing
+                    else self._insert
+                )
             conn.execute(statement, params)
             return
         for start in range(0, len(params), BULK_ROWS):
