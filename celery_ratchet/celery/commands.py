@@ -12,7 +12,9 @@ import click
 from celery import concurrency
 
 from celery_ratchet.celery.app import install, ratchet_state
-from celery_ratchet.cli.commands import CliContext, RatchetGroup, add_commands
+from celery_ratchet.celery.recurring import describe_beat_entry, register_beat_entry
+from celery_ratchet.cli.commands import CliContext, CommandFailed, RatchetGroup, add_commands
+from celery_ratchet.errors import RatchetError
 
 POOL_ALIAS = "ratchet"
 concurrency.ALIASES.setdefault(POOL_ALIAS, "celery_ratchet.celery.pool:RatchetPool")
@@ -40,3 +42,33 @@ def ratchet(ctx: click.Context) -> None:
 
 
 add_commands(ratchet)
+
+
+@ratchet.command("import-beat")
+@click.option("--dry-run", is_flag=True, help="Print what would be registered; change nothing.")
+@click.pass_context
+def import_beat(ctx: click.Context, dry_run: bool) -> None:
+    """Register the app's beat_schedule as recurring jobs (no celery beat needed).
+
+    Workers do this at start too; this registers ahead of a deploy and shows each crontab's
+    Quartz form. Entries are keyed by name: running it again updates them in place.
+    """
+    app: Any = ctx.find_root().obj.app
+    entries = dict(app.conf.beat_schedule or {})
+    if not entries:
+        click.echo("beat_schedule is empty: nothing to import")
+        return
+    failed = 0
+    for name, entry in entries.items():
+        try:
+            schedule = describe_beat_entry(app, name, entry)
+            if not dry_run:
+                register_beat_entry(app, name, entry)
+        except RatchetError as exc:
+            failed += 1
+            click.echo(f"{name}: NOT IMPORTED: {exc}", err=True)
+            continue
+        verb = "would register" if dry_run else "registered"
+        click.echo(f"{name}: {verb} {entry.get('task')} {schedule} ({app.timezone})")
+    if failed:
+        raise CommandFailed(f"{failed} of {len(entries)} beat_schedule entries were not imported")

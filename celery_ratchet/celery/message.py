@@ -56,6 +56,7 @@ def job_from_message(
     timezone_: tzinfo,
     resource: str | None = None,
     business_key: str | None = None,
+    tags: Sequence[str] = (),
 ) -> NewJob:
     check_serializer(serializer, allow_pickle)
     content_type, content_encoding, data = dumps(body, serializer=serializer)
@@ -92,6 +93,7 @@ def job_from_message(
         group_id=headers.get("group"),
         resource=resource,
         business_key=business_key,
+        tags=tuple(tags),
     )
 
 

@@ -268,6 +268,7 @@ def occurrence(master: ClaimedJob, spec: MasterSpec, fire: datetime) -> NewJob:
         # The template went through the send path: its ratchet options name the resource.
         # The master itself holds no permit; each occurrence needs one.
         resource=(headers.get(HEADER) or {}).get("resource"),
+        tags=spec.tags,
     )
 
 
@@ -305,6 +306,30 @@ def register_all(app: Celery) -> list[str]:
     for entry_name, entry in (app.conf.beat_schedule or {}).items():
         keys.append(_register_beat_entry(app, entry_name, entry))
     return keys
+
+
+def describe_beat_entry(app: Celery, name: str, entry: dict[str, Any]) -> str:
+    """What a ``beat_schedule`` entry becomes, without registering it: ``cron:<Quartz>`` or
+    ``every:<seconds>``; ConfigurationError when it cannot be converted."""
+    when = entry.get("schedule")
+    if "task" not in entry or when is None:
+        missing = "task" if "task" not in entry else "schedule"
+        raise ConfigurationError(f"beat_schedule entry {name!r} has no {missing!r}")
+    if isinstance(when, crontab):
+        return f"cron:{crontab_to_quartz(when, name)}"
+    if isinstance(when, (int, float, timedelta)) or type(when) is interval_schedule:
+        period = when.run_every if isinstance(when, interval_schedule) else when
+        seconds = period.total_seconds() if isinstance(period, timedelta) else float(period)
+        return f"every:{seconds:g}"
+    raise ConfigurationError(
+        f"beat_schedule entry {name!r}: a {type(when).__name__} schedule cannot be converted "
+        "(celery_ratchet runs crontab and interval schedules); use a Quartz cron expression "
+        "with celery_ratchet.schedule_recurring instead"
+    )
+
+
+def register_beat_entry(app: Celery, name: str, entry: dict[str, Any]) -> str:
+    return _register_beat_entry(app, name, entry)
 
 
 def _register_beat_entry(app: Celery, name: str, entry: dict[str, Any]) -> str:

@@ -222,6 +222,7 @@ class RatchetAMQP(AMQP):
             job = job_from_message(
                 resource=options.get("resource"),
                 business_key=options.get("business_key"),
+                tags=options.get("tags", ()),
                 headers=headers2,
                 properties=properties,
                 body=body,

@@ -90,6 +90,8 @@ _STATUSES = [s.value for s in JobStatus]
 @click.option("--status", type=click.Choice(_STATUSES, case_sensitive=False))
 @click.option("--task", "task_name", help="Only jobs of this task name.")
 @click.option("--queue")
+@click.option("--tag", help="Only jobs carrying this tag.")
+@click.option("--key", "business_key", help="Only jobs with this business key.")
 @click.option("--limit", default=50, show_default=True)
 @json_option
 @click.pass_context
@@ -98,6 +100,8 @@ def jobs(
     status: str | None,
     task_name: str | None,
     queue: str | None,
+    tag: str | None,
+    business_key: str | None,
     limit: int,
     as_json: bool,
 ) -> None:
@@ -109,6 +113,8 @@ def jobs(
         status=JobStatus(status.upper()) if status else None,
         task_name=task_name,
         queue=queue,
+        tag=tag,
+        business_key=business_key,
         limit=limit,
     )
     emit(
@@ -123,9 +129,31 @@ def jobs(
             "scheduled_time",
             "finished_at",
             "picked_by",
+            "business_key",
+            "tags",
         ],
         as_json,
     )
+
+
+@jobs.command("cancel")
+@click.argument("job_ids", nargs=-1, required=True)
+@click.option("--terminate", is_flag=True, help="Also stop running ones (prefork workers).")
+@pass_cli
+def jobs_cancel(cli: CliContext, job_ids: tuple[str, ...], terminate: bool) -> None:
+    """Revoke jobs: pending ones never run; running ones are dropped if not started yet, and
+    terminated with --terminate."""
+    error = json.dumps(
+        {"exc_type": "TaskRevokedError", "exc_message": ["cancelled"],
+         "exc_module": "celery.exceptions"}
+    )  # fmt: skip
+    pending, running = cli.store.request_revoke(
+        job_ids, error, terminate_signal="SIGTERM" if terminate else None
+    )
+    click.echo(f"cancelled {pending} pending, marked {running} running")
+    untouched = len(job_ids) - pending - running
+    if untouched:
+        click.echo(f"{untouched} already finished or unknown, left alone")
 
 
 @jobs.command("show")
@@ -152,11 +180,27 @@ def jobs_show(cli: CliContext, job_id: str, as_json: bool) -> None:
 @json_option
 @pass_cli
 def stats(cli: CliContext, as_json: bool) -> None:
-    """Job counts per status."""
-    counts = cli.store.count_by_status()
-    emit(
-        [{"status": s, "count": counts.get(s, 0)} for s in _STATUSES], ["status", "count"], as_json
-    )
+    """Jobs per status and queue, throughput over the last minute, oldest due pending job."""
+    found = cli.store.queue_stats()
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    per_status: dict[str, int] = {}
+    for row in found["counts"]:
+        per_status[row["status"]] = per_status.get(row["status"], 0) + row["count"]
+    emit([{"status": s, "count": per_status.get(s, 0)} for s in _STATUSES], ["status", "count"],
+         False)  # fmt: skip
+    click.echo("")
+    queues = sorted({row["queue"] for row in found["counts"]})
+    rows = []
+    for queue in queues:
+        counts = {r["status"]: r["count"] for r in found["counts"] if r["queue"] == queue}
+        rows.append(
+            {"queue": queue, **{s.lower(): counts.get(s, 0) for s in ("PENDING", "RUNNING",
+             "SUCCEEDED", "FAILED")}, "oldest_due_s": found["oldest_pending_seconds"].get(queue)}
+        )  # fmt: skip
+    emit(rows, ["queue", "pending", "running", "succeeded", "failed", "oldest_due_s"], False)
+    click.echo(f"\nfinished in the last minute: {found['finished_last_minute']}")
 
 
 @click.command("nodes")

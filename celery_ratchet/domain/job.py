@@ -67,6 +67,7 @@ class NewJob:
     schedule_spec: str | None = None
     #: A resource whose permits limit how many such jobs run at once, cluster-wide.
     resource: str | None = None
+    tags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -143,3 +144,5 @@ class JobSummary:
     finished_at: datetime | None
     picked_by: str | None
     last_error: str | None = None
+    business_key: str | None = None
+    tags: str | None = None

@@ -118,6 +118,7 @@ def _new_job_values() -> dict[str, Any]:
         "business_key": bindparam("p_business_key"),
         "schedule_spec": bindparam("p_schedule_spec"),
         "resource": bindparam("p_resource"),
+        "tags": bindparam("p_tags"),
     }
 
 
@@ -142,7 +143,7 @@ _CLEARED_RESULT = {
 _INSERTED = (
     "job_id, task_name, queue, status, job_type, priority, scheduled_time, created_at, "
     "expires_at, attempts, claims, root_id, parent_id, group_id, payload, content_type, "
-    "content_encoding, headers, properties, business_key, schedule_spec, resource"
+    "content_encoding, headers, properties, business_key, schedule_spec, resource, tags"
 )
 
 
@@ -150,7 +151,7 @@ _PARAM_NAMES = (
     "p_job_id", "p_task_name", "p_queue", "p_job_type", "p_priority", "p_due", "p_expires_at",
     "p_attempts", "p_root_id", "p_parent_id", "p_group_id", "p_payload", "p_content_type",
     "p_content_encoding", "p_headers", "p_properties", "p_business_key", "p_schedule_spec",
-    "p_resource",
+    "p_resource", "p_tags",
 )  # fmt: skip
 #: Rows per multi-row INSERT (MySQL): 8,000 parameters a statement.
 BULK_ROWS = 500
@@ -178,7 +179,7 @@ def _insert_statement(
         f":p_parent_id{suffix(i)}, :p_group_id{suffix(i)}, :p_payload{suffix(i)}, "
         f":p_content_type{suffix(i)}, :p_content_encoding{suffix(i)}, :p_headers{suffix(i)}, "
         f":p_properties{suffix(i)}, :p_business_key{suffix(i)}, :p_schedule_spec{suffix(i)}, "
-        f":p_resource{suffix(i)})"
+        f":p_resource{suffix(i)}, :p_tags{suffix(i)})"
         for i in range(rows)
     )
     typed: list[BindParameter[Any]] = []
@@ -240,6 +241,7 @@ def _params(new: NewJob) -> dict[str, Any]:
         "p_business_key": new.business_key,
         "p_schedule_spec": new.schedule_spec,
         "p_resource": new.resource,
+        "p_tags": tags_text(new.tags),
     }
 
 
@@ -1067,9 +1069,15 @@ class JobStore:
         status: JobStatus | None = None,
         task_name: str | None = None,
         queue: str | None = None,
+        tag: str | None = None,
+        business_key: str | None = None,
         limit: int = 50,
     ) -> list[JobSummary]:
-        conditions = []
+        conditions: list[Any] = []
+        if tag is not None:
+            conditions.append(job.c.tags.like(f"%,{tag},%"))
+        if business_key is not None:
+            conditions.append(job.c.business_key == business_key)
         if status is not None:
             conditions.append(job.c.status == status.value)
         if task_name is not None:
@@ -1089,6 +1097,8 @@ class JobStore:
                 job.c.finished_at,
                 job.c.picked_by,
                 job.c.last_error,
+                job.c.business_key,
+                job.c.tags,
             )
             .where(and_(*conditions))
             .order_by(job.c.id.desc())
@@ -1296,6 +1306,37 @@ class JobStore:
         rows = self._run(lambda conn: conn.execute(stmt).all(), "nodes were not listed")
         return [r._asdict() for r in rows]
 
+    def queue_stats(self) -> dict[str, Any]:
+        """Counts per (queue, status), jobs finished in the last minute, and per queue the
+        age in seconds of its oldest due pending job, by the database clock."""
+        by_queue = select(job.c.queue, job.c.status, func.count()).group_by(
+            job.c.queue, job.c.status
+        )
+        finished = select(func.count()).where(
+            job.c.status.in_(_TERMINAL), job.c.finished_at >= db_now_minus(60)
+        )
+        oldest = (
+            select(job.c.queue, func.min(job.c.scheduled_time).label("due"))
+            .where(job.c.status == JobStatus.PENDING.value, job.c.scheduled_time <= db_now())
+            .group_by(job.c.queue)
+        )
+        clock = select(db_now())
+
+        def work(conn: Connection) -> dict[str, Any]:
+            now = conn.execute(clock).scalar_one()
+            return {
+                "counts": [
+                    {"queue": q, "status": st, "count": n} for q, st, n in conn.execute(by_queue)
+                ],
+                "finished_last_minute": conn.execute(finished).scalar_one(),
+                "oldest_pending_seconds": {
+                    q: round((now - _aware(due)).total_seconds(), 3)
+                    for q, due in conn.execute(oldest)
+                },
+            }
+
+        return self._run(work, "statistics were not read")
+
     def count_by_status(self) -> dict[str, int]:
         stmt = select(job.c.status, func.count()).group_by(job.c.status)
         rows = self._run(lambda conn: conn.execute(stmt).all(), "jobs were not counted")
@@ -1329,6 +1370,16 @@ def _insert_ignoring_duplicates(dialect: Any, table: Any, values: dict[str, Any]
     return insert(table).values(**values).prefix_with("OR IGNORE")
 
 
+def tags_text(tags: Sequence[str]) -> str | None:
+    """Tags as stored: ``,a,b,`` (commas inside a tag are not allowed)."""
+    if not tags:
+        return None
+    for tag in tags:
+        if "," in tag or not tag:
+            raise ValueError(f"tag {tag!r}: tags are non-empty and contain no comma")
+    return "," + ",".join(tags) + ","
+
+
 def storable(text: str | None) -> str | None:
     """Text every database accepts: no NUL characters, no lone surrogates."""
     if text is None:
@@ -1347,6 +1398,13 @@ def _settled_values(status: JobStatus) -> dict[str, Any]:
     if status is JobStatus.PENDING:  # handed back: due again at once, for any node
         return {"status": status.value, **_CLEARED_CLAIM}
     return {"status": status.value, "finished_at": db_now()}
+
+
+def _aware(value: Any) -> datetime:
+    """A MIN() over the time column comes back untyped on some dialects."""
+    loaded = UTCDateTime().process_result_value(value, None)  # type: ignore[arg-type]
+    assert loaded is not None
+    return loaded
 
 
 def _bytes(value: Any) -> bytes | None:

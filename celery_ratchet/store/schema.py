@@ -85,6 +85,8 @@ def _job_columns() -> list[Column[Any]]:
         Column("business_key", String(255)),
         Column("schedule_spec", Text),
         Column("resource", String(255)),
+        #: ``,tag1,tag2,`` so one LIKE finds a tag.
+        Column("tags", Text),
         #: Revoke asked while the job was RUNNING: ``REVOKE``, or the signal to terminate it.
         Column("revoke_requested", String(16)),
         Column("picked_by", String(255)),

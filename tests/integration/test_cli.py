@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -42,7 +43,12 @@ def test_jobs_stats_and_schema(tmp_path: Path) -> None:
     assert "ValueError" in shown.output and "tests.fail" in shown.output
 
     stats = json.loads(runner.invoke(cli, ["--url", url, "stats", "--json"]).output)
-    assert {s["status"]: s["count"] for s in stats}["RUNNING"] == 1
+    assert {(s["queue"], s["status"]): s["count"] for s in stats["counts"]} == {
+        ("celery", "RUNNING"): 1, ("celery", "FAILED"): 1,
+    }  # fmt: skip
+    assert stats["finished_last_minute"] == 1 and stats["oldest_pending_seconds"] == {}
+    table = runner.invoke(cli, ["--url", url, "stats"]).output
+    assert "finished in the last minute: 1" in table and "OLDEST_DUE_S" in table
 
     assert runner.invoke(cli, ["--url", url, "schema", "check"]).output.strip() == (
         "schema matches"
@@ -135,3 +141,57 @@ def test_dlq_list_show_retry_purge(tmp_path: Path) -> None:
     assert json.loads(run("list", "--json")) == []
     missing = runner.invoke(cli, ["--url", url, "dlq", "show", "dead-0"])
     assert missing.exit_code == 2 and "no failed job" in missing.output
+
+
+def _celery(*args: str, url: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "celery", *args],
+        cwd=ROOT,
+        env={**os.environ, "RATCHET_URL": url, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_import_beat_prints_quartz_forms_and_registers_each_entry(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'beat.db'}"
+    store = empty_store(url)
+    dry = _celery(
+        "-A", "tests.integration.beat_app", "ratchet", "import-beat", "--dry-run", url=url
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert "nightly-report: would register beat.report cron:0 30 2 * * ?" in dry.stdout
+    assert "heartbeat: would register beat.report every:900" in dry.stdout
+    assert store.list_masters() == []
+    done = _celery("-A", "tests.integration.beat_app", "ratchet", "import-beat", url=url)
+    assert done.returncode == 0, done.stderr
+    keys = {m["business_key"] for m in store.list_masters()}
+    assert keys == {"nightly-report", "heartbeat"}
+    bad = _celery(
+        "-A", "tests.integration.beat_app", "ratchet", "import-beat", url=url, BEAT_APP_CUSTOM="1"
+    )
+    assert bad.returncode == 2
+    assert "weekdays: NOT IMPORTED" in bad.stderr and "1 of 3" in bad.stderr
+
+
+def test_jobs_filters_by_tag_and_business_key_and_cancel_revokes(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'tags.db'}"
+    store = empty_store(url)
+    tagged = replace(new_job("tagged"), tags=("billing", "eu"), business_key="order-7")
+    store.enqueue_many([tagged, new_job("plain")])
+    runner = CliRunner()
+
+    def listed(*args: str) -> list[str]:
+        out = runner.invoke(cli, ["--url", url, "jobs", *args, "--json"])
+        assert out.exit_code == 0, out.output
+        return [j["job_id"] for j in json.loads(out.output)]
+
+    assert listed("--tag", "eu") == ["tagged"]
+    assert listed("--tag", "e") == []
+    assert listed("--key", "order-7") == ["tagged"]
+    out = runner.invoke(cli, ["--url", url, "jobs", "cancel", "tagged", "missing"])
+    assert out.exit_code == 0 and "cancelled 1 pending" in out.output
+    assert "1 already finished or unknown" in out.output
+    record = store.result("tagged")
+    assert record is not None and record.status is JobStatus.REVOKED

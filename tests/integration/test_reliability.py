@@ -198,3 +198,15 @@ def test_an_open_breaker_defers_jobs_without_failing_them(app: Celery) -> None:
     jobs = ratchet_state(app).store.list_jobs(task_name="r.partner", limit=500)
     waits = [(j.scheduled_time - j.created_at).total_seconds() for j in jobs if j.job_id in ids]
     assert max(waits) > 0.5, "the jobs ran while the breaker was open"
+
+
+def test_tags_and_business_keys_are_stored_and_filterable(app: Celery) -> None:
+    key = uuid.uuid4().hex
+    options = {"tags": ["billing", "eu"], "business_key": f"order-{key}"}
+    result = app.tasks["r.flaky"].apply_async((key, 0), ratchet=options)
+    result.get(timeout=TIMEOUT)
+    store = ratchet_state(app).store
+    assert [j.job_id for j in store.list_jobs(business_key=f"order-{key}")] == [result.id]
+    assert result.id in {j.job_id for j in store.list_jobs(tag="eu", limit=500)}
+    with pytest.raises(ValueError, match="no comma"):
+        app.tasks["r.flaky"].apply_async((key, 0), ratchet={"tags": ["a,b"]})
