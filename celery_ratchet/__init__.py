@@ -19,6 +19,7 @@ _EXPORTS = {
     "dlq": "celery_ratchet.celery.app",
     "bulk": "celery_ratchet.celery.sender",
     "transaction": "celery_ratchet.celery.sender",
+    "job_logger": "celery_ratchet.celery.housekeeping",
     "recurring": "celery_ratchet.celery.recurring",
     "schedule_recurring": "celery_ratchet.celery.recurring",
     "cancel_recurring": "celery_ratchet.celery.recurring",

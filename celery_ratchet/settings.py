@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from celery_ratchet.domain.cron import CronError, CronExpression
 from celery_ratchet.errors import ConfigurationError
 
 DEFAULT_URL = "sqlite:///ratchet.db"
@@ -90,6 +91,14 @@ class RatchetSettings:
     listen_notify: bool = True
     #: Redis URL for wake-ups on any database (``redis://host:6379/0``); optional.
     events_url: str | None = None
+    #: Finished jobs older than this move to scheduler_job_archive.
+    job_retention_days: float = 90.0
+    job_archive_batch_size: int = 1000
+    #: When the archiver runs (Quartz cron, UTC), once per cluster.
+    job_archiver_cron: str = "0 0 1 * * ?"
+    job_archive_enabled: bool = True
+    #: Job log lines older than this are deleted by the archiver.
+    log_retention_days: float = 30.0
 
     @property
     def orphan_scan_interval(self) -> float:
@@ -135,10 +144,17 @@ class RatchetSettings:
             "node_heartbeat_interval_seconds": self.node_heartbeat_interval_seconds,
             "node_orphan_grace_seconds": self.node_orphan_grace_seconds,
             "orphan_scan_interval": self.orphan_scan_interval,
+            "job_retention_days": self.job_retention_days,
+            "job_archive_batch_size": self.job_archive_batch_size,
+            "log_retention_days": self.log_retention_days,
         }
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigurationError(f"ratchet_{name} must be positive, got {value!r}")
+        try:
+            CronExpression(self.job_archiver_cron)
+        except CronError as exc:
+            raise ConfigurationError(f"ratchet_job_archiver_cron: {exc}") from exc
         if self.priority_boost_interval_minutes < 0:
             raise ConfigurationError(
                 "ratchet_priority_boost_interval_minutes must be 0 (no aging) or positive, "

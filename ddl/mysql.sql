@@ -99,6 +99,19 @@ CREATE INDEX ix_scheduler_job_archive_finished ON scheduler_job_archive (finishe
 
 CREATE INDEX ix_scheduler_job_archive_job_id ON scheduler_job_archive (job_id);
 
+CREATE TABLE scheduler_job_log (
+	id BIGINT NOT NULL AUTO_INCREMENT,
+	job_id VARCHAR(255) NOT NULL,
+	logged_at DATETIME(6) NOT NULL,
+	level VARCHAR(16) NOT NULL,
+	message MEDIUMTEXT NOT NULL,
+	PRIMARY KEY (id)
+)ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
+
+CREATE INDEX ix_scheduler_job_log_job ON scheduler_job_log (job_id, id);
+
+CREATE INDEX ix_scheduler_job_log_logged_at ON scheduler_job_log (logged_at);
+
 CREATE TABLE scheduler_node (
 	node_id VARCHAR(255) NOT NULL,
 	hostname VARCHAR(255) NOT NULL,

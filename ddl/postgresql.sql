@@ -102,6 +102,19 @@ CREATE INDEX ix_scheduler_job_archive_finished ON scheduler_job_archive (finishe
 
 CREATE INDEX ix_scheduler_job_archive_job_id ON scheduler_job_archive (job_id);
 
+CREATE TABLE scheduler_job_log (
+	id BIGSERIAL NOT NULL,
+	job_id VARCHAR(255) NOT NULL,
+	logged_at TIMESTAMP WITH TIME ZONE NOT NULL,
+	level VARCHAR(16) NOT NULL,
+	message TEXT NOT NULL,
+	PRIMARY KEY (id)
+);
+
+CREATE INDEX ix_scheduler_job_log_job ON scheduler_job_log (job_id, id);
+
+CREATE INDEX ix_scheduler_job_log_logged_at ON scheduler_job_log (logged_at);
+
 CREATE TABLE scheduler_node (
 	node_id VARCHAR(255) NOT NULL,
 	hostname VARCHAR(255) NOT NULL,

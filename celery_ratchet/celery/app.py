@@ -115,7 +115,7 @@ def is_ratchet_app(app: Celery) -> bool:
 
 def install(app: Celery) -> Celery:
     """Make ``app`` send to and run from its job store. Idempotent; ``task_cls`` does this."""
-    from celery_ratchet.celery import retry
+    from celery_ratchet.celery import housekeeping, retry
     from celery_ratchet.celery.consumer import JobConsumer
 
     with _INSTALL_LOCK:
@@ -129,6 +129,7 @@ def install(app: Celery) -> Celery:
         app.__dict__.pop("control", None)
         app.steps["consumer"].add(JobConsumer)
         retry.connect(app)
+        housekeeping.register_tasks(app)
         _connect_worker_signals()
         if app.configured:
             apply_defaults(app)

@@ -305,7 +305,9 @@ def register_all(app: Celery) -> list[str]:
         )
     for entry_name, entry in (app.conf.beat_schedule or {}).items():
         keys.append(_register_beat_entry(app, entry_name, entry))
-    return keys
+    from celery_ratchet.celery.housekeeping import register_archiver
+
+    return keys + register_archiver(app)
 
 
 def describe_beat_entry(app: Celery, name: str, entry: dict[str, Any]) -> str:

@@ -45,6 +45,13 @@ class RatchetTask(Task):
         refuse_do_not_retry(exc)
         return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
 
+    @property
+    def ratchet_log(self) -> Any:
+        """This job's log (lines stored with the job): ``self.ratchet_log.info(...)``."""
+        from celery_ratchet.celery.housekeeping import JobLogger
+
+        return JobLogger(self)
+
     @classmethod
     def on_bound(cls, app: Celery) -> None:
         install(app)

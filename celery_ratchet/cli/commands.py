@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
@@ -15,7 +16,7 @@ from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.errors import RatchetError
 from celery_ratchet.runtime import recurring
 from celery_ratchet.runtime.dlq import DeadLetterQueue
-from celery_ratchet.settings import mask_password
+from celery_ratchet.settings import RatchetSettings, mask_password
 from celery_ratchet.store.ddl import DIALECTS, ddl_script
 from celery_ratchet.store.jobstore import JobStore
 
@@ -169,11 +170,18 @@ def jobs_show(cli: CliContext, job_id: str, as_json: bool) -> None:
     values = {k: v for k, v in vars(record).items() if k != "payload"}
     if record.payload is not None:
         values["payload"] = record.payload.decode("utf-8", "replace")
+    log = cli.store.job_log(job_id)
     if as_json:
-        click.echo(json.dumps({k: _jsonable(v) for k, v in values.items()}, indent=2))
+        shown = {k: _jsonable(v) for k, v in values.items()}
+        shown["log"] = [{"at": at.isoformat(), "level": lv, "message": m} for at, lv, m in log]
+        click.echo(json.dumps(shown, indent=2))
         return
     for key, value in values.items():
         click.echo(f"{key:16} {_jsonable(value) if value is not None else ''}")
+    if log:
+        click.echo("log:")
+        for at, level, message in log:
+            click.echo(f"  {at.isoformat()} {level:8} {message}")
 
 
 @click.command("stats")
@@ -427,7 +435,26 @@ def dlq_purge(
     click.echo(f"deleted {count} failed job{'s' if count != 1 else ''}")
 
 
-COMMANDS: Iterable[click.Command] = (jobs, stats, nodes, schedules, schema, cron, dlq)
+@click.command("archive")
+@click.option("--older-than", "days", type=float, help="Days since finished (default: setting).")
+@click.option("--batch-size", type=int, help="Rows per transaction (default: setting).")
+@pass_cli
+def archive(cli: CliContext, days: float | None, batch_size: int | None) -> None:
+    """Move finished jobs to scheduler_job_archive now (workers also do it on a schedule)."""
+    settings = RatchetSettings.from_sources({}, os.environ)
+    days = settings.job_retention_days if days is None else days
+    size = batch_size or settings.job_archive_batch_size
+    click.echo(f"archiving jobs finished more than {days:g} days ago, {size} at a time")
+    moved = cli.store.archive_finished(
+        days, size, progress=lambda n: click.echo(f"  {n} archived", err=True)
+    )
+    purged = cli.store.purge_logs(settings.log_retention_days)
+    click.echo(f"archived {moved} jobs; deleted {purged} job log lines")
+
+
+COMMANDS: Iterable[click.Command] = (
+    jobs, stats, nodes, schedules, schema, cron, dlq, archive,
+)  # fmt: skip
 
 
 def add_commands(group: click.Group) -> click.Group:

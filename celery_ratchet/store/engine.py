@@ -241,4 +241,5 @@ def _ago_mysql(element: db_now_minus, compiler: SQLCompiler, **kw: Any) -> str:
 
 @compiles(db_now_minus, "sqlite")
 def _ago_sqlite(element: db_now_minus, compiler: SQLCompiler, **kw: Any) -> str:
-    return f"(strftime('%Y-%m-%d %H:%M:%f', 'now', '-{element.seconds:.3f} seconds') || '000')"
+    # A signed modifier: "--5 seconds" (minus a negative age) would be NULL in SQLite.
+    return f"(strftime('%Y-%m-%d %H:%M:%f', 'now', '{-element.seconds:+.3f} seconds') || '000')"

@@ -73,6 +73,8 @@ from celery_ratchet.store.schema import (
     metadata,
     scheduler_group_result,
     scheduler_job,
+    scheduler_job_archive,
+    scheduler_job_log,
     scheduler_node,
     scheduler_resource,
     scheduler_resource_permit,
@@ -1060,6 +1062,72 @@ class JobStore:
             return 0
         stmt = delete(job).where(self._failed(job_ids, task_name, queue))
         return self._run(lambda conn: conn.execute(stmt).rowcount, "the DLQ was not purged")
+
+    # -- archiving and job logs --------------------------------------------------------------
+
+    def archive_finished(
+        self,
+        older_than_days: float,
+        batch_size: int = 1000,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Move finished jobs (finished longer ago than ``older_than_days``) to
+        ``scheduler_job_archive``, ``batch_size`` rows per transaction. Returns how many."""
+        cutoff = db_now_minus(older_than_days * 86400)
+        columns = [c.name for c in scheduler_job.columns]
+        picked = (
+            select(job.c.id)
+            .where(job.c.status.in_(_TERMINAL), job.c.finished_at < cutoff)
+            .order_by(job.c.id)
+            .limit(batch_size)
+        )
+        ids: BindParameter[Any] = bindparam("ids", expanding=True)
+        copy = scheduler_job_archive.insert().from_select(
+            [*columns, "archived_at"],
+            select(*[job.c[c] for c in columns], db_now()).where(job.c.id.in_(ids)),
+        )
+        # Re-checked on delete: a finished job whose id was reused in between stays.
+        remove = delete(job).where(job.c.id.in_(ids), job.c.status.in_(_TERMINAL))
+
+        def one_batch(conn: Connection) -> int:
+            with transaction(conn):
+                chosen = list(conn.execute(picked).scalars())
+                if not chosen:
+                    return 0
+                conn.execute(copy, {"ids": chosen})
+                conn.execute(remove, {"ids": chosen})
+                return len(chosen)
+
+        moved = 0
+        while True:
+            done = self._run(one_batch, "finished jobs were not archived")
+            moved += done
+            if progress is not None and done:
+                progress(moved)
+            if done < batch_size:
+                return moved
+
+    def add_log(self, job_id: str, level: str, message: str) -> None:
+        stmt = insert(scheduler_job_log).values(
+            job_id=job_id, logged_at=db_now(), level=level[:16], message=storable(message) or ""
+        )
+        self._run(lambda conn: conn.execute(stmt), "the job log line was not written")
+
+    def job_log(self, job_id: str, limit: int = 1000) -> list[tuple[datetime, str, str]]:
+        lg = scheduler_job_log
+        stmt = (
+            select(lg.c.logged_at, lg.c.level, lg.c.message)
+            .where(lg.c.job_id == job_id)
+            .order_by(lg.c.id)
+            .limit(limit)
+        )
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "the job log was not read")
+        return [(r.logged_at, r.level, r.message) for r in rows]
+
+    def purge_logs(self, older_than_days: float) -> int:
+        lg = scheduler_job_log
+        stmt = delete(lg).where(lg.c.logged_at < db_now_minus(older_than_days * 86400))
+        return self._run(lambda conn: conn.execute(stmt).rowcount, "job logs were not purged")
 
     # -- inspection -------------------------------------------------------------------------
 

@@ -226,6 +226,20 @@ scheduler_resource_permit = Table(
     **_MYSQL_OPTIONS,
 )
 
+# Lines a task wrote with celery_ratchet.job_logger(), kept ratchet_log_retention_days.
+scheduler_job_log = Table(
+    "scheduler_job_log",
+    metadata,
+    Column("id", _id_type, primary_key=True, autoincrement=True),
+    Column("job_id", String(255), nullable=False),
+    Column("logged_at", UTCDateTime, nullable=False),
+    Column("level", String(16), nullable=False),
+    Column("message", _long_text(), nullable=False),
+    **_MYSQL_OPTIONS,
+)
+Index("ix_scheduler_job_log_job", scheduler_job_log.c.job_id, scheduler_job_log.c.id)
+Index("ix_scheduler_job_log_logged_at", scheduler_job_log.c.logged_at)
+
 scheduler_group_result = Table(
     "scheduler_group_result",
     metadata,
