@@ -28,3 +28,7 @@ add_commands(cli)
 
 def main() -> None:
     cli()
+
+
+if __name__ == "__main__":
+    main()

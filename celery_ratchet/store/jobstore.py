@@ -471,7 +471,17 @@ class JobStore:
         if not jobs:
             return
         self._check_same_database(conn)
-        self.ensure_schema()
+        if not self._schema_ready:
+            # DDL cannot run inside the caller's transaction (MySQL would commit it, SQLite
+            # would wait on its own lock): the tables must exist already.
+            missing = set(metadata.tables) - set(inspect(conn).get_table_names())
+            if missing:
+                raise ConfigurationError(
+                    f"the job store's tables do not exist yet ({', '.join(sorted(missing))}); "
+                    "create them before enqueueing in your own transaction: "
+                    "`ratchet --url URL schema apply`, or start a worker once"
+                )
+            self._schema_ready = True
         params = [_params(j) for j in jobs]
         insert = _insert_statement(conn.dialect, notify=self.notify)
         with conn.begin_nested():
@@ -1376,16 +1386,24 @@ class JobStore:
 
     def queue_stats(self) -> dict[str, Any]:
         """Counts per (queue, status), jobs finished in the last minute, and per queue the
-        age in seconds of its oldest due pending job, by the database clock."""
-        by_queue = select(job.c.queue, job.c.status, func.count()).group_by(
-            job.c.queue, job.c.status
+        age in seconds of its oldest due pending job, by the database clock. Recurring
+        masters are schedules (``schedules``), not counted here."""
+        jobs_only = job.c.job_type != JobType.RECURRING.value  # masters are schedules
+        by_queue = (
+            select(job.c.queue, job.c.status, func.count())
+            .where(jobs_only)
+            .group_by(job.c.queue, job.c.status)
         )
         finished = select(func.count()).where(
             job.c.status.in_(_TERMINAL), job.c.finished_at >= db_now_minus(60)
         )
         oldest = (
             select(job.c.queue, func.min(job.c.scheduled_time).label("due"))
-            .where(job.c.status == JobStatus.PENDING.value, job.c.scheduled_time <= db_now())
+            .where(
+                jobs_only,
+                job.c.status == JobStatus.PENDING.value,
+                job.c.scheduled_time <= db_now(),
+            )
             .group_by(job.c.queue)
         )
         clock = select(db_now())
@@ -1406,7 +1424,12 @@ class JobStore:
         return self._run(work, "statistics were not read")
 
     def count_by_status(self) -> dict[str, int]:
-        stmt = select(job.c.status, func.count()).group_by(job.c.status)
+        """Jobs per status; recurring masters are schedules, not jobs, and are not counted."""
+        stmt = (
+            select(job.c.status, func.count())
+            .where(job.c.job_type != JobType.RECURRING.value)
+            .group_by(job.c.status)
+        )
         rows = self._run(lambda conn: conn.execute(stmt).all(), "jobs were not counted")
         return {status: count for status, count in rows}
 

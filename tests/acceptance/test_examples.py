@@ -36,3 +36,16 @@ def test_reliability(tmp_path: Path) -> None:
     assert "in the dead-letter queue: BadAccount: acme: no such customer" in out
     assert "requeued from the DLQ: acme opened" in out
     assert "1 permit: overlapping = False" in out
+
+
+def test_transactional(tmp_path: Path) -> None:
+    out = run_example("transactional", tmp_path)
+    assert "job rows for order 2: 0" in out and "order 1: order 1 shipped" in out
+
+
+def test_recurring(tmp_path: Path) -> None:
+    out = run_example("recurring", tmp_path)
+    fired, distinct = (
+        int(n) for n in out.split("ticks fired: ")[1].split(", distinct fire times: ")
+    )
+    assert fired == distinct > 0, out  # two workers, and still each tick ran once

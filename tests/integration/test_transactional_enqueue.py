@@ -113,3 +113,15 @@ def test_a_connection_to_another_database_is_refused(
     refused = pytest.raises(ConfigurationError, match="job store's database")
     with other.begin() as conn, refused, celery_ratchet.transaction(conn):
         app.tasks["shop.ship"].delay("nope")
+
+
+def test_missing_tables_are_a_clear_error_not_ddl_inside_the_callers_transaction(
+    tmp_path: Any, broker_trap: BrokerTrap
+) -> None:
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    app = make_app(url, broker_trap.url)
+    engine = create_engine(url)
+    with engine.begin() as conn, pytest.raises(ConfigurationError, match="schema apply"):
+        conn.execute(text("CREATE TABLE t (x INTEGER)"))
+        with celery_ratchet.transaction(conn):
+            app.tasks["t.add"].delay(1, 2)
