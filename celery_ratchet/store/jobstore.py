@@ -1150,8 +1150,12 @@ class JobStore:
         tag: str | None = None,
         business_key: str | None = None,
         limit: int = 50,
+        include_schedules: bool = False,
     ) -> list[JobSummary]:
+        """Jobs, newest first; recurring masters (schedules) only with ``include_schedules``."""
         conditions: list[Any] = []
+        if not include_schedules:
+            conditions.append(job.c.job_type != JobType.RECURRING.value)
         if tag is not None:
             conditions.append(job.c.tags.like(f"%,{tag},%"))
         if business_key is not None:
