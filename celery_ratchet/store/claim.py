@@ -171,22 +171,23 @@ class ClaimStrategy(Protocol):
         ...
 
 
-class PostgresClaim:
-    # ANY(ARRAY(...)) runs the locking subquery once, ahead of the update, which then finds
-    # its rows by primary key. The rows are locked while PENDING (the lock re-checks the
-    # condition), so the update needs no status test, which would tempt the planner onto
-    # the status index and its dead entries.
-    needs_transaction = False
+class _UpdateReturning:
+    """One ``UPDATE … RETURNING`` claims the rows; ``where`` picks them from the candidates."""
+
+    kind: str
+    lock: bool
+    needs_transaction: bool
+    where: str
 
     def __init__(self, now: str) -> None:
         self.now = now
 
     @functools.lru_cache(maxsize=16)  # noqa: B019 - one strategy per store, a few shapes
     def statement(self, shape: ClaimShape) -> TextualSelect:
-        picked = candidates("postgresql", self.now, shape, "id, priority, scheduled_time", True)
+        picked = candidates(self.kind, self.now, shape, "id, priority, scheduled_time", self.lock)
         return _prepare(
             f"UPDATE scheduler_job SET {_CLAIMED.format(now=self.now)} "
-            f"WHERE id = ANY(ARRAY(SELECT id FROM ({picked}) AS picked)) "
+            f"WHERE {self.where.format(picked=picked)} "
             f"RETURNING {RETURNED}, {self.now} AS claimed_now"
         )
 
@@ -195,6 +196,21 @@ class PostgresClaim:
     ) -> list[ClaimedJob]:
         rows = conn.execute(self.statement(shape), params).all()
         return [to_claimed(row, params["token"]) for row in rows]
+
+
+class PostgresClaim(_UpdateReturning):
+    # ANY(ARRAY(...)) runs the locking subquery once, ahead of the update, which then finds
+    # its rows by primary key. The rows are locked while PENDING (the lock re-checks the
+    # condition), so the update needs no status test, which would tempt the planner onto
+    # the status index and its dead entries.
+    kind, lock, needs_transaction = "postgresql", True, False
+    where = "id = ANY(ARRAY(SELECT id FROM ({picked}) AS picked))"
+
+
+class SQLiteClaim(_UpdateReturning):
+    # The write lock is taken up front (BEGIN IMMEDIATE), so claimers queue instead of failing.
+    kind, lock, needs_transaction = "sqlite", False, True
+    where = "status = 'PENDING' AND id IN (SELECT id FROM ({picked}))"
 
 
 class MySQLClaim:
@@ -224,29 +240,6 @@ class MySQLClaim:
             self.mark_running, {"node": params["node"], "token": params["token"], "ids": ids}
         )
         return [to_claimed(row, params["token"], claims_offset=1) for row in rows]
-
-
-class SQLiteClaim:
-    # The write lock is taken up front (BEGIN IMMEDIATE), so claimers queue instead of failing.
-    needs_transaction = True
-
-    def __init__(self, now: str) -> None:
-        self.now = now
-
-    @functools.lru_cache(maxsize=16)  # noqa: B019 - one strategy per store, a few shapes
-    def statement(self, shape: ClaimShape) -> TextualSelect:
-        picked = candidates("sqlite", self.now, shape, "id, priority, scheduled_time", False)
-        return _prepare(
-            f"UPDATE scheduler_job SET {_CLAIMED.format(now=self.now)} "
-            f"WHERE status = 'PENDING' AND id IN (SELECT id FROM ({picked})) "
-            f"RETURNING {RETURNED}, {self.now} AS claimed_now"
-        )
-
-    def claim(
-        self, conn: Connection, shape: ClaimShape, params: dict[str, Any]
-    ) -> list[ClaimedJob]:
-        rows = conn.execute(self.statement(shape), params).all()
-        return [to_claimed(row, params["token"]) for row in rows]
 
 
 def claim_params(

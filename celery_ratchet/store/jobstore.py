@@ -85,6 +85,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 job = scheduler_job
 _TERMINAL = [s.value for s in TERMINAL_STATUSES]
+#: Listings and counts are of jobs: recurring masters are schedules (``list_masters``).
+_JOBS_ONLY = job.c.job_type != JobType.RECURRING.value
 _ACTIVE = [s.value for s in ACTIVE_STATUSES]
 
 
@@ -483,18 +485,17 @@ class JobStore:
                 )
             self._schema_ready = True
         params = [_params(j) for j in jobs]
-        insert = _insert_statement(conn.dialect, notify=self.notify)
         with conn.begin_nested():
             try:
                 with conn.begin_nested():
-                    self._insert_many(conn, params, statement=insert)
+                    self._insert_many(conn, params)
                 return
             except IntegrityError:
                 pass
             for p in params:
                 try:
                     with conn.begin_nested():
-                        conn.execute(insert, p)
+                        conn.execute(self._insert, p)
                 except IntegrityError:
                     with conn.begin_nested():
                         self._reuse_or_refuse(conn, p, retried=False)
@@ -518,17 +519,15 @@ class JobStore:
         params: list[dict[str, Any]],
         *,
         ignore_existing: bool = False,
-        statement: Any = None,
     ) -> None:
         # Measured per 1,000 rows: psycopg and sqlite3 pipeline executemany (25k and 60k
         # rows/s); PyMySQL sends it row by row (4.5k/s) but multi-row VALUES reach 15k/s.
         if self.family != "mysql":
-            if statement is None:
-                statement = (
-                    _insert_statement(conn.dialect, 1, True, self.notify)
-                    if ignore_existing
-                    else self._insert
-                )
+            statement = (
+                _insert_statement(conn.dialect, 1, True, self.notify)
+                if ignore_existing
+                else self._insert
+            )
             conn.execute(statement, params)
             return
         for start in range(0, len(params), BULK_ROWS):
@@ -1155,7 +1154,7 @@ class JobStore:
         """Jobs, newest first; recurring masters (schedules) only with ``include_schedules``."""
         conditions: list[Any] = []
         if not include_schedules:
-            conditions.append(job.c.job_type != JobType.RECURRING.value)
+            conditions.append(_JOBS_ONLY)
         if tag is not None:
             conditions.append(job.c.tags.like(f"%,{tag},%"))
         if business_key is not None:
@@ -1392,10 +1391,9 @@ class JobStore:
         """Counts per (queue, status), jobs finished in the last minute, and per queue the
         age in seconds of its oldest due pending job, by the database clock. Recurring
         masters are schedules (``schedules``), not counted here."""
-        jobs_only = job.c.job_type != JobType.RECURRING.value  # masters are schedules
         by_queue = (
             select(job.c.queue, job.c.status, func.count())
-            .where(jobs_only)
+            .where(_JOBS_ONLY)
             .group_by(job.c.queue, job.c.status)
         )
         finished = select(func.count()).where(
@@ -1404,7 +1402,7 @@ class JobStore:
         oldest = (
             select(job.c.queue, func.min(job.c.scheduled_time).label("due"))
             .where(
-                jobs_only,
+                _JOBS_ONLY,
                 job.c.status == JobStatus.PENDING.value,
                 job.c.scheduled_time <= db_now(),
             )
@@ -1420,8 +1418,7 @@ class JobStore:
                 ],
                 "finished_last_minute": conn.execute(finished).scalar_one(),
                 "oldest_pending_seconds": {
-                    q: round((now - _aware(due)).total_seconds(), 3)
-                    for q, due in conn.execute(oldest)
+                    q: round((now - due).total_seconds(), 3) for q, due in conn.execute(oldest)
                 },
             }
 
@@ -1429,11 +1426,7 @@ class JobStore:
 
     def count_by_status(self) -> dict[str, int]:
         """Jobs per status; recurring masters are schedules, not jobs, and are not counted."""
-        stmt = (
-            select(job.c.status, func.count())
-            .where(job.c.job_type != JobType.RECURRING.value)
-            .group_by(job.c.status)
-        )
+        stmt = select(job.c.status, func.count()).where(_JOBS_ONLY).group_by(job.c.status)
         rows = self._run(lambda conn: conn.execute(stmt).all(), "jobs were not counted")
         return {status: count for status, count in rows}
 
@@ -1493,13 +1486,6 @@ def _settled_values(status: JobStatus) -> dict[str, Any]:
     if status is JobStatus.PENDING:  # handed back: due again at once, for any node
         return {"status": status.value, **_CLEARED_CLAIM}
     return {"status": status.value, "finished_at": db_now()}
-
-
-def _aware(value: Any) -> datetime:
-    """A MIN() over the time column comes back untyped on some dialects."""
-    loaded = UTCDateTime().process_result_value(value, None)  # type: ignore[arg-type]
-    assert loaded is not None
-    return loaded
 
 
 def _bytes(value: Any) -> bytes | None:

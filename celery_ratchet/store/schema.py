@@ -137,28 +137,27 @@ Index("ux_scheduler_job_job_id", scheduler_job.c.job_id, unique=True)
 # The claim reads pending rows of a queue level by level (priority, then due time): partial
 # indexes hold only pending rows where the dialect has them, one for jobs without a resource
 # and one for jobs that need a permit. MySQL/MariaDB lead with status and resource instead.
-_READY = "status = 'PENDING' AND resource IS NULL"
-_READY_RESOURCE = "status = 'PENDING' AND resource IS NOT NULL"
-Index(
-    "ix_scheduler_job_ready",
-    scheduler_job.c.queue,
-    scheduler_job.c.priority.desc(),
-    scheduler_job.c.scheduled_time,
-    scheduler_job.c.id,
-    postgresql_where=text(_READY),
-    sqlite_where=text(_READY),
-    info={"dialects": ("postgresql", "sqlite")},
-)
-Index(
+
+
+def _ready_index(name: str, where: str, *leading: Any) -> Index:
+    return Index(
+        name,
+        *leading,
+        scheduler_job.c.queue,
+        scheduler_job.c.priority.desc(),
+        scheduler_job.c.scheduled_time,
+        scheduler_job.c.id,
+        postgresql_where=text(where),
+        sqlite_where=text(where),
+        info={"dialects": ("postgresql", "sqlite")},
+    )
+
+
+_ready_index("ix_scheduler_job_ready", "status = 'PENDING' AND resource IS NULL")
+_ready_index(
     "ix_scheduler_job_ready_resource",
+    "status = 'PENDING' AND resource IS NOT NULL",
     scheduler_job.c.resource,
-    scheduler_job.c.queue,
-    scheduler_job.c.priority.desc(),
-    scheduler_job.c.scheduled_time,
-    scheduler_job.c.id,
-    postgresql_where=text(_READY_RESOURCE),
-    sqlite_where=text(_READY_RESOURCE),
-    info={"dialects": ("postgresql", "sqlite")},
 )
 Index(
     "ix_scheduler_job_ready_status",
