@@ -20,7 +20,7 @@ from kombu.utils import json as kjson
 
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.message import CLAIM_HEADER, check_serializer
-from celery_ratchet.domain.job import JobStatus, ResultRecord
+from celery_ratchet.domain.job import JobStatus, ResultRecord, error_record
 from celery_ratchet.errors import StoreUnavailable
 from celery_ratchet.store.jobstore import JobStore
 
@@ -47,15 +47,8 @@ def type_name(value: Any) -> str:
 def exception_record(exc: BaseException) -> str:
     """Celery's JSON form of an exception, as stored in ``last_error``."""
     kind = type(exc)
-    return str(
-        kjson.dumps(
-            {
-                "exc_type": kind.__qualname__,
-                "exc_message": [str(a) for a in exc.args] if exc.args else [str(exc)],
-                "exc_module": kind.__module__,
-            }
-        )
-    )
+    messages = [str(a) for a in exc.args] if exc.args else [str(exc)]
+    return error_record(kind.__qualname__, messages, kind.__module__)
 
 
 class RatchetBackend(BaseBackend):

@@ -17,7 +17,7 @@ from kombu.message import Message as KombuMessage
 from kombu.serialization import dumps
 from kombu.utils import json as kjson
 
-from celery_ratchet.domain.job import ClaimedJob, JobStatus, Message, NewJob
+from celery_ratchet.domain.job import ClaimedJob, JobStatus, Message, NewJob, error_record
 from celery_ratchet.domain.priority import to_numeric
 from celery_ratchet.errors import PayloadTooLarge, SerializerNotAllowed
 
@@ -193,12 +193,6 @@ class JobMessage(KombuMessage):
         self.reject(requeue=True)
 
 
-REJECTED = str(
-    kjson.dumps(
-        {
-            "exc_type": "Reject",
-            "exc_message": ["the task rejected its message without requeue"],
-            "exc_module": "celery.exceptions",
-        }
-    )
+REJECTED = error_record(
+    "Reject", ["the task rejected its message without requeue"], "celery.exceptions"
 )

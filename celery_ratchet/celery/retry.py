@@ -112,12 +112,10 @@ def wrap_run(app: Celery, task: Any) -> None:
         except (Retry, Ignore, Reject):
             raise
         except Exception as exc:
-            request = task.request
-            decision = decision_for(app, task, request, exc)
+            decision = decision_for(app, task, task.request, exc)
             if decision is None or not decision.retry:
                 raise
-            plan = retry_plan(app, task, request)
-            limit = plan.max_retries if plan and plan.max_retries is not None else _UNLIMITED
+            limit = _UNLIMITED if decision.max_retries is None else decision.max_retries
             raise task.retry(exc=exc, countdown=decision.delay, max_retries=limit) from exc
 
     task.run = run_with_retries

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from celery_ratchet.domain.cron import CronExpression
-from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.domain.job import JobStatus, error_record
 from celery_ratchet.errors import RatchetError
 from celery_ratchet.runtime import recurring
 from celery_ratchet.runtime.dlq import DeadLetterQueue
@@ -144,10 +144,7 @@ def jobs(
 def jobs_cancel(cli: CliContext, job_ids: tuple[str, ...], terminate: bool) -> None:
     """Revoke jobs: pending ones never run; running ones are dropped if not started yet, and
     terminated with --terminate."""
-    error = json.dumps(
-        {"exc_type": "TaskRevokedError", "exc_message": ["cancelled"],
-         "exc_module": "celery.exceptions"}
-    )  # fmt: skip
+    error = error_record("TaskRevokedError", ["cancelled"], "celery.exceptions")
     pending, running = cli.store.request_revoke(
         job_ids, error, terminate_signal="SIGTERM" if terminate else None
     )

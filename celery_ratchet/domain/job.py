@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -146,3 +148,8 @@ class JobSummary:
     last_error: str | None = None
     business_key: str | None = None
     tags: str | None = None
+
+
+def error_record(exc_type: str, messages: Sequence[str], module: str) -> str:
+    """An exception as stored in ``last_error``: the JSON form Celery's backends use."""
+    return json.dumps({"exc_type": exc_type, "exc_message": list(messages), "exc_module": module})

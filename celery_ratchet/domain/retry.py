@@ -93,6 +93,8 @@ class RetryDecision:
     retry: bool
     delay: float = 0.0
     reason: str = ""
+    #: The limit the decision was made against (None: no limit).
+    max_retries: int | None = None
 
 
 def decide(
@@ -115,4 +117,4 @@ def decide(
     delay = float(policy.get_delay(attempt) or 0.0)
     if delay <= 0:
         delay = backoff_delay(backoff, backoff_param, attempt)
-    return RetryDecision(True, delay=min(delay, MAX_BACKOFF_SECONDS))
+    return RetryDecision(True, min(delay, MAX_BACKOFF_SECONDS), max_retries=max_retries)

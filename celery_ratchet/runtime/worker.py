@@ -156,10 +156,6 @@ class WorkerRuntime:
         for source in self.wakeups:
             source.start(self._woken)
 
-    def wakeups_threads(self) -> list[threading.Thread]:
-        """The wake-up listeners' threads (for health checks and tests)."""
-        return [t for t in (getattr(w, "thread", None) for w in self.wakeups) if t is not None]
-
     def _woken(self, queue: str) -> None:
         """A job of ``queue`` was committed: claim now if it is one of ours."""
         if queue in self.queues or (queue == SCHEDULES_QUEUE and self.occurrence is not None):
@@ -671,11 +667,14 @@ class WorkerRuntime:
         revoked = [job for job in claimed if job.revoke_requested is not None]
         for job in revoked:
             logger.info("ratchet: job %s was revoked; not running it again", job.job_id)
-            self._report(
-                Settlement(job.job_id, job.token, JobStatus.REVOKED, self.revoked_error,
-                           resource=job.resource)
-            )  # fmt: skip
+            self._report_revoked(job)
         return revoked
+
+    def _report_revoked(self, job: ClaimedJob) -> None:
+        self._report(
+            Settlement(job.job_id, job.token, JobStatus.REVOKED, self.revoked_error,
+                       resource=job.resource)
+        )  # fmt: skip
 
     def _revocation_loop(self) -> None:
         """Revokes asked while a job of this node was RUNNING: a job not started yet is
@@ -703,10 +702,7 @@ class WorkerRuntime:
             started = self._in_flight.get(job_id) == token
         if buffered is not None:
             logger.info("ratchet: job %s revoked before it started", job_id)
-            self._report(
-                Settlement(job_id, token, JobStatus.REVOKED, self.revoked_error,
-                           resource=buffered.resource)
-            )  # fmt: skip
+            self._report_revoked(buffered)
         elif started and self.on_revoke is not None:
             try:
                 self.on_revoke(job_id, request)

@@ -33,7 +33,9 @@ def _idle_worker_runs_a_new_job(app: Celery) -> None:
     with worker_running(app):
         runtime = ratchet_state(app).runtime
         deadline = time.monotonic() + 30
-        while runtime is None or not all(t.is_alive() for t in runtime.wakeups_threads()):
+        while runtime is None or not all(
+            w.thread is not None and w.thread.is_alive() for w in runtime.wakeups
+        ):
             assert time.monotonic() < deadline, "wake-up listeners did not start"
             time.sleep(0.05)
             runtime = ratchet_state(app).runtime
