@@ -217,15 +217,19 @@ def _check_task_options(app: Any, settings: Any) -> None:
         if task.name.startswith("celery."):
             continue
         try:
-            resolve_options(task.name, task, None, settings)
-        except ConfigurationError as exc:
-            logger.warning("ratchet: %s; this worker will not run its jobs", exc)
-        except (ValueError, TypeError) as exc:
-            problems.append(f"{task.name}: {exc}")
-        try:
+            options = resolve_options(task.name, task, None, settings, require_capacity=False)
             parse_breaker(getattr(task, "circuit_breaker", None), task.name)
         except (ValueError, TypeError) as exc:
             problems.append(f"{task.name}: {exc}")
+            continue
+        resource = options.get("resource")
+        if resource is not None and resource not in settings.resources:
+            logger.warning(
+                "ratchet: task %s needs resource %r, which has no capacity on this worker "
+                "(ratchet_resources); workers configured for it run those jobs",
+                task.name,
+                resource,
+            )
     if problems:
         raise ConfigurationError(
             "ratchet options of tasks are invalid:\n  " + "\n  ".join(problems)

@@ -34,9 +34,15 @@ def task_defaults(task: Any) -> dict[str, Any]:
 
 
 def resolve(
-    task_name: str, task: Any, given: Mapping[str, Any] | None, settings: RatchetSettings
+    task_name: str,
+    task: Any,
+    given: Mapping[str, Any] | None,
+    settings: RatchetSettings,
+    *,
+    require_capacity: bool = True,
 ) -> dict[str, Any]:
-    """The job's ratchet options, validated: ``given`` over the task's attributes."""
+    """The job's ratchet options, validated: ``given`` over the task's attributes. With
+    ``require_capacity`` (sending) a resource must have a capacity in ``settings``."""
     if given is not None and not isinstance(given, Mapping):
         raise TypeError(f"ratchet= takes a dict of options, got {type(given).__name__}")
     unknown = set(given or {}) - OPTIONS
@@ -61,7 +67,7 @@ def resolve(
     if "tags" in options:
         options["tags"] = [str(tag) for tag in options["tags"]]
     resource = options.get("resource")
-    if resource is not None and resource not in settings.resources:
+    if require_capacity and resource is not None and resource not in settings.resources:
         configured = ", ".join(sorted(settings.resources)) or "none"
         raise ConfigurationError(
             f"task {task_name!r} needs resource {resource!r}, which has no capacity here "
