@@ -20,6 +20,8 @@ _EXPORTS = {
     "bulk": "celery_ratchet.celery.sender",
     "transaction": "celery_ratchet.celery.sender",
     "job_logger": "celery_ratchet.celery.housekeeping",
+    "batch": "celery_ratchet.celery.batches",
+    "workflow": "celery_ratchet.celery.workflows",
     "recurring": "celery_ratchet.celery.recurring",
     "schedule_recurring": "celery_ratchet.celery.recurring",
     "cancel_recurring": "celery_ratchet.celery.recurring",

@@ -1,6 +1,33 @@
 -- celery_ratchet schema for postgresql. Generated from celery_ratchet/store/schema.py;
 -- `ratchet schema show --dialect postgresql` prints it. Do not edit by hand.
 
+CREATE TABLE scheduler_batch (
+	batch_id VARCHAR(255) NOT NULL,
+	kind VARCHAR(16) NOT NULL,
+	name VARCHAR(255),
+	state VARCHAR(16) NOT NULL,
+	total INTEGER,
+	added INTEGER DEFAULT '0' NOT NULL,
+	on_success TEXT,
+	on_failure TEXT,
+	on_progress TEXT,
+	created_at TIMESTAMP WITH TIME ZONE NOT NULL,
+	finished_at TIMESTAMP WITH TIME ZONE,
+	PRIMARY KEY (batch_id)
+);
+
+CREATE INDEX ix_scheduler_batch_state ON scheduler_batch (state, created_at);
+
+CREATE TABLE scheduler_batch_part (
+	batch_id VARCHAR(255) NOT NULL,
+	job_id VARCHAR(255) NOT NULL,
+	position INTEGER,
+	state VARCHAR(16) NOT NULL,
+	result TEXT,
+	finished_at TIMESTAMP WITH TIME ZONE NOT NULL,
+	PRIMARY KEY (batch_id, job_id)
+);
+
 CREATE TABLE scheduler_group_result (
 	group_id VARCHAR(255) NOT NULL,
 	result TEXT NOT NULL,
@@ -24,6 +51,7 @@ CREATE TABLE scheduler_job (
 	root_id VARCHAR(255),
 	parent_id VARCHAR(255),
 	group_id VARCHAR(255),
+	depends_on VARCHAR(255),
 	business_key VARCHAR(255),
 	schedule_spec TEXT,
 	resource VARCHAR(255),
@@ -48,7 +76,11 @@ CREATE TABLE scheduler_job (
 )
  WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
 
+CREATE INDEX ix_scheduler_job_depends_on ON scheduler_job (depends_on);
+
 CREATE INDEX ix_scheduler_job_finished ON scheduler_job (status, finished_at);
+
+CREATE INDEX ix_scheduler_job_group ON scheduler_job (group_id, status);
 
 CREATE INDEX ix_scheduler_job_owner ON scheduler_job (status, picked_by);
 
@@ -74,6 +106,7 @@ CREATE TABLE scheduler_job_archive (
 	root_id VARCHAR(255),
 	parent_id VARCHAR(255),
 	group_id VARCHAR(255),
+	depends_on VARCHAR(255),
 	business_key VARCHAR(255),
 	schedule_spec TEXT,
 	resource VARCHAR(255),
@@ -140,4 +173,17 @@ CREATE TABLE scheduler_resource_permit (
 	acquired_at TIMESTAMP WITH TIME ZONE NOT NULL,
 	claim_token VARCHAR(32),
 	PRIMARY KEY (resource, job_id)
+);
+
+CREATE TABLE scheduler_workflow_condition (
+	parent_id VARCHAR(255) NOT NULL,
+	position INTEGER NOT NULL,
+	kind VARCHAR(16) NOT NULL,
+	name VARCHAR(255),
+	predicate VARCHAR(512),
+	waits_for TEXT,
+	branch TEXT NOT NULL,
+	state VARCHAR(16) NOT NULL,
+	decided_at TIMESTAMP WITH TIME ZONE,
+	PRIMARY KEY (parent_id, position)
 );

@@ -1,6 +1,33 @@
 -- celery_ratchet schema for sqlite. Generated from celery_ratchet/store/schema.py;
 -- `ratchet schema show --dialect sqlite` prints it. Do not edit by hand.
 
+CREATE TABLE scheduler_batch (
+	batch_id VARCHAR(255) NOT NULL,
+	kind VARCHAR(16) NOT NULL,
+	name VARCHAR(255),
+	state VARCHAR(16) NOT NULL,
+	total INTEGER,
+	added INTEGER DEFAULT '0' NOT NULL,
+	on_success TEXT,
+	on_failure TEXT,
+	on_progress TEXT,
+	created_at DATETIME NOT NULL,
+	finished_at DATETIME,
+	PRIMARY KEY (batch_id)
+);
+
+CREATE INDEX ix_scheduler_batch_state ON scheduler_batch (state, created_at);
+
+CREATE TABLE scheduler_batch_part (
+	batch_id VARCHAR(255) NOT NULL,
+	job_id VARCHAR(255) NOT NULL,
+	position INTEGER,
+	state VARCHAR(16) NOT NULL,
+	result TEXT,
+	finished_at DATETIME NOT NULL,
+	PRIMARY KEY (batch_id, job_id)
+);
+
 CREATE TABLE scheduler_group_result (
 	group_id VARCHAR(255) NOT NULL,
 	result TEXT NOT NULL,
@@ -24,6 +51,7 @@ CREATE TABLE scheduler_job (
 	root_id VARCHAR(255),
 	parent_id VARCHAR(255),
 	group_id VARCHAR(255),
+	depends_on VARCHAR(255),
 	business_key VARCHAR(255),
 	schedule_spec TEXT,
 	resource VARCHAR(255),
@@ -47,7 +75,11 @@ CREATE TABLE scheduler_job (
 	PRIMARY KEY (id)
 );
 
+CREATE INDEX ix_scheduler_job_depends_on ON scheduler_job (depends_on);
+
 CREATE INDEX ix_scheduler_job_finished ON scheduler_job (status, finished_at);
+
+CREATE INDEX ix_scheduler_job_group ON scheduler_job (group_id, status);
 
 CREATE INDEX ix_scheduler_job_owner ON scheduler_job (status, picked_by);
 
@@ -73,6 +105,7 @@ CREATE TABLE scheduler_job_archive (
 	root_id VARCHAR(255),
 	parent_id VARCHAR(255),
 	group_id VARCHAR(255),
+	depends_on VARCHAR(255),
 	business_key VARCHAR(255),
 	schedule_spec TEXT,
 	resource VARCHAR(255),
@@ -139,4 +172,17 @@ CREATE TABLE scheduler_resource_permit (
 	acquired_at DATETIME NOT NULL,
 	claim_token VARCHAR(32),
 	PRIMARY KEY (resource, job_id)
+);
+
+CREATE TABLE scheduler_workflow_condition (
+	parent_id VARCHAR(255) NOT NULL,
+	position INTEGER NOT NULL,
+	kind VARCHAR(16) NOT NULL,
+	name VARCHAR(255),
+	predicate VARCHAR(512),
+	waits_for TEXT,
+	branch TEXT NOT NULL,
+	state VARCHAR(16) NOT NULL,
+	decided_at DATETIME,
+	PRIMARY KEY (parent_id, position)
 );

@@ -12,6 +12,7 @@ from celery.utils.imports import symbol_by_name
 
 from celery_ratchet.errors import ConfigurationError
 from celery_ratchet.settings import RatchetSettings
+from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.jobstore import JobStore
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,15 @@ class RatchetState:
                 )
                 self._store_pid = os.getpid()
             return self._store
+
+    @property
+    def batches(self) -> BatchStore:
+        """Batches, chain steps and workflow conditions in this app's job store."""
+        store = self.store
+        batches: BatchStore | None = getattr(store, "_batches", None)
+        if batches is None:
+            batches = store._batches = BatchStore(store)  # type: ignore[attr-defined]
+        return batches
 
     def reset(self) -> None:
         """Forget cached settings and store, e.g. after the configuration changed."""
@@ -115,7 +125,7 @@ def is_ratchet_app(app: Celery) -> bool:
 
 def install(app: Celery) -> Celery:
     """Make ``app`` send to and run from its job store. Idempotent; ``task_cls`` does this."""
-    from celery_ratchet.celery import housekeeping, retry
+    from celery_ratchet.celery import batches, housekeeping, retry, workflows
     from celery_ratchet.celery.consumer import JobConsumer
 
     with _INSTALL_LOCK:
@@ -130,6 +140,8 @@ def install(app: Celery) -> Celery:
         app.steps["consumer"].add(JobConsumer)
         retry.connect(app)
         housekeeping.register_tasks(app)
+        batches.register_tasks(app)
+        workflows.register_tasks(app)
         _connect_worker_signals()
         if app.configured:
             apply_defaults(app)

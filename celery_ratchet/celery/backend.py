@@ -18,6 +18,7 @@ from kombu.exceptions import EncodeError
 from kombu.serialization import loads
 from kombu.utils import json as kjson
 
+from celery_ratchet.celery import batches
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.message import CLAIM_HEADER, check_serializer
 from celery_ratchet.domain.job import JobStatus, ResultRecord, error_record
@@ -94,7 +95,8 @@ class RatchetBackend(BaseBackend):
             values["error"] = self._encode_json(result)
             values["traceback"] = traceback
         if token is not None:
-            if not self.store.store_outcome(task_id, token, status, **values):
+            part = batches.part_of(self, request, state, result)
+            if not self.store.store_outcome(task_id, token, status, part=part, **values):
                 logger.warning(
                     "ratchet: result of job %s not stored: the job is no longer held by this "
                     "execution (already finished, or recovered from a node presumed dead)",
@@ -231,6 +233,21 @@ class RatchetBackend(BaseBackend):
 
     def _delete_group(self, group_id: str) -> None:
         self.store.delete_group(group_id)
+
+    # -- chords: completed by the database (celery_ratchet.celery.batches) -----------------
+
+    def apply_chord(self, header_result_args: Any, body: Any, **kwargs: Any) -> None:
+        self.ensure_chords_allowed()
+        batches.open_chord(self.app, header_result_args[0], body)
+
+    def set_chord_size(self, group_id: str, chord_size: int) -> None:
+        ratchet_state(self.app).batches.set_total(group_id, chord_size)
+
+    def add_to_chord(self, chord_id: str, result: Any) -> None:
+        ratchet_state(self.app).batches.add_children(chord_id, 1)
+
+    def on_chord_part_return(self, request: Any, state: str, result: Any, **kwargs: Any) -> None:
+        batches.on_part_return(self, request, state, result)
 
     def cleanup(self) -> None:
         """Clear stored return values older than ``result_expires`` (the rows stay)."""

@@ -26,6 +26,7 @@ from kombu.serialization import prepare_accept_content
 
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import exception_record
+from celery_ratchet.celery.batches import finish_stalled
 from celery_ratchet.celery.breaker import lookup as breaker_lookup
 from celery_ratchet.celery.breaker import parse as parse_breaker
 from celery_ratchet.celery.message import JobMessage
@@ -147,6 +148,7 @@ class JobConsumer(bootsteps.StartStopStep):
             on_revoke=functools.partial(_revoke_started, c),
             revoked_error=exception_record(TaskRevokedError("revoked")),
             wakeups=state.wakeup_sources(),
+            housekeeping=functools.partial(finish_stalled, app),
         )
         dispatcher.runtime = runtime
         self.runtime = state.runtime = runtime

@@ -17,7 +17,14 @@ from kombu.message import Message as KombuMessage
 from kombu.serialization import dumps
 from kombu.utils import json as kjson
 
-from celery_ratchet.domain.job import ClaimedJob, JobStatus, Message, NewJob, error_record
+from celery_ratchet.domain.job import (
+    ClaimedJob,
+    JobStatus,
+    JobType,
+    Message,
+    NewJob,
+    error_record,
+)
 from celery_ratchet.domain.priority import to_numeric
 from celery_ratchet.errors import PayloadTooLarge, SerializerNotAllowed
 
@@ -95,6 +102,56 @@ def job_from_message(
         business_key=business_key,
         tags=tuple(tags),
     )
+
+
+def waiting_steps(job: NewJob, body: Any) -> list[NewJob]:
+    """The chain steps after ``job``, stored now as WAITING rows (as the seeds do): each is
+    released when the step before it succeeds, and cancelled (REVOKED) when it fails.
+
+    Celery carries the rest of a chain in the message, next step last, each frozen with its
+    own task id. Plain task steps are stored up to the first group or chord, whose own
+    steps are stored when it is sent.
+    """
+    embed = body[2] if isinstance(body, (tuple, list)) and len(body) == 3 else None
+    chain = embed.get("chain") if isinstance(embed, dict) else None
+    if not chain:
+        return []
+    steps: list[NewJob] = []
+    previous = job.job_id
+    for sig in reversed(chain):
+        options = sig.get("options") or {} if isinstance(sig, dict) else {}
+        task_id = options.get("task_id")
+        if sig.get("subtask_type") or not sig.get("task") or not task_id:
+            break
+        priority = options.get("priority")
+        steps.append(
+            NewJob(
+                job_id=task_id,
+                task_name=sig["task"],
+                queue=_queue_of(options.get("queue")),
+                priority=priority if isinstance(priority, int) else 0,
+                message=Message(
+                    payload=str(kjson.dumps(sig)).encode(),
+                    content_type="application/json",
+                    content_encoding="utf-8",
+                    headers="{}",
+                    properties="{}",
+                ),
+                root_id=job.root_id,
+                parent_id=previous,
+                group_id=options.get("group_id"),
+                job_type=JobType.CHAIN_STEP,
+                depends_on=previous,
+            )
+        )
+        previous = task_id
+    return steps
+
+
+def _queue_of(queue: Any) -> str:
+    if queue is None:
+        return ""
+    return str(queue if isinstance(queue, str) else getattr(queue, "name", "") or "")
 
 
 def _to_json(value: dict[str, Any], task_name: str, what: str) -> str:

@@ -24,7 +24,7 @@ from kombu.common import Broadcast
 
 from celery_ratchet.celery import options as options_
 from celery_ratchet.celery.app import NO_BROKER, ratchet_state
-from celery_ratchet.celery.message import CLAIM_HEADER, job_from_message
+from celery_ratchet.celery.message import CLAIM_HEADER, job_from_message, waiting_steps
 from celery_ratchet.domain.job import NewJob
 from celery_ratchet.errors import DuplicateJob, StoreUnavailable, UnsupportedRouting
 
@@ -73,28 +73,37 @@ class JobBatch:
     def __init__(self, app: Celery) -> None:
         self.app = app
         self.jobs: list[NewJob] = []
+        self.waiting: list[NewJob] = []
         self._on_stored: list[Callable[[], None]] = []
         self._connection: _NoBrokerConnection | None = None
 
-    def add(self, job: NewJob, on_stored: Callable[[], None]) -> None:
+    def add(
+        self, job: NewJob, on_stored: Callable[[], None], waiting: list[NewJob] | None = None
+    ) -> None:
         self.jobs.append(job)
+        self.waiting.extend(waiting or ())
         self._on_stored.append(on_stored)
 
     def flush(self) -> None:
         jobs, self.jobs = self.jobs, []
+        waiting, self.waiting = self.waiting, []
         callbacks, self._on_stored = self._on_stored, []
         if not jobs:
             return
         conf = self.app.conf
-        store = ratchet_state(self.app).store
+        state = ratchet_state(self.app)
+        store = state.store
+        groups = [j.group_id for j in jobs if j.group_id]
         within = _within.get()
+        if groups:  # a group's row, for `ratchet batches` (a chord's exists already)
+            state.batches.open_groups(groups, within)
         if within is not None:
-            store.enqueue_within(within, jobs)
+            store.enqueue_within(within, jobs, waiting)
             for stored in callbacks:
                 stored()
             return
         _with_retry(
-            lambda: store.enqueue_many(jobs),
+            lambda: store.enqueue_many(jobs, waiting),
             conf.task_publish_retry,
             dict(conf.task_publish_retry_policy or {}),
         )
@@ -247,15 +256,20 @@ class RatchetAMQP(AMQP):
                 _with_retry(lambda: _reschedule(state.store, claim, job), retries, policy)
                 state.published([job.queue])
                 published()
-            elif isinstance(producer, JobBatch):
-                producer.add(job, published)
-            elif _within.get() is not None:
-                state.store.enqueue_within(_within.get(), [job])
-                published()
+                return
+            waiting = waiting_steps(job, body)
+            if isinstance(producer, JobBatch):
+                producer.add(job, published, waiting)
+                return
+            within = _within.get()
+            if job.group_id:
+                state.batches.open_groups([job.group_id], within)
+            if within is not None:
+                state.store.enqueue_within(within, [job], waiting)
             else:
-                _with_retry(lambda: state.store.enqueue(job), retries, policy)
+                _with_retry(lambda: state.store.enqueue_many([job], waiting), retries, policy)
                 state.published([job.queue])
-                published()
+            published()
 
         return send_task_message
 

@@ -11,12 +11,14 @@ from typing import Any
 
 import click
 
+from celery_ratchet.domain.batch import BatchState, BatchSummary
 from celery_ratchet.domain.cron import CronExpression
 from celery_ratchet.domain.job import JobStatus, error_record
 from celery_ratchet.errors import RatchetError
 from celery_ratchet.runtime import recurring
 from celery_ratchet.runtime.dlq import DeadLetterQueue
 from celery_ratchet.settings import RatchetSettings, mask_password
+from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.ddl import DIALECTS, ddl_script
 from celery_ratchet.store.jobstore import JobStore
 
@@ -218,6 +220,60 @@ def nodes(cli: CliContext, as_json: bool) -> None:
         ["node_id", "hostname", "pid", "queues", "concurrency", "heartbeat_ts", "running"],
         as_json,
     )
+
+
+@click.group("batches", invoke_without_command=True)
+@click.option("--state", type=click.Choice([s.value for s in BatchState], case_sensitive=False))
+@click.option("--limit", default=50, show_default=True)
+@json_option
+@click.pass_context
+def batches(ctx: click.Context, state: str | None, limit: int, as_json: bool) -> None:
+    """Groups, chords and batches, newest first, with their progress."""
+    if ctx.invoked_subcommand is not None:
+        return
+    cli = ctx.find_object(CliContext)
+    assert cli is not None
+    wanted = BatchState(state.upper()) if state else None
+    found = BatchStore(cli.store).summaries(state=wanted, limit=limit)
+    emit([_batch_row(b) for b in found], _BATCH_COLUMNS, as_json)
+
+
+@batches.command("show")
+@click.argument("batch_id")
+@json_option
+@pass_cli
+def batches_show(cli: CliContext, batch_id: str, as_json: bool) -> None:
+    """One batch's progress."""
+    found = BatchStore(cli.store).summaries(batch_id=batch_id, limit=1)
+    if not found:
+        fail(f"no batch {batch_id!r} (a group's id, a chord's or celery_ratchet.batch()'s)")
+    row = _batch_row(found[0])
+    if as_json:
+        click.echo(json.dumps({k: _jsonable(v) for k, v in row.items()}, indent=2))
+        return
+    for column in _BATCH_COLUMNS:
+        click.echo(f"{column:>12}: {_jsonable(row[column]) if row[column] is not None else ''}")
+
+
+_BATCH_COLUMNS = [
+    "batch_id", "kind", "name", "state", "done", "total", "failed", "percent_done",
+    "created_at", "finished_at",
+]  # fmt: skip
+
+
+def _batch_row(summary: BatchSummary) -> dict[str, Any]:
+    return {
+        "batch_id": summary.batch_id,
+        "kind": summary.kind.value,
+        "name": summary.name,
+        "state": summary.state.value,
+        "done": summary.done,
+        "total": summary.total,
+        "failed": summary.failed,
+        "percent_done": summary.percent_done,
+        "created_at": summary.created_at,
+        "finished_at": summary.finished_at,
+    }
 
 
 @click.group("schema")
@@ -450,7 +506,7 @@ def archive(cli: CliContext, days: float | None, batch_size: int | None) -> None
 
 
 COMMANDS: Iterable[click.Command] = (
-    jobs, stats, nodes, schedules, schema, cron, dlq, archive,
+    jobs, stats, nodes, schedules, batches, schema, cron, dlq, archive,
 )  # fmt: skip
 
 

@@ -19,12 +19,16 @@ class JobStatus(str, enum.Enum):
     IGNORED = "IGNORED"
     #: A recurring master that fires nothing until resumed.
     PAUSED = "PAUSED"
+    #: A chain step stored at submission, released when the step before it succeeds.
+    WAITING = "WAITING"
 
 
 #: The queue of recurring masters: every worker claims from it, whatever its ``-Q``.
 SCHEDULES_QUEUE = "ratchet.schedules"
 
-ACTIVE_STATUSES = frozenset({JobStatus.PENDING, JobStatus.RUNNING, JobStatus.PAUSED})
+ACTIVE_STATUSES = frozenset(
+    {JobStatus.PENDING, JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.WAITING}
+)
 TERMINAL_STATUSES = frozenset(set(JobStatus) - ACTIVE_STATUSES)
 
 
@@ -70,6 +74,8 @@ class NewJob:
     #: A resource whose permits limit how many such jobs run at once, cluster-wide.
     resource: str | None = None
     tags: tuple[str, ...] = ()
+    #: A chain step stored ahead of time: WAITING until this job succeeds.
+    depends_on: str | None = None
 
 
 @dataclass(frozen=True)

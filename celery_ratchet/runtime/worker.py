@@ -107,8 +107,11 @@ class WorkerRuntime:
         on_revoke: Callable[[str, str], None] | None = None,
         revoked_error: str | None = None,
         wakeups: Sequence[WakeupSource] = (),
+        housekeeping: Callable[[], object] | None = None,
     ) -> None:
         self.store = store
+        #: Called after each orphan scan (finishing batches cut short by a dead node).
+        self.housekeeping = housekeeping
         self.settings = settings
         self.node_id = node_id
         self.queues = list(queues)
@@ -717,6 +720,11 @@ class WorkerRuntime:
             except Exception as exc:
                 self._throttle.warn("orphans", "ratchet: orphan scan failed: %s", exc)
                 continue
+            if self.housekeeping is not None:
+                try:
+                    self.housekeeping()
+                except Exception as exc:
+                    self._throttle.warn("housekeeping", "ratchet: housekeeping failed: %s", exc)
             if recovered:
                 logger.warning(
                     "ratchet: recovered %d jobs of dead nodes: %s",

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, insert
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -139,6 +139,22 @@ def _forget_parent_connections() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_parent_connections)
+
+
+def insert_ignoring_conflicts(dialect: Any, table: Any) -> Any:
+    """An INSERT (executemany-able) that skips rows whose key is taken, in one statement."""
+    kind = family(dialect.name)
+    if kind == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table).on_conflict_do_nothing()
+    if kind == "mysql":
+        from sqlalchemy.dialects.mysql import insert as mysql_insert
+
+        stmt = mysql_insert(table)
+        first = next(iter(table.primary_key.columns)).name
+        return stmt.on_duplicate_key_update({first: stmt.inserted[first]})
+    return insert(table).prefix_with("OR IGNORE")
 
 
 @contextmanager

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -35,6 +35,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.elements import BindParameter
 
+from celery_ratchet.domain.batch import BatchPart
 from celery_ratchet.domain.job import (
     ACTIVE_STATUSES,
     SCHEDULES_QUEUE,
@@ -50,6 +51,7 @@ from celery_ratchet.domain.job import (
 from celery_ratchet.domain.priority import DEFAULT_BOOST_MINUTES, effective_priority
 from celery_ratchet.errors import ConfigurationError, DuplicateJob, StoreBusy
 from celery_ratchet.settings import mask_password
+from celery_ratchet.store.batches import cancel_downstream, record_part
 from celery_ratchet.store.claim import (
     RETURNED,
     ClaimShape,
@@ -63,6 +65,7 @@ from celery_ratchet.store.engine import (
     db_now_minus,
     engine_for,
     family,
+    insert_ignoring_conflicts,
     is_retryable_conflict,
     is_unavailable,
     transaction,
@@ -88,6 +91,7 @@ _TERMINAL = [s.value for s in TERMINAL_STATUSES]
 #: Listings and counts are of jobs: recurring masters are schedules (``list_masters``).
 _JOBS_ONLY = job.c.job_type != JobType.RECURRING.value
 _ACTIVE = [s.value for s in ACTIVE_STATUSES]
+_CANCELS_DOWNSTREAM = frozenset({JobStatus.FAILED.value, JobStatus.REVOKED.value})
 
 
 class _ClaimLost(Exception):
@@ -159,6 +163,15 @@ _PARAM_NAMES = (
 )  # fmt: skip
 #: Rows per multi-row INSERT (MySQL): 8,000 parameters a statement.
 BULK_ROWS = 500
+
+#: The due time of a chain step still waiting for the step before it (as in the seeds: a
+#: sentinel no poll reaches; its WAITING status keeps it out of every claim anyway).
+WAITING_DUE = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc)
+_WAITING_COLUMNS = frozenset(
+    {"job_id", "task_name", "queue", "job_type", "priority", "root_id", "parent_id",
+     "group_id", "payload", "content_type", "content_encoding", "headers", "properties",
+     "depends_on"}
+)  # fmt: skip
 
 
 #: The PostgreSQL channel every insert of a job notifies, with its queue as the payload.
@@ -246,6 +259,7 @@ def _params(new: NewJob) -> dict[str, Any]:
         "p_schedule_spec": new.schedule_spec,
         "p_resource": new.resource,
         "p_tags": tags_text(new.tags),
+        "p_depends_on": new.depends_on,
     }
 
 
@@ -328,6 +342,17 @@ class JobStore:
         self._drop_stale_permits = delete(permit).where(
             permit.c.resource == bindparam("resource"), ~still_running.exists()
         )
+        released = _new_job_values()
+        released.pop("group_id")  # a step keeps the group its signature was frozen with
+        self._release_waiting = (
+            update(job)
+            .where(job.c.job_id == bindparam("p_job_id"), job.c.status == JobStatus.WAITING.value)
+            .values(**released, created_at=db_now())
+        )
+        if self.notify:
+            self._release_waiting = self._release_waiting.returning(
+                func.pg_notify(NOTIFY_CHANNEL, job.c.queue)
+            )
         self._reuse_finished = (
             update(job)
             .where(job.c.job_id == bindparam("p_job_id"), job.c.status.in_(_TERMINAL))
@@ -430,9 +455,12 @@ class JobStore:
         """Insert one job; a finished job with the same id is replaced, an active one is not."""
         self.enqueue_many([new])
 
-    def enqueue_many(self, jobs: Sequence[NewJob]) -> None:
-        """Insert jobs with multi-row INSERTs in one transaction: all or nothing."""
-        if not jobs:
+    def enqueue_many(self, jobs: Sequence[NewJob], waiting: Sequence[NewJob] = ()) -> None:
+        """Insert jobs with multi-row INSERTs in one transaction: all or nothing.
+
+        ``waiting`` are chain steps stored ahead of time (WAITING, never claimed); one whose id
+        exists already is left alone. A job whose id is such a waiting step releases it."""
+        if not jobs and not waiting:
             return
         params = [_params(j) for j in jobs]
         tries = 0
@@ -443,6 +471,11 @@ class JobStore:
             # After a broken connection the earlier try may have committed: finding our own
             # row then is success, not a duplicate.
             retried = tries > 1
+            if waiting:
+                with transaction(conn):
+                    self._insert_waiting(conn, waiting)
+                    self._insert_each(conn, params, retried)
+                return
             if len(params) == 1:
                 try:
                     conn.execute(self._insert, params[0])
@@ -457,16 +490,30 @@ class JobStore:
                 pass
             # An id already taken: one row at a time, still all or nothing.
             with transaction(conn):
-                for p in params:
-                    try:
-                        with _Savepoint(conn):
-                            conn.execute(self._insert, p)
-                    except IntegrityError:
-                        self._reuse_or_refuse(conn, p, retried)
+                self._insert_each(conn, params, retried)
 
         self._run(work, "no job was enqueued")
 
-    def enqueue_within(self, conn: Connection, jobs: Sequence[NewJob]) -> None:
+    def _insert_each(self, conn: Connection, params: list[dict[str, Any]], retried: bool) -> None:
+        for p in params:
+            try:
+                with _Savepoint(conn):
+                    conn.execute(self._insert, p)
+            except IntegrityError:
+                self._reuse_or_refuse(conn, p, retried)
+
+    def _insert_waiting(self, conn: Connection, steps: Sequence[NewJob]) -> None:
+        rows = [
+            {**{k[2:]: v for k, v in _params(s).items() if k[2:] in _WAITING_COLUMNS},
+             "status": JobStatus.WAITING.value, "scheduled_time": WAITING_DUE,
+             "created_at": datetime.now(timezone.utc), "attempts": 0, "claims": 0}
+            for s in steps
+        ]  # fmt: skip
+        conn.execute(insert_ignoring_conflicts(conn.dialect, job), rows)
+
+    def enqueue_within(
+        self, conn: Connection, jobs: Sequence[NewJob], waiting: Sequence[NewJob] = ()
+    ) -> None:
         """Insert jobs on the caller's own connection, inside the caller's transaction: they
         exist if and only if that transaction commits. A taken task id raises DuplicateJob
         without spoiling the caller's transaction (a savepoint holds each try)."""
@@ -486,6 +533,8 @@ class JobStore:
             self._schema_ready = True
         params = [_params(j) for j in jobs]
         with conn.begin_nested():
+            if waiting:
+                self._insert_waiting(conn, waiting)
             try:
                 with conn.begin_nested():
                     self._insert_many(conn, params)
@@ -536,6 +585,17 @@ class JobStore:
             conn.execute(statement, chunk[0] if len(chunk) == 1 else _bulk_params(chunk))
 
     def _reuse_or_refuse(self, conn: Connection, params: dict[str, Any], retried: bool) -> None:
+        if conn.execute(self._release_waiting, params).rowcount == 1:
+            return
+        if params["p_parent_id"] is not None:
+            depends_on = conn.execute(
+                select(job.c.depends_on).where(job.c.job_id == params["p_job_id"])
+            ).scalar()
+            if depends_on == params["p_parent_id"]:
+                # A chain step released already, sent again by a second execution of the
+                # step before it (recovered from a dead node): the step runs once.
+                logger.info("ratchet: chain step %s was released already", params["p_job_id"])
+                return
         if conn.execute(self._reuse_finished, params).rowcount == 1:
             return
         if retried:
@@ -701,10 +761,14 @@ class JobStore:
             for resource, claims in held.items()
         ]
 
+        ended = [(s.job_id, s.error) for s in settlements if s.status.value in _CANCELS_DOWNSTREAM]
+
         def work(conn: Connection) -> int:
             changed = self._settle_rows(conn, params)
             for release in releases:  # one statement per resource, not per job
                 conn.execute(release)
+            for job_id, error in ended:
+                cancel_downstream(conn, job_id, error)
             return changed
 
         return self._run(work, "job outcomes were not recorded")
@@ -770,8 +834,11 @@ class JobStore:
         result_meta: str | None = None,
         error: str | None = None,
         traceback: str | None = None,
+        part: BatchPart | None = None,
     ) -> bool:
-        """Finish the execution this claim owns, with its result; False if the claim was lost."""
+        """Finish the execution this claim owns, with its result; False if the claim was lost.
+
+        ``part``: the job is a child of a batch, which counts it in the same transaction."""
         params = {
             "p_job_id": job_id,
             "p_token": token,
@@ -782,10 +849,21 @@ class JobStore:
             "p_error": storable(error),
             "p_traceback": storable(traceback),
         }
-        return self._run(
-            lambda conn: conn.execute(self._store_outcome, params).rowcount == 1,
-            "the result was not stored",
-        )
+        cancels = status.value in _CANCELS_DOWNSTREAM
+
+        def work(conn: Connection) -> bool:
+            if part is None and not cancels:
+                return bool(conn.execute(self._store_outcome, params).rowcount == 1)
+            with transaction(conn):
+                if conn.execute(self._store_outcome, params).rowcount != 1:
+                    return False
+                if part is not None:
+                    record_part(conn, part)
+                if cancels:
+                    cancel_downstream(conn, job_id, error)
+                return True
+
+        return self._run(work, "the result was not stored")
 
     def store_untracked_result(
         self,
@@ -812,11 +890,20 @@ class JobStore:
             "error_traceback": traceback,
         }
 
+        # A revoked job never ran, so it cannot have failed since: it stays REVOKED and keeps
+        # the error (Celery writes a failed chain step's exception to the steps after it).
+        new_status: Any = status.value
+        if status is JobStatus.FAILED:
+            new_status = case(
+                (job.c.status == JobStatus.REVOKED.value, JobStatus.REVOKED.value),
+                else_=status.value,
+            )
+
         def work(conn: Connection) -> None:
             finished = conn.execute(
                 update(job)
                 .where(job.c.job_id == job_id, job.c.status.in_(_TERMINAL))
-                .values(status=status.value, finished_at=db_now(), **result_values)
+                .values(status=new_status, finished_at=db_now(), **result_values)
             ).rowcount
             if finished:
                 return
@@ -957,9 +1044,10 @@ class JobStore:
         if not job_ids:
             return 0, 0
         ids = list(job_ids)
+        not_started = [JobStatus.PENDING.value, JobStatus.WAITING.value]
         pending = (
             update(job)
-            .where(job.c.job_id.in_(ids), job.c.status == JobStatus.PENDING.value)
+            .where(job.c.job_id.in_(ids), job.c.status.in_(not_started))
             .values(status=JobStatus.REVOKED.value, finished_at=db_now(), last_error=error)
         )
         running = (
@@ -973,7 +1061,9 @@ class JobStore:
             # (a retry) in between is caught by one statement or the other.
             with transaction(conn):
                 marked = conn.execute(running).rowcount
-                return conn.execute(pending).rowcount, marked
+                revoked = conn.execute(pending).rowcount
+                cancel_downstream(conn, ids, error)
+                return revoked, marked
 
         return self._run(work, "no job was revoked")
 
@@ -1444,18 +1534,7 @@ def _best_first(claimed: list[ClaimedJob], boost_minutes: float) -> list[Claimed
 
 def _insert_ignoring_duplicates(dialect: Any, table: Any, values: dict[str, Any]) -> Any:
     """INSERT of a row that may exist already (then nothing happens), in one statement."""
-    values = {**values, "updated_at": db_now()}
-    if family(dialect.name) == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        return pg_insert(table).values(**values).on_conflict_do_nothing()
-    if family(dialect.name) == "mysql":
-        from sqlalchemy.dialects.mysql import insert as mysql_insert
-
-        stmt = mysql_insert(table).values(**values)
-        first = next(iter(table.primary_key.columns)).name
-        return stmt.on_duplicate_key_update({first: stmt.inserted[first]})
-    return insert(table).values(**values).prefix_with("OR IGNORE")
+    return insert_ignoring_conflicts(dialect, table).values(**values, updated_at=db_now())
 
 
 def tags_text(tags: Sequence[str]) -> str | None:

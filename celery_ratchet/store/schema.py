@@ -82,6 +82,8 @@ def _job_columns() -> list[Column[Any]]:
         Column("root_id", String(255)),
         Column("parent_id", String(255)),
         Column("group_id", String(255)),
+        #: A chain step: the job whose success releases it (it waits as ``WAITING`` until then).
+        Column("depends_on", String(255)),
         Column("business_key", String(255)),
         Column("schedule_spec", Text),
         Column("resource", String(255)),
@@ -176,6 +178,9 @@ Index(
     scheduler_job.c.picked_by,
 )
 Index("ix_scheduler_job_finished", scheduler_job.c.status, scheduler_job.c.finished_at)
+# A failed chain step cancels the steps waiting on it; batch listings count their children.
+Index("ix_scheduler_job_depends_on", scheduler_job.c.depends_on)
+Index("ix_scheduler_job_group", scheduler_job.c.group_id, scheduler_job.c.status)
 
 scheduler_job_archive = Table(
     "scheduler_job_archive",
@@ -245,5 +250,63 @@ scheduler_group_result = Table(
     Column("group_id", String(255), primary_key=True),
     Column("result", _long_text(), nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
+    **_MYSQL_OPTIONS,
+)
+
+# A batch: a Celery group or chord, or a batch built with celery_ratchet.batch(). The row does
+# no work; it tracks its children and completes exactly once, decided by a compare-and-swap
+# on ``state`` (OPEN → SUCCEEDED | FAILED) in the transaction that sends what follows it.
+scheduler_batch = Table(
+    "scheduler_batch",
+    metadata,
+    Column("batch_id", String(255), primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("name", String(255)),
+    Column("state", String(16), nullable=False),
+    #: Children expected; ``None`` for a plain group (its children rows are counted instead).
+    Column("total", Integer),
+    #: Children added while running (``self.replace()`` inside a chord, ``add_to_chord``).
+    Column("added", Integer, nullable=False, server_default="0"),
+    #: JSON signatures: the chord body (``on_success`` of a batch), and a batch's others.
+    Column("on_success", _long_text()),
+    Column("on_failure", _long_text()),
+    Column("on_progress", _long_text()),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("finished_at", UTCDateTime),
+    **_MYSQL_OPTIONS,
+)
+Index("ix_scheduler_batch_state", scheduler_batch.c.state, scheduler_batch.c.created_at)
+
+# One row per child that finished, written with the child's own outcome: a child run twice
+# (recovered from a dead node) still counts once.
+scheduler_batch_part = Table(
+    "scheduler_batch_part",
+    metadata,
+    Column("batch_id", String(255), primary_key=True),
+    Column("job_id", String(255), primary_key=True),
+    Column("position", Integer),
+    Column("state", String(16), nullable=False),
+    #: Celery's encoded result, or exception record for a failure.
+    Column("result", _long_text()),
+    Column("finished_at", UTCDateTime, nullable=False),
+    **_MYSQL_OPTIONS,
+)
+
+# A workflow's branches: evaluated in ``position`` order when the parent job completes, each
+# fired or skipped once (``state`` WAITING → FIRED | SKIPPED).
+scheduler_workflow_condition = Table(
+    "scheduler_workflow_condition",
+    metadata,
+    Column("parent_id", String(255), primary_key=True),
+    Column("position", Integer, primary_key=True, autoincrement=False),
+    #: SUCCESS, FAILURE, RESULT (``predicate`` decides) or JOIN (after the named branches).
+    Column("kind", String(16), nullable=False),
+    Column("name", String(255)),
+    Column("predicate", String(512)),
+    #: For a JOIN: the names of the branches it waits for, comma-separated.
+    Column("waits_for", Text),
+    Column("branch", _long_text(), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("decided_at", UTCDateTime),
     **_MYSQL_OPTIONS,
 )

@@ -25,6 +25,8 @@ class Unserialisable:
 
 
 def register(app: Celery) -> None:
+    register_canvas(app)
+
     @app.task(name="t.add", shared=False)
     def add(x: int, y: int) -> int:
         return x + y
@@ -81,3 +83,25 @@ def register(app: Celery) -> None:
     def sleep(seconds: float) -> float:
         time.sleep(seconds)
         return seconds
+
+
+def register_canvas(app: Celery) -> None:
+    """Tasks for chains, chords, batches and workflows."""
+
+    @app.task(name="t.tsum", shared=False)
+    def tsum(values: list[int]) -> int:
+        return sum(values)
+
+    @app.task(name="t.collect", shared=False)
+    def collect(value: Any, key: str) -> Any:
+        record(key, value)
+        return value
+
+    @app.task(name="t.times", shared=False)
+    def times(x: int, factor: int) -> int:
+        return x * factor
+
+
+def is_big(value: Any) -> bool:
+    """A workflow predicate: importable by path."""
+    return isinstance(value, int) and value > 100

@@ -1,0 +1,345 @@
+"""Chords and batches completed by the database, and ``celery_ratchet.batch()``.
+
+Each finished child of a chord or batch is written as a part in the transaction of its own
+outcome. The child that finds every part in swaps the batch's state (OPEN → SUCCEEDED or
+FAILED); only the winner of that compare-and-swap sends what follows, on the same
+transaction (PostgreSQL, MySQL), so the body of a chord is sent exactly once: never twice
+when two children finish at the same instant, never lost when a node dies in between (the
+swap rolls back, and the orphan scan of any node finishes the batch). No polling task.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery, group, signature, states
+from celery.canvas import Signature, maybe_signature
+from celery.exceptions import ChordError
+from celery.result import GroupResult
+from kombu.utils import json as kjson
+from kombu.utils.uuid import uuid
+
+from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.sender import transaction
+from celery_ratchet.domain.batch import (
+    FAILED_STATES,
+    BatchKind,
+    BatchPart,
+    BatchState,
+    BatchSummary,
+    NewBatch,
+    progress_step,
+)
+from celery_ratchet.store.batches import BatchRecord, Progress
+
+logger = logging.getLogger(__name__)
+
+#: The chord body of a ``celery_ratchet.batch()``: never run, it marks the children so that
+#: each reports its end to the batch.
+BATCH_MARKER_TASK = "celery_ratchet.batch_done"
+#: An open batch all of whose children finished this long ago is finished by the orphan scan.
+STALLED_AFTER_SECONDS = 10.0
+
+
+def encode_signature(sig: Any) -> str:
+    return str(kjson.dumps(dict(sig)))
+
+
+def decode_signature(app: Celery, text: str | None) -> Signature | None:
+    if not text:
+        return None
+    return signature(kjson.loads(text), app=app)
+
+
+# -- chords: the result backend's side ------------------------------------------------------
+
+
+def open_chord(app: Celery, group_id: str, body: Any) -> None:
+    """A chord is being applied: its batch, waiting for the header's size."""
+    batches = ratchet_state(app).batches
+    existing = batches.get(group_id)
+    if existing is not None and existing.kind is BatchKind.BATCH:
+        return  # celery_ratchet.batch() opened it with its own callbacks
+    # A frozen chord applied again reuses its id for a new run: start afresh.
+    batches.open(
+        NewBatch(group_id, BatchKind.CHORD, None, on_success=encode_signature(body)),
+        restart=existing is not None,
+    )
+
+
+def part_of(backend: Any, request: Any, state: str, result: Any) -> BatchPart | None:
+    """The part a finished child of a chord or batch writes, or ``None`` if it is none."""
+    group_id = getattr(request, "group", None)
+    task_id = getattr(request, "id", None)
+    if not group_id or not task_id or not getattr(request, "chord", None):
+        return None
+    try:
+        encoded = backend.encode(backend.encode_result(result, state))
+    except Exception as exc:  # the failure to encode must not lose the part
+        encoded = backend.encode(backend.encode_result(repr(result), state))
+        logger.warning("ratchet: result of %s stored as its repr in its batch: %s", task_id, exc)
+    text = encoded.decode() if isinstance(encoded, bytes) else encoded
+    return BatchPart(group_id, task_id, getattr(request, "group_index", None), state, text)
+
+
+def on_part_return(backend: Any, request: Any, state: str, result: Any) -> None:
+    """Celery's ``on_chord_part_return``: count the child (once), finish the batch if it
+    was the last one."""
+    part = part_of(backend, request, state, result)
+    if part is None:
+        return
+    app = backend.app
+    batches = ratchet_state(app).batches
+    progress = batches.record_part(part)
+    record = batches.get(part.batch_id)
+    if record is None:
+        logger.warning(
+            "ratchet: job %s belongs to chord %s, which the job store does not know (applied "
+            "with another result backend?); its body cannot be sent",
+            part.job_id,
+            part.batch_id,
+        )
+        return
+    if record.kind is BatchKind.BATCH and record.on_progress and record.total:
+        _report_progress(app, record, progress)
+    expected = record.expected
+    if record.state is BatchState.OPEN and expected is not None and progress.done >= expected:
+        finish(backend, record)
+
+
+def finish(backend: Any, record: BatchRecord) -> None:
+    """Complete a batch whose children all finished: exactly once, whoever calls it."""
+    app = backend.app
+    batches = ratchet_state(app).batches
+    parts = batches.parts(record.batch_id)
+    if record.kind is BatchKind.BATCH:
+        _finish_batch(app, record, parts)
+        return
+    callback = decode_signature(app, record.on_success)
+    if callback is None:
+        return
+    try:
+        results = [_unpack(backend, p) for p in parts]
+    except ChordError as exc:
+        with batches.finishing(record.batch_id, BatchState.FAILED) as conn:
+            won = conn is not None
+        if won:
+            logger.error("ratchet: chord %s failed: %s", record.batch_id, exc)
+            backend.chord_error_from_stack(callback, exc)
+        return
+    try:
+        with batches.finishing(record.batch_id, BatchState.SUCCEEDED) as conn:
+            if conn is not None:
+                send_within(conn, lambda: callback.delay(results))
+    except Exception as exc:
+        logger.exception("ratchet: body of chord %s not sent: %r", record.batch_id, exc)
+        with batches.finishing(record.batch_id, BatchState.FAILED) as conn:
+            won = conn is not None
+        if won:
+            backend.chord_error_from_stack(callback, ChordError(f"Callback error: {exc!r}"))
+
+
+def send_within(conn: Any, send: Callable[[], Any]) -> None:
+    if conn.dialect.name == "sqlite":  # one writer: the swap is committed already
+        send()
+        return
+    with transaction(conn):
+        send()
+
+
+def _unpack(backend: Any, part: BatchPart) -> Any:
+    value = backend.decode(part.result) if part.result is not None else None
+    if part.state in states.EXCEPTION_STATES:
+        value = backend.exception_to_python(value)
+    if part.state in states.PROPAGATE_STATES:
+        error = ChordError(f"Dependency {part.job_id} raised {value!r}")
+        if isinstance(value, BaseException):
+            error.__cause__ = value
+        raise error
+    return value
+
+
+def finish_stalled(app: Celery) -> int:
+    """Finish batches whose last child's node died before finishing them (orphan scan)."""
+    batches = ratchet_state(app).batches
+    finished = 0
+    for batch_id in batches.unfinished_complete(STALLED_AFTER_SECONDS):
+        record = batches.get(batch_id)
+        if record is not None and record.state is BatchState.OPEN:
+            logger.warning("ratchet: finishing batch %s, cut short by a dead node", batch_id)
+            finish(app.backend, record)
+            finished += 1
+    return finished
+
+
+# -- celery_ratchet.batch() ------------------------------------------------------------------
+
+
+def _summary_payload(record: BatchRecord, progress: Progress, total: int) -> dict[str, Any]:
+    return {
+        "batch_id": record.batch_id,
+        "name": record.name,
+        "total": total,
+        "done": progress.done,
+        "succeeded": progress.done - progress.failed,
+        "failed": progress.failed,
+        "percent_done": round(100.0 * progress.done / total, 1) if total else 100.0,
+    }
+
+
+def _report_progress(app: Celery, record: BatchRecord, progress: Progress) -> None:
+    total = record.expected or 0
+    if progress_step(progress.done, total) is None:
+        return
+    callback = decode_signature(app, record.on_progress)
+    if callback is not None:
+        try:
+            callback.delay(_summary_payload(record, progress, total))
+        except Exception as exc:  # progress is advisory: never fail the child for it
+            logger.warning("ratchet: progress of batch %s not reported: %s", record.batch_id, exc)
+
+
+def _finish_batch(app: Celery, record: BatchRecord, parts: Sequence[BatchPart]) -> None:
+    failed = [p for p in parts if p.state in FAILED_STATES]
+    state = BatchState.FAILED if failed else BatchState.SUCCEEDED
+    backend = app.backend
+    with ratchet_state(app).batches.finishing(record.batch_id, state) as conn:
+        if conn is None:
+            return
+        progress = Progress(done=len(parts), failed=len(failed))
+        summary = _summary_payload(record, progress, record.expected or len(parts))
+        argument: Any
+        if failed:
+            summary["failed_ids"] = [p.job_id for p in failed]
+            then, argument = decode_signature(app, record.on_failure), summary
+        else:
+            results = [backend.decode(p.result) if p.result else None for p in parts]
+            then, argument = decode_signature(app, record.on_success), results
+        if then is not None:
+            send_within(conn, lambda: then.delay(argument))
+    logger.info("ratchet: batch %s (%s) %s", record.batch_id, record.name or "", state.value)
+
+
+@dataclass(frozen=True)
+class SubmittedBatch:
+    """A submitted batch: its id, its children's results, and its progress."""
+
+    app: Celery
+    id: str
+    name: str
+    results: GroupResult
+
+    def progress(self) -> BatchSummary:
+        found = ratchet_state(self.app).batches.summaries(batch_id=self.id, limit=1)
+        if not found:
+            raise LookupError(f"batch {self.id} is not in the job store")
+        return found[0]
+
+    @property
+    def percent_done(self) -> float:
+        return self.progress().percent_done
+
+
+class BatchBuilder:
+    """``celery_ratchet.batch("Import users").for_each(users, import_user.s)
+    .on_progress(report.s()).on_success(done.s()).on_failure(alert.s()).submit()``.
+
+    Children run in parallel; they are inserted in bulk (multi-row INSERTs, in one
+    transaction). When the last one finishes, exactly one of ``on_success`` (with the
+    children's results, in order) or ``on_failure`` (with a summary naming the failed
+    children) is sent. ``on_progress`` gets a summary each time another whole percent of
+    the children is done (at most 100 calls). ``celery -A app ratchet batches`` lists them.
+    """
+
+    def __init__(self, name: str, app: Celery | None = None) -> None:
+        if not name:
+            raise ValueError("a batch needs a name (it is how `ratchet batches` shows it)")
+        self.name = name
+        self.app = app
+        self._children: list[Signature] = []
+        self._on_success: Signature | None = None
+        self._on_failure: Signature | None = None
+        self._on_progress: Signature | None = None
+
+    def for_each(self, items: Iterable[Any], make: Callable[[Any], Any]) -> BatchBuilder:
+        """One child per item: ``make(item)`` returns its signature (``task.s``)."""
+        for item in items:
+            sig = maybe_signature(make(item), app=self.app)
+            if not isinstance(sig, Signature):
+                raise TypeError(
+                    f"for_each: {make!r} returned {sig!r}; it must return a task signature "
+                    "(pass `task.s`, not `task`)"
+                )
+            self._children.append(sig)
+        return self
+
+    def add(self, *signatures: Any) -> BatchBuilder:
+        self._children.extend(maybe_signature(s, app=self.app) for s in signatures)
+        return self
+
+    def on_success(self, sig: Any) -> BatchBuilder:
+        self._on_success = _signature(sig, "on_success")
+        return self
+
+    def on_failure(self, sig: Any) -> BatchBuilder:
+        self._on_failure = _signature(sig, "on_failure")
+        return self
+
+    def on_progress(self, sig: Any) -> BatchBuilder:
+        self._on_progress = _signature(sig, "on_progress")
+        return self
+
+    def submit(self) -> SubmittedBatch:
+        if not self._children:
+            raise ValueError(f"batch {self.name!r} has no children: call for_each() first")
+        app = self.app or self._children[0]._app or _current_app()
+        batch_id = uuid()
+        for sig in (self._on_success, self._on_failure, self._on_progress):
+            if sig is not None:
+                sig.freeze()  # its id is fixed now: the one stored is the one sent
+        ratchet_state(app).batches.open(
+            NewBatch(
+                batch_id,
+                BatchKind.BATCH,
+                len(self._children),
+                name=self.name,
+                on_success=_encoded(self._on_success),
+                on_failure=_encoded(self._on_failure),
+                on_progress=_encoded(self._on_progress),
+            )
+        )
+        marker = app.signature(BATCH_MARKER_TASK, args=(batch_id,))
+        result = group(self._children, app=app).apply_async(task_id=batch_id, chord=marker)
+        return SubmittedBatch(app, batch_id, self.name, result)
+
+
+def batch(name: str, app: Celery | None = None) -> BatchBuilder:
+    """Start building a batch; see :class:`BatchBuilder`."""
+    return BatchBuilder(name, app)
+
+
+def _signature(sig: Any, what: str) -> Signature:
+    found = maybe_signature(sig)
+    if not isinstance(found, Signature):
+        raise TypeError(f"{what}: expected a task signature (task.s(...)), got {sig!r}")
+    return found
+
+
+def _encoded(sig: Signature | None) -> str | None:
+    return None if sig is None else encode_signature(sig)
+
+
+def _current_app() -> Celery:
+    from celery import current_app
+
+    return current_app._get_current_object()
+
+
+def register_tasks(app: Celery) -> None:
+    @app.task(name=BATCH_MARKER_TASK, shared=False)
+    def batch_done(batch_id: str, *args: Any) -> None:
+        """Never sent: a batch's completion is decided in the job store."""
+        logger.warning("ratchet: batch marker for %s ran; nothing to do", batch_id)

@@ -1,0 +1,95 @@
+"""Batches and chains as data: what a batch is made of and when it is complete. No I/O."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+
+
+class BatchKind(str, enum.Enum):
+    #: A Celery group: its children are counted from their job rows.
+    GROUP = "GROUP"
+    #: A Celery chord: the body is sent once, with the ordered results of the header.
+    CHORD = "CHORD"
+    #: ``celery_ratchet.batch()``: on_success / on_failure / on_progress signatures.
+    BATCH = "BATCH"
+
+
+class BatchState(str, enum.Enum):
+    OPEN = "OPEN"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+
+@dataclass(frozen=True)
+class NewBatch:
+    batch_id: str
+    kind: BatchKind
+    #: Children expected (``None``: a group, counted from its job rows).
+    total: int | None
+    name: str | None = None
+    #: JSON signatures.
+    on_success: str | None = None
+    on_failure: str | None = None
+    on_progress: str | None = None
+
+
+@dataclass(frozen=True)
+class BatchPart:
+    """One finished child of a batch, as its own outcome recorded it."""
+
+    batch_id: str
+    job_id: str
+    #: The child's place in the batch (Celery's ``group_index``); ``None`` sorts last.
+    position: int | None
+    #: Celery state: SUCCESS, FAILURE, REVOKED, ...
+    state: str
+    #: The encoded result, or the exception record of a failure.
+    result: str | None
+
+
+FAILED_STATES = frozenset({"FAILURE", "REVOKED"})
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    batch_id: str
+    kind: BatchKind
+    name: str | None
+    state: BatchState
+    total: int | None
+    done: int
+    failed: int
+    created_at: datetime
+    finished_at: datetime | None
+
+    @property
+    def percent_done(self) -> float:
+        if not self.total:
+            return 100.0 if self.state is not BatchState.OPEN else 0.0
+        return round(100.0 * min(self.done, self.total) / self.total, 1)
+
+
+def expected_children(total: int | None, added: int) -> int | None:
+    """Children a batch waits for: its size plus those added while it ran (replace())."""
+    return None if total is None else total + added
+
+
+def is_complete(total: int | None, added: int, done: int) -> bool:
+    expected = expected_children(total, added)
+    return expected is not None and done >= expected
+
+
+def outcome(parts_failed: int) -> BatchState:
+    return BatchState.FAILED if parts_failed else BatchState.SUCCEEDED
+
+
+def progress_step(done: int, total: int, steps: int = 100) -> int | None:
+    """The progress step (0..steps) reached exactly when the ``done``-th child finished, or
+    ``None`` when that child did not cross into a new step: progress callbacks fire at most
+    ``steps`` times, whatever the batch's size."""
+    if total <= 0 or done <= 0 or done > total:
+        return None
+    step = done * steps // total
+    return step if step != (done - 1) * steps // total else None

@@ -1,0 +1,173 @@
+"""Chains, chords, batches and workflows stored in the database, run by a real worker."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from celery import Celery, chain, chord, group
+from celery.exceptions import ChordError
+
+import celery_ratchet
+from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.domain.batch import BatchState
+from celery_ratchet.domain.job import JobStatus
+from tests.integration.tasks import RUNS
+
+TIMEOUT = 30
+
+
+def _wait(predicate: Any, timeout: float = TIMEOUT) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def _status(app: Celery, job_id: str) -> JobStatus | None:
+    job = ratchet_state(app).store.result(job_id)
+    return None if job is None else job.status
+
+
+def test_chain_steps_are_stored_at_submission_and_released_in_turn(worker_app: Celery) -> None:
+    add, sleep = worker_app.tasks["t.add"], worker_app.tasks["t.sleep"]
+    result = chain(sleep.si(0.5), add.si(1, 2), add.s(10), add.s(100)).apply_async()
+    step_ids = [result.parent.parent.id, result.parent.id, result.id]
+    # The later steps exist already, waiting for the step before them.
+    assert [_status(worker_app, i) for i in step_ids] == [JobStatus.WAITING] * 3
+    assert result.get(timeout=TIMEOUT) == 113
+    assert all(_status(worker_app, i) is JobStatus.SUCCEEDED for i in step_ids)
+
+
+def test_a_failed_step_revokes_the_steps_after_it(worker_app: Celery) -> None:
+    add, fail = worker_app.tasks["t.add"], worker_app.tasks["t.fail"]
+    result = chain(add.si(1, 1), fail.si("middle"), add.si(2, 2), add.si(3, 3)).apply_async()
+    with pytest.raises(ValueError, match="middle"):
+        result.get(timeout=TIMEOUT)  # the last step raises the failure that cancelled it
+    assert result.state == "REVOKED"
+    assert result.parent.state == "REVOKED"
+    assert result.parent.parent.state == "FAILURE"
+    assert _status(worker_app, result.id) is JobStatus.REVOKED
+
+
+def test_chord_body_gets_ordered_results_once(worker_app: Celery) -> None:
+    add, collect = worker_app.tasks["t.add"], worker_app.tasks["t.collect"]
+    key = f"chord-{time.monotonic()}"
+    result = chord(add.si(i, 0) for i in range(40))(collect.s(key))
+    assert result.get(timeout=TIMEOUT) == list(range(40))
+    time.sleep(0.5)
+    assert RUNS[key] == [list(range(40))]
+    summary = ratchet_state(worker_app).batches.summaries(batch_id=result.parent.id)[0]
+    assert (summary.state, summary.done, summary.total) == (BatchState.SUCCEEDED, 40, 40)
+
+
+def test_chord_with_a_failing_header_fails_its_body(worker_app: Celery) -> None:
+    add, fail, tsum = (worker_app.tasks[n] for n in ("t.add", "t.fail", "t.tsum"))
+    result = chord([add.si(1, 1), fail.si("header"), add.si(2, 2)])(tsum.s())
+    # The body fails with a ChordError; get() may see the failed header first (as in Celery).
+    with pytest.raises((ChordError, ValueError), match="header"):
+        result.get(timeout=TIMEOUT)
+    summary = ratchet_state(worker_app).batches.summaries(batch_id=result.parent.id)[0]
+    assert summary.state is BatchState.FAILED
+
+
+def test_nested_canvas(worker_app: Celery) -> None:
+    add, tsum = worker_app.tasks["t.add"], worker_app.tasks["t.tsum"]
+    # a chord inside a chain, a group inside a chain, a chain inside a group
+    inner = chain(add.si(1, 1), chord([add.s(1), add.s(2)], tsum.s()), add.s(100))
+    assert inner.apply_async().get(timeout=TIMEOUT) == 107
+    grouped = group(chain(add.si(1, 1), add.s(1)), chain(add.si(2, 2), add.s(2)))
+    assert grouped.apply_async().get(timeout=TIMEOUT) == [3, 6]
+
+
+def test_batch_builder_reports_progress_and_success(worker_app: Celery) -> None:
+    times, collect = worker_app.tasks["t.times"], worker_app.tasks["t.collect"]
+    key = f"batch-{time.monotonic()}"
+    submitted = (
+        celery_ratchet.batch("Multiply", app=worker_app)
+        .for_each(range(50), lambda i: times.s(i, 2))
+        .on_progress(collect.s(key + "-progress"))
+        .on_success(collect.s(key))
+        .on_failure(collect.s(key + "-failed"))
+        .submit()
+    )
+    assert submitted.results.get(timeout=TIMEOUT) == [i * 2 for i in range(50)]
+    _wait(lambda: RUNS[key])
+    assert RUNS[key] == [[i * 2 for i in range(50)]]
+    progress = submitted.progress()
+    assert (progress.state, progress.percent_done, progress.name) == (
+        BatchState.SUCCEEDED,
+        100.0,
+        "Multiply",
+    )
+    reports = _wait(lambda: RUNS[key + "-progress"])
+    assert all(0 < r["percent_done"] <= 100 for r in reports)
+    assert RUNS[key + "-failed"] == []
+
+
+def test_batch_builder_failure_names_the_failed_children(worker_app: Celery) -> None:
+    add, fail, collect = (worker_app.tasks[n] for n in ("t.add", "t.fail", "t.collect"))
+    key = f"batch-fail-{time.monotonic()}"
+    submitted = (
+        celery_ratchet.batch("Mixed", app=worker_app)
+        .add(add.si(1, 1), fail.si("child"), add.si(2, 2))
+        .on_success(collect.s(key + "-ok"))
+        .on_failure(collect.s(key))
+        .submit()
+    )
+    report = _wait(lambda: RUNS[key])[0]
+    assert (report["failed"], report["succeeded"], report["total"]) == (1, 2, 3)
+    assert report["failed_ids"] == [submitted.results.results[1].id]
+    assert RUNS[key + "-ok"] == []
+    assert submitted.progress().state is BatchState.FAILED
+
+
+def test_workflow_fires_matching_branches_and_joins(worker_app: Celery) -> None:
+    add, collect, tsum = (worker_app.tasks[n] for n in ("t.add", "t.collect", "t.tsum"))
+    key = f"wf-{time.monotonic()}"
+    submitted = (
+        celery_ratchet.workflow(add.si(100, 50), app=worker_app)
+        .on_success(add.s(1), name="plus")
+        .on_failure(collect.si("failed", key + "-failed"))
+        .when_result("tests.integration.tasks:is_big", add.s(2), name="big")
+        .when_result("tests.integration.tasks:is_big", add.s(-1000), name="never")
+        .join(["plus", "big"], tsum.s())
+        .submit()
+    )
+    assert submitted.parent.get(timeout=TIMEOUT) == 150
+    assert submitted.branches["plus"].get(timeout=TIMEOUT) == 151
+    assert submitted.branches["big"].get(timeout=TIMEOUT) == 152
+    conditions = ratchet_state(worker_app).batches.conditions(submitted.id)
+    assert [c.state for c in conditions] == ["FIRED", "SKIPPED", "FIRED", "FIRED", "FIRED"]
+    assert RUNS[key + "-failed"] == []
+
+
+def test_workflow_failure_branch(worker_app: Celery) -> None:
+    fail, collect = worker_app.tasks["t.fail"], worker_app.tasks["t.collect"]
+    key = f"wf-fail-{time.monotonic()}"
+    submitted = (
+        celery_ratchet.workflow(fail.si("parent"), app=worker_app)
+        .on_success(collect.si("ok", key))
+        .on_failure(collect.si("failed", key))
+        .submit()
+    )
+    _wait(lambda: RUNS[key])
+    time.sleep(0.3)
+    assert RUNS[key] == ["failed"]
+    states = [c.state for c in ratchet_state(worker_app).batches.conditions(submitted.id)]
+    assert states == ["SKIPPED", "FIRED"]
+
+
+def test_workflow_refuses_bad_predicates_and_joins(worker_app: Celery) -> None:
+    add = worker_app.tasks["t.add"]
+    builder = celery_ratchet.workflow(add.si(1, 1), app=worker_app)
+    with pytest.raises(ValueError, match="cannot be imported"):
+        builder.when_result("tests.integration.tasks:no_such_function", add.s(1))
+    with pytest.raises(ValueError, match=r"package\.module:function"):
+        builder.when_result("is_big", add.s(1))
+    with pytest.raises(ValueError, match="unknown"):
+        builder.join(["nope"], add.s(1))
