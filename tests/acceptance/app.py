@@ -116,3 +116,28 @@ def _misfire_task(policy: str, **options: int) -> None:
 _misfire_task("catch_up", max_catch_up_executions=3)
 _misfire_task("fire_once")
 _misfire_task("skip")
+
+
+@app.task(name="acc.value")
+def value(n: int, pause: float = 0.0) -> int:
+    if pause:
+        time.sleep(pause)
+    return n
+
+
+@app.task(name="acc.until")
+def until(n: int, moment: float) -> int:
+    """Finish at the wall-clock ``moment``: two of them end at the same instant."""
+    time.sleep(max(0.0, moment - time.time()))
+    return n
+
+
+@app.task(name="acc.chord_body")
+def chord_body(results: list[int], key: str) -> int:
+    record_run(key)
+    return sum(results)
+
+
+@app.task(name="acc.boom")
+def boom(message: str) -> None:
+    raise RuntimeError(message)

@@ -49,3 +49,11 @@ def test_recurring(tmp_path: Path) -> None:
         int(n) for n in out.split("ticks fired: ")[1].split(", distinct fire times: ")
     )
     assert fired == distinct > 0, out  # two workers, and still each tick ran once
+
+
+def test_workflows(tmp_path: Path) -> None:
+    out = run_example("workflows", tmp_path)
+    assert "chain: 115" in out and "chord: 450" in out
+    assert "batch 'Import users': 100.0% done, SUCCEEDED" in out
+    assert "batch outcome: imported 200: USER0 .. USER199" in out
+    assert "workflow parent: 0.93" in out and "escalated branch: 4" in out

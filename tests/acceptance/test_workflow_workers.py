@@ -1,0 +1,125 @@
+"""Chains, groups and chords across real worker processes on PostgreSQL and MariaDB.
+
+The body of a chord runs exactly once: checked by its side effect, with two workers
+finishing the last children at the same instant, and with a worker killed mid-chord.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from celery import Celery, chain, chord, group
+
+from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.domain.batch import BatchState
+from celery_ratchet.domain.job import JobStatus
+from tests.acceptance.conftest import Cluster, side_effects, wait_until
+
+pytestmark = pytest.mark.slow
+
+FAST_RECOVERY = {
+    "RATCHET_NODE_HEARTBEAT_INTERVAL_SECONDS": "1",
+    "RATCHET_NODE_ORPHAN_GRACE_SECONDS": "3",
+    "RATCHET_ORPHAN_SCAN_INTERVAL_SECONDS": "1",
+}
+
+
+def runs_of(app: Celery, key: str) -> int:
+    return sum(1 for run_key, _ in side_effects(ratchet_state(app).store) if run_key == key)
+
+
+def status(app: Celery, task_id: str) -> JobStatus | None:
+    record = ratchet_state(app).store.result(task_id)
+    return None if record is None else record.status
+
+
+def test_chain_and_a_group_of_1000(server_app: Celery, server_cluster: Cluster) -> None:
+    value, double = server_app.tasks["acc.value"], server_app.tasks["acc.double"]
+    chained = chain(value.si(3), double.s(), double.s(), double.s()).apply_async()
+    grouped = group(value.si(i) for i in range(1000)).apply_async()
+    server_cluster.start("w1", concurrency=4)
+    server_cluster.start("w2", concurrency=4)
+    assert chained.get(timeout=120) == 24
+    assert grouped.get(timeout=120) == list(range(1000))
+    summary = ratchet_state(server_app).batches.summaries(batch_id=grouped.id)[0]
+    assert (summary.state, summary.done, summary.total) == (BatchState.SUCCEEDED, 1000, 1000)
+
+
+def test_a_chord_over_1000_children_runs_its_body_once(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    value, body = server_app.tasks["acc.value"], server_app.tasks["acc.chord_body"]
+    key = f"chord-{uuid.uuid4().hex[:8]}"
+    result = chord(value.si(i) for i in range(1000))(body.s(key))
+    server_cluster.start("w1", concurrency=4)
+    server_cluster.start("w2", concurrency=4)
+    assert result.get(timeout=180) == sum(range(1000))
+    time.sleep(2)  # a second body would have been sent by now
+    assert runs_of(server_app, key) == 1
+
+
+def test_two_workers_finishing_the_last_children_at_once(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    until, body = server_app.tasks["acc.until"], server_app.tasks["acc.chord_body"]
+    # Each chord has one child per worker (its own queue); both end at the same instant.
+    server_cluster.start("w1", "-Q", "celery,left", concurrency=2)
+    server_cluster.start("w2", "-Q", "celery,right", concurrency=2)
+    keys, results = [], []
+    for round_ in range(10):
+        key = f"pair-{round_}-{uuid.uuid4().hex[:6]}"
+        moment = time.time() + 1.0 + round_ * 0.3
+        keys.append(key)
+        header = [until.si(1, moment).set(queue="left"), until.si(2, moment).set(queue="right")]
+        results.append(chord(header)(body.s(key)))
+    for result in results:
+        assert result.get(timeout=90) == 3
+    time.sleep(2)
+    assert [runs_of(server_app, k) for k in keys] == [1] * 10
+    store = ratchet_state(server_app).store
+    for result in results:
+        left, right = (store.result(c.id) for c in result.parent.results)
+        assert left is not None and right is not None
+        assert left.picked_by != right.picked_by
+
+
+def test_a_failing_middle_step_cancels_the_rest(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    double, boom = server_app.tasks["acc.double"], server_app.tasks["acc.boom"]
+    tag = uuid.uuid4().int % 1000 + 5000
+    result = chain(
+        double.si(tag), boom.si("middle"), double.si(tag + 1), double.si(tag + 2)
+    ).apply_async()
+    server_cluster.start("w1", concurrency=2)
+    with pytest.raises(RuntimeError, match="middle"):
+        result.get(timeout=60)
+    assert status(server_app, result.id) is JobStatus.REVOKED
+    assert status(server_app, result.parent.id) is JobStatus.REVOKED
+    assert status(server_app, result.parent.parent.id) is JobStatus.FAILED
+    assert runs_of(server_app, f"double-{tag}") == 1
+    assert runs_of(server_app, f"double-{tag + 1}") == 0
+    assert runs_of(server_app, f"double-{tag + 2}") == 0
+
+
+def test_a_worker_killed_mid_chord_leaves_the_chord_to_complete_once(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    value, body = server_app.tasks["acc.value"], server_app.tasks["acc.chord_body"]
+    key = f"crash-{uuid.uuid4().hex[:8]}"
+    result = chord(value.si(i, 0.05) for i in range(300))(body.s(key))
+    victim = server_cluster.start("victim", concurrency=4, **FAST_RECOVERY)
+    server_cluster.start("survivor", concurrency=4, **FAST_RECOVERY)
+    store = ratchet_state(server_app).store
+    wait_until(
+        lambda: store.count_by_status().get("SUCCEEDED", 0) >= 60, 120, "the chord under way"
+    )
+    victim.kill()
+    server_cluster.start("replacement", concurrency=4, **FAST_RECOVERY)
+    assert result.get(timeout=180) == sum(range(300))
+    time.sleep(2)
+    assert runs_of(server_app, key) == 1
+    summary = ratchet_state(server_app).batches.summaries(batch_id=result.parent.id)[0]
+    assert (summary.state, summary.done) == (BatchState.SUCCEEDED, 300)

@@ -1,0 +1,130 @@
+"""Chain steps, batch parts and the batch completion swap, on SQLite, PostgreSQL, MariaDB."""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+
+import pytest
+
+from celery_ratchet.domain.batch import BatchKind, BatchPart, BatchState, NewBatch
+from celery_ratchet.domain.job import JobStatus, JobType, NewJob, Settlement
+from celery_ratchet.errors import DuplicateJob
+from celery_ratchet.store.batches import BatchStore
+from celery_ratchet.store.jobstore import JobStore
+from tests.helpers import new_job
+
+
+def step(job_id: str, after: str) -> NewJob:
+    return dataclasses.replace(
+        new_job(job_id), depends_on=after, parent_id=after, job_type=JobType.CHAIN_STEP
+    )
+
+
+def status_of(store: JobStore, job_id: str) -> JobStatus:
+    record = store.result(job_id)
+    assert record is not None, job_id
+    return record.status
+
+
+def test_waiting_steps_are_never_claimed_until_released(store: JobStore) -> None:
+    store.enqueue_many([new_job("s1")], [step("s2", "s1"), step("s3", "s2")])
+    assert [j.job_id for j in store.claim("n", ["celery"], 10)] == ["s1"]
+    assert status_of(store, "s2") is JobStatus.WAITING
+    # The step before succeeded and sends the next one: the waiting row is released.
+    released = dataclasses.replace(new_job("s2"), parent_id="s1")
+    store.enqueue_many([released], [step("s3", "s2")])
+    assert [j.job_id for j in store.claim("n", ["celery"], 10)] == ["s2"]
+    assert status_of(store, "s3") is JobStatus.WAITING
+
+
+def test_a_released_step_sent_again_by_its_parent_runs_once(store: JobStore) -> None:
+    store.enqueue_many([new_job("a1")], [step("a2", "a1")])
+    again = dataclasses.replace(new_job("a2"), parent_id="a1")
+    store.enqueue(again)
+    store.enqueue(again)  # the step before ran twice (its node died after sending)
+    assert sorted(j.job_id for j in store.claim("n", ["celery"], 10)) == ["a1", "a2"]
+    with pytest.raises(DuplicateJob):  # any other sender with a taken id is refused
+        store.enqueue(dataclasses.replace(new_job("a2"), parent_id="someone-else"))
+
+
+def test_a_failed_step_revokes_every_step_after_it(store: JobStore) -> None:
+    store.enqueue_many([new_job("f1")], [step("f2", "f1"), step("f3", "f2"), step("f4", "f3")])
+    [claimed] = store.claim("n", ["celery"], 10)
+    store.settle([Settlement("f1", claimed.token, JobStatus.FAILED, '"boom"', None)])
+    assert [status_of(store, j) for j in ("f1", "f2", "f3", "f4")] == [
+        JobStatus.FAILED,
+        JobStatus.REVOKED,
+        JobStatus.REVOKED,
+        JobStatus.REVOKED,
+    ]
+    assert store.result("f4").last_error == '"boom"'  # type: ignore[union-attr]
+
+
+def test_revoking_a_waiting_step_revokes_the_rest(store: JobStore) -> None:
+    store.enqueue_many([new_job("r1")], [step("r2", "r1"), step("r3", "r2")])
+    assert store.request_revoke(["r2"], '"revoked"') == (1, 0)
+    assert status_of(store, "r3") is JobStatus.REVOKED
+    assert status_of(store, "r1") is JobStatus.PENDING
+
+
+def test_parts_count_each_child_once(store: JobStore) -> None:
+    batches = BatchStore(store)
+    batches.open(NewBatch("b1", BatchKind.CHORD, 2))
+    first = BatchPart("b1", "c1", 0, "SUCCESS", "1")
+    assert batches.record_part(first).done == 1
+    assert batches.record_part(first).done == 1  # reported again: still one
+    progress = batches.record_part(BatchPart("b1", "c2", 1, "FAILURE", '{"exc_type": "X"}'))
+    assert (progress.done, progress.failed) == (2, 1)
+    assert [p.job_id for p in batches.parts("b1")] == ["c1", "c2"]
+
+
+def test_the_part_is_written_with_the_childs_outcome(store: JobStore) -> None:
+    batches = BatchStore(store)
+    batches.open(NewBatch("b2", BatchKind.CHORD, 1))
+    store.enqueue(new_job("child"))
+    [claimed] = store.claim("n", ["celery"], 1)
+    part = BatchPart("b2", "child", 0, "SUCCESS", "42")
+    assert store.store_outcome("child", claimed.token, JobStatus.SUCCEEDED, part=part)
+    assert batches.unfinished_complete(older_than_seconds=-60) == ["b2"]
+    # A lost claim writes neither the outcome nor the part.
+    batches.open(NewBatch("b3", BatchKind.CHORD, 1))
+    lost = BatchPart("b3", "child", 0, "SUCCESS", "42")
+    assert not store.store_outcome("child", claimed.token, JobStatus.SUCCEEDED, part=lost)
+    assert batches.parts("b3") == []
+
+
+def test_a_batch_completes_once(store: JobStore) -> None:
+    batches = BatchStore(store)
+    batches.open(NewBatch("once", BatchKind.CHORD, 1))
+    with batches.finishing("once", BatchState.SUCCEEDED) as conn:
+        assert conn is not None
+    with batches.finishing("once", BatchState.FAILED) as conn:
+        assert conn is None
+    assert batches.get("once").state is BatchState.SUCCEEDED  # type: ignore[union-attr]
+    assert batches.unfinished_complete(older_than_seconds=-60) == []
+
+
+def test_a_failed_completion_leaves_the_batch_open(server_store: JobStore) -> None:
+    batches = BatchStore(server_store)
+    batches.open(NewBatch("rollback", BatchKind.CHORD, 1))
+    with pytest.raises(RuntimeError), batches.finishing("rollback", BatchState.SUCCEEDED):
+        raise RuntimeError("the body could not be sent")
+    assert batches.get("rollback").state is BatchState.OPEN  # type: ignore[union-attr]
+
+
+def _race(url: str, batch_id: str) -> bool:
+    batches = BatchStore(JobStore(url))
+    with batches.finishing(batch_id, BatchState.SUCCEEDED) as conn:
+        return conn is not None
+
+
+def test_processes_racing_to_complete_a_batch_win_once(server_store: JobStore) -> None:
+    batches = BatchStore(server_store)
+    ids = [f"race-{i}" for i in range(20)]
+    for batch_id in ids:
+        batches.open(NewBatch(batch_id, BatchKind.CHORD, 1))
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        wins = pool.starmap(_race, [(server_store.url, b) for b in ids for _ in range(4)])
+    assert sum(wins) == len(ids)
