@@ -137,6 +137,8 @@ def install(app: Celery) -> Celery:
         app.__dict__.pop("amqp", None)
         app.control_cls = "celery_ratchet.celery.control:RatchetControl"
         app.__dict__.pop("control", None)
+        app.events_cls = "celery_ratchet.celery.events:RatchetEvents"
+        app.__dict__.pop("events", None)
         app.steps["consumer"].add(JobConsumer)
         retry.connect(app)
         housekeeping.register_tasks(app)

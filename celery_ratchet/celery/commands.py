@@ -11,7 +11,7 @@ from typing import Any
 import click
 from celery import concurrency
 
-from celery_ratchet.celery.app import install, ratchet_state
+from celery_ratchet.celery.app import install, is_ratchet_app, ratchet_state
 from celery_ratchet.celery.recurring import describe_beat_entry, register_beat_entry
 from celery_ratchet.cli.commands import CliContext, CommandFailed, RatchetGroup, add_commands
 from celery_ratchet.errors import RatchetError
@@ -30,6 +30,32 @@ def _offer_pool_choice() -> None:
 
 
 _offer_pool_choice()
+
+
+def _install_on_every_command() -> None:
+    """Make the app of every ``celery`` subcommand a ratchet app before it runs.
+
+    An app becomes one when its tasks are bound (``task_cls``); commands that never bind
+    them (``celery -A app events``, ``shell``) would otherwise reach for ``broker_url``.
+    """
+    try:
+        from celery.bin.base import CLIContext
+    except ImportError:  # pragma: no cover - Celery without its CLI
+        return
+    if getattr(CLIContext, "_ratchet_wrapped", False):
+        return
+    original = CLIContext.__init__
+
+    def __init__(self: Any, app: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, app, *args, **kwargs)
+        if app is not None and is_ratchet_app(app):
+            install(app)
+
+    CLIContext.__init__ = __init__
+    CLIContext._ratchet_wrapped = True
+
+
+_install_on_every_command()
 
 
 @click.group(name="ratchet", cls=RatchetGroup)

@@ -24,6 +24,7 @@ from kombu.common import Broadcast
 
 from celery_ratchet.celery import options as options_
 from celery_ratchet.celery.app import NO_BROKER, ratchet_state
+from celery_ratchet.celery.events import send_task_sent
 from celery_ratchet.celery.message import CLAIM_HEADER, job_from_message, waiting_steps
 from celery_ratchet.domain.job import NewJob
 from celery_ratchet.errors import DuplicateJob, StoreUnavailable, UnsupportedRouting
@@ -201,7 +202,7 @@ class RatchetAMQP(AMQP):
             confirm_timeout: float | None = None,
             **kwargs: Any,
         ) -> None:
-            headers2, properties, body, _sent_event = message
+            headers2, properties, body, sent_event = message
             if headers:
                 headers2.update(headers)
             given = kwargs.pop("ratchet", None)
@@ -250,6 +251,8 @@ class RatchetAMQP(AMQP):
                     sender=name, body=body, headers=headers2,
                     exchange=exchange, routing_key=routing_key,
                 )  # fmt: skip
+                if sent_event:
+                    send_task_sent(app, {**sent_event, "queue": qname, "routing_key": routing_key})
 
             if claim is not None:
                 # A retry or a replace of the running job: the same row, rescheduled.
