@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,14 +10,16 @@ from pathlib import Path
 import pytest
 
 from tests.acceptance.conftest import ROOT
+from tests.conftest import Servers, empty_store
 
 pytestmark = pytest.mark.slow
 
 
-def run_example(name: str, cwd: Path) -> str:
+def run_example(name: str, cwd: Path, **env: str) -> str:
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / f"{name}.py")],
         cwd=cwd,
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=180,
@@ -57,3 +60,12 @@ def test_workflows(tmp_path: Path) -> None:
     assert "batch 'Import users': 100.0% done, SUCCEEDED" in out
     assert "batch outcome: imported 200: USER0 .. USER199" in out
     assert "workflow parent: 0.93" in out and "escalated branch: 4" in out
+
+
+def test_multinode_on_postgresql(tmp_path: Path, servers: Servers) -> None:
+    url = empty_store(servers.url("postgresql")).url
+    out = run_example("multinode", tmp_path, RATCHET_URL=url)
+    assert "node1 killed with SIGKILL" in out
+    assert "jobs: 600 sent, 600 distinct results, lost: 0" in out
+    ran, distinct = (int(n) for n in out.split("ticks run: ")[1].split(", distinct fire times: "))
+    assert ran == distinct > 0, out
