@@ -35,6 +35,14 @@ def _register(app: Celery, prefix: str) -> None:
         _redis.incr(f"{prefix}:done")
         return i
 
+    @app.task(name="bench.total", shared=False)
+    def total(values: list[int]) -> int:
+        return sum(values)
+
+    @app.task(name="bench.inc", shared=False)
+    def inc(x: int) -> int:
+        return x + 1
+
     @app.task(name="bench.stamp", ignore_result=True, shared=False)
     def stamp(sent_at: float) -> None:
         _redis.rpush(f"{prefix}:latency", time.time() - sent_at)

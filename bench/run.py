@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
 import redis  # noqa: E402
-from celery import group  # noqa: E402
+from celery import chain, chord, group  # noqa: E402
 from sqlalchemy import create_engine  # noqa: E402
 
 PG_ADMIN = os.environ.get("BENCH_PG_ADMIN", "host=127.0.0.1 user=postgres dbname=postgres")
@@ -288,6 +288,37 @@ def bench_drain(n: int) -> None:
     drain("Celery on Redis -P prefork", "redis_app", "redis", "prefork", n, "bench.noop")
 
 
+def bench_canvas(size: int, steps: int, rounds: int) -> None:
+    print(f"canvas: a chord of {size} children, a chain of {steps} steps; worker -P threads -c 4")
+    for label, app_name, env in (
+        ("celery_ratchet (LISTEN/NOTIFY)", "ratchet_app", {}),
+        ("Celery on Redis", "redis_app", {}),
+    ):
+        reset()
+        app = ratchet_app if app_name == "ratchet_app" else redis_app
+        echo, total, inc = (app.tasks[f"bench.{n}"] for n in ("echo", "total", "inc"))
+        worker = start_worker(app_name, "threads", env=env)
+        try:
+            assert chain(inc.s(0), inc.s()).apply_async().get(timeout=120) == 2  # worker up
+            chords, chains = [], []
+            for _ in range(rounds):
+                # interval: how often get() reads the row (Redis pushes results instead)
+                start = time.perf_counter()
+                body = chord(echo.s(i) for i in range(size))(total.s())
+                assert body.get(timeout=600, interval=0.01) == sum(range(size))
+                chords.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                steps_ = chain(inc.s(0), *[inc.s() for _ in range(steps - 1)]).apply_async()
+                assert steps_.get(timeout=600, interval=0.01) == steps
+                chains.append(time.perf_counter() - start)
+        finally:
+            stop(worker)
+        report("canvas", f"{label}: chord of {size}", statistics.median(chords), "s",
+               "submit to body result, median")  # fmt: skip
+        report("canvas", f"{label}: chain of {steps}", steps / statistics.median(chains),
+               "steps/s", "one step after another, median")  # fmt: skip
+
+
 def latency(
     label: str, app_name: str, prefix: str, samples: int, env: dict[str, str], gap: float = 0.05
 ) -> None:
@@ -373,7 +404,9 @@ def main() -> None:
     parser.add_argument("--latency-samples", type=int, default=200)
     parser.add_argument("--idle-samples", type=int, default=12)
     parser.add_argument("--quick", action="store_true", help="small numbers, for a smoke run")
-    parser.add_argument("--only", choices=["enqueue", "bulk", "drain", "latency", "claim"])
+    parser.add_argument(
+        "--only", choices=["enqueue", "bulk", "drain", "latency", "claim", "canvas"]
+    )
     parser.add_argument("--backlog", type=int, default=20_000, help="pending rows to claim from")
     args = parser.parse_args()
     if args.quick:
@@ -387,6 +420,7 @@ def main() -> None:
         "drain": lambda: bench_drain(args.jobs),
         "latency": lambda: bench_latency(args.latency_samples, args.idle_samples),
         "claim": lambda: bench_claim(claim_urls(), args.backlog, args.backlog // 2, report),
+        "canvas": lambda: bench_canvas(1000 if not args.quick else 100, 50, args.rounds),
     }
     for name, run in sections.items():
         if args.only in (None, name):

@@ -9,10 +9,12 @@ overwrite what its new owner stores.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from celery import states
 from celery.backends.base import BaseBackend
+from celery.exceptions import TimeoutError
 from celery.result import result_from_tuple
 from kombu.exceptions import EncodeError
 from kombu.serialization import loads
@@ -26,6 +28,9 @@ from celery_ratchet.errors import StoreUnavailable
 from celery_ratchet.store.jobstore import JobStore
 
 logger = logging.getLogger(__name__)
+
+#: First pause of AsyncResult.get() between two reads of the row; it doubles up to interval.
+_FIRST_NAP = 0.005
 
 _FINAL = {
     states.SUCCESS: JobStatus.SUCCEEDED,
@@ -213,6 +218,31 @@ class RatchetBackend(BaseBackend):
         except Exception:
             return None, None
         return body[0], body[1]
+
+    def wait_for(
+        self,
+        task_id: str,
+        timeout: float | None = None,
+        interval: float = 0.5,
+        no_ack: bool = True,
+        on_interval: Any = None,
+    ) -> dict[str, Any]:
+        """``AsyncResult.get()``: poll the row, first every 5 ms and then less often, up to
+        ``interval`` — a result that is ready soon is seen soon, a slow one costs little."""
+        self._ensure_not_eager()
+        started = time.monotonic()
+        nap = min(_FIRST_NAP, interval)
+        while True:
+            meta = self.get_task_meta(task_id)
+            if meta["status"] in states.READY_STATES:
+                return meta
+            if on_interval:
+                on_interval()
+            elapsed = time.monotonic() - started
+            if timeout is not None and elapsed >= timeout:
+                raise TimeoutError("The operation timed out.")
+            time.sleep(nap if timeout is None else max(0.0, min(nap, timeout - elapsed)))
+            nap = min(nap * 2, interval)
 
     # -- the rest of Celery's backend contract ----------------------------------------------
 

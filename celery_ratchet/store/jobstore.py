@@ -471,6 +471,11 @@ class JobStore:
             # After a broken connection the earlier try may have committed: finding our own
             # row then is success, not a duplicate.
             retried = tries > 1
+            # Sent from inside a task: most likely the next step of a chain, stored as WAITING
+            # with the rest of its chain at submission. Releasing it is all there is to do.
+            from_a_task = len(params) == 1 and params[0]["p_parent_id"] is not None
+            if from_a_task and conn.execute(self._release_waiting, params[0]).rowcount == 1:
+                return
             if waiting:
                 with transaction(conn):
                     self._insert_waiting(conn, waiting)
