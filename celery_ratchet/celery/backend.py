@@ -23,6 +23,7 @@ from kombu.utils import json as kjson
 from celery_ratchet.celery import batches
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.message import CLAIM_HEADER, check_serializer
+from celery_ratchet.celery.sender import current_transaction
 from celery_ratchet.domain.job import JobStatus, ResultRecord, error_record
 from celery_ratchet.errors import StoreUnavailable
 from celery_ratchet.store.jobstore import JobStore
@@ -217,6 +218,8 @@ class RatchetBackend(BaseBackend):
             )
         except Exception:
             return None, None
+        if not isinstance(body, (list, tuple)) or len(body) < 2:
+            return None, None
         return body[0], body[1]
 
     def wait_for(
@@ -235,6 +238,8 @@ class RatchetBackend(BaseBackend):
         while True:
             meta = self.get_task_meta(task_id)
             if meta["status"] in states.READY_STATES:
+                if on_interval and meta["status"] in states.PROPAGATE_STATES:
+                    on_interval()  # a failed parent raises its own error first, as in Celery
                 return meta
             if on_interval:
                 on_interval()
@@ -271,13 +276,13 @@ class RatchetBackend(BaseBackend):
         batches.open_chord(self.app, header_result_args[0], body)
 
     def set_chord_size(self, group_id: str, chord_size: int) -> None:
-        ratchet_state(self.app).batches.set_total(group_id, chord_size)
+        ratchet_state(self.app).batches.set_total(group_id, chord_size, current_transaction())
 
     def add_to_chord(self, chord_id: str, result: Any) -> None:
-        ratchet_state(self.app).batches.add_children(chord_id, 1)
+        ratchet_state(self.app).batches.add_children(chord_id, 1, current_transaction())
 
     def on_chord_part_return(self, request: Any, state: str, result: Any, **kwargs: Any) -> None:
-        batches.on_part_return(self, request, state, result)
+        batches.on_part_return(self, request, state, result, _claim_token(request))
 
     def cleanup(self) -> None:
         """Clear stored return values older than ``result_expires`` (the rows stay)."""

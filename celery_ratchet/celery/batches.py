@@ -23,7 +23,7 @@ from kombu.utils import json as kjson
 from kombu.utils.uuid import uuid
 
 from celery_ratchet.celery.app import ratchet_state
-from celery_ratchet.celery.sender import transaction
+from celery_ratchet.celery.sender import current_transaction, transaction
 from celery_ratchet.domain.batch import (
     FAILED_STATES,
     BatchKind,
@@ -67,6 +67,7 @@ def open_chord(app: Celery, group_id: str, body: Any) -> None:
     batches.open(
         NewBatch(group_id, BatchKind.CHORD, None, on_success=encode_signature(body)),
         restart=existing is not None,
+        conn=current_transaction(),
     )
 
 
@@ -85,15 +86,21 @@ def part_of(backend: Any, request: Any, state: str, result: Any) -> BatchPart | 
     return BatchPart(group_id, task_id, getattr(request, "group_index", None), state, text)
 
 
-def on_part_return(backend: Any, request: Any, state: str, result: Any) -> None:
+def on_part_return(backend: Any, request: Any, state: str, result: Any, token: str | None) -> None:
     """Celery's ``on_chord_part_return``: count the child (once), finish the batch if it
-    was the last one."""
+    was the last one. ``token``: the claim the reporting execution ran under."""
     part = part_of(backend, request, state, result)
     if part is None:
         return
     app = backend.app
-    batches = ratchet_state(app).batches
-    progress = batches.record_part(part)
+    state_ = ratchet_state(app)
+    batches = state_.batches
+    if token is None or state_.store.holds(part.job_id, token):
+        # Not written with an outcome: an eager run, a chain step failed by the step before
+        # it, a task that ignores its result. An execution that lost its claim writes none.
+        progress = batches.record_part(part)
+    else:
+        progress = batches.progress(part.batch_id)
     record = batches.get(part.batch_id)
     if record is None:
         logger.warning(
@@ -162,16 +169,27 @@ def _unpack(backend: Any, part: BatchPart) -> Any:
     return value
 
 
-def finish_stalled(app: Celery) -> int:
-    """Finish batches whose last child's node died before finishing them (orphan scan)."""
+def finish_stalled(app: Celery, older_than: float = STALLED_AFTER_SECONDS) -> int:
+    """Finish batches all of whose children ended but that nobody finished: the node of the
+    last child died in between, or the last children were revoked or never ran."""
+    return finish_ready(app, ratchet_state(app).batches.unfinished_complete(older_than))
+
+
+def finish_ready(app: Celery, batch_ids: Iterable[str]) -> int:
     batches = ratchet_state(app).batches
     finished = 0
-    for batch_id in batches.unfinished_complete(STALLED_AFTER_SECONDS):
-        record = batches.get(batch_id)
-        if record is not None and record.state is BatchState.OPEN:
-            logger.warning("ratchet: finishing batch %s, cut short by a dead node", batch_id)
+    for batch_id in batch_ids:
+        try:
+            record = batches.get(batch_id)
+            if record is None or record.state is not BatchState.OPEN or record.expected is None:
+                continue
+            if batches.progress(batch_id).done < record.expected:
+                continue
+            logger.info("ratchet: finishing batch %s", batch_id)
             finish(app.backend, record)
             finished += 1
+        except Exception:  # one batch must not keep the others from finishing
+            logger.exception("ratchet: batch %s could not be finished", batch_id)
     return finished
 
 
@@ -205,12 +223,34 @@ def _report_progress(app: Celery, record: BatchRecord, progress: Progress) -> No
 def _finish_batch(app: Celery, record: BatchRecord, parts: Sequence[BatchPart]) -> None:
     failed = [p for p in parts if p.state in FAILED_STATES]
     state = BatchState.FAILED if failed else BatchState.SUCCEEDED
+    progress = Progress(done=len(parts), failed=len(failed))
+    summary = _summary_payload(record, progress, record.expected or len(parts))
+    try:
+        _send_batch_outcome(app, record, parts, failed, summary, state)
+    except Exception as exc:
+        logger.exception("ratchet: outcome of batch %s not sent: %r", record.batch_id, exc)
+        summary["failed_ids"] = [p.job_id for p in failed]
+        summary["error"] = f"the batch's {state.value.lower()} callback was not sent: {exc!r}"
+        with ratchet_state(app).batches.finishing(record.batch_id, BatchState.FAILED) as conn:
+            then = decode_signature(app, record.on_failure)
+            if conn is not None and then is not None:
+                send_within(conn, lambda: then.delay(summary))
+        return
+    logger.info("ratchet: batch %s (%s) %s", record.batch_id, record.name or "", state.value)
+
+
+def _send_batch_outcome(
+    app: Celery,
+    record: BatchRecord,
+    parts: Sequence[BatchPart],
+    failed: Sequence[BatchPart],
+    summary: dict[str, Any],
+    state: BatchState,
+) -> None:
     backend = app.backend
     with ratchet_state(app).batches.finishing(record.batch_id, state) as conn:
         if conn is None:
             return
-        progress = Progress(done=len(parts), failed=len(failed))
-        summary = _summary_payload(record, progress, record.expected or len(parts))
         argument: Any
         if failed:
             summary["failed_ids"] = [p.job_id for p in failed]
@@ -220,7 +260,6 @@ def _finish_batch(app: Celery, record: BatchRecord, parts: Sequence[BatchPart]) 
             then, argument = decode_signature(app, record.on_success), results
         if then is not None:
             send_within(conn, lambda: then.delay(argument))
-    logger.info("ratchet: batch %s (%s) %s", record.batch_id, record.name or "", state.value)
 
 
 @dataclass(frozen=True)
@@ -277,7 +316,7 @@ class BatchBuilder:
         return self
 
     def add(self, *signatures: Any) -> BatchBuilder:
-        self._children.extend(maybe_signature(s, app=self.app) for s in signatures)
+        self._children.extend(_signature(s, "add") for s in signatures)
         return self
 
     def on_success(self, sig: Any) -> BatchBuilder:
@@ -297,22 +336,30 @@ class BatchBuilder:
             raise ValueError(f"batch {self.name!r} has no children: call for_each() first")
         app = self.app or self._children[0]._app or _current_app()
         batch_id = uuid()
-        for sig in (self._on_success, self._on_failure, self._on_progress):
+        # Copies, frozen now: the ids stored are the ids sent, and submitting again is a
+        # new batch with new ids.
+        on_success, on_failure, on_progress = (
+            None if sig is None else sig.clone()
+            for sig in (self._on_success, self._on_failure, self._on_progress)
+        )
+        for sig in (on_success, on_failure, on_progress):
             if sig is not None:
-                sig.freeze()  # its id is fixed now: the one stored is the one sent
+                sig.freeze()
         ratchet_state(app).batches.open(
             NewBatch(
                 batch_id,
                 BatchKind.BATCH,
                 len(self._children),
                 name=self.name,
-                on_success=_encoded(self._on_success),
-                on_failure=_encoded(self._on_failure),
-                on_progress=_encoded(self._on_progress),
-            )
+                on_success=_encoded(on_success),
+                on_failure=_encoded(on_failure),
+                on_progress=_encoded(on_progress),
+            ),
+            conn=current_transaction(),
         )
         marker = app.signature(BATCH_MARKER_TASK, args=(batch_id,))
-        result = group(self._children, app=app).apply_async(task_id=batch_id, chord=marker)
+        children = [child.clone() for child in self._children]
+        result = group(children, app=app).apply_async(task_id=batch_id, chord=marker)
         return SubmittedBatch(app, batch_id, self.name, result)
 
 

@@ -1,9 +1,10 @@
-"""Remote control for a ratchet app: revoke and purge act on the store; broadcasts have no
-broker to travel on and return no replies."""
+"""Remote control for a ratchet app: revoke and purge act on the store, ``ping`` answers from
+the workers' heartbeats; other broadcasts have no broker to travel on and get no replies."""
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timezone
 from signal import Signals
 from typing import Any
 
@@ -32,9 +33,17 @@ class RatchetControl(Control):
         ids = [task_id] if isinstance(task_id, str) else list(task_id)
         store = ratchet_state(self.app).store
         sig = _signal_name(signal) if terminate else None
+        touched: list[str] = []
         pending, running = store.request_revoke(
-            ids, exception_record(TaskRevokedError("revoked")), terminate_signal=sig
+            ids,
+            exception_record(TaskRevokedError("revoked")),
+            terminate_signal=sig,
+            batches=touched,
         )
+        if touched:  # a chord whose last pending children were revoked fails now
+            from celery_ratchet.celery.batches import finish_ready
+
+            finish_ready(self.app, touched)
         if pending + running < len(ids):
             logger.info(
                 "ratchet: %d of %d jobs were already finished (or unknown) and were left alone",
@@ -59,8 +68,24 @@ class RatchetControl(Control):
         reply: bool = False,
         **kwargs: Any,
     ) -> Any:
+        if command == "ping" and reply:
+            return self._ping(destination)
         logger.debug("ratchet: no broker, broadcast %r reaches no worker", command)
         return [] if reply else None
+
+    def _ping(self, destination: Any) -> list[dict[str, Any]]:
+        """``inspect().ping()``: the worker nodes whose heartbeat is recent, from the store."""
+        state = ratchet_state(self.app)
+        grace = state.settings.node_orphan_grace_seconds
+        now = datetime.now(timezone.utc)
+        wanted = None if destination is None else set(destination)
+        replies = []
+        for node in state.store.list_nodes():
+            name = node["hostname"]
+            fresh = (now - node["heartbeat_ts"]).total_seconds() <= grace
+            if fresh and (wanted is None or name in wanted):
+                replies.append({name: {"ok": "pong"}})
+        return replies
 
 
 def _signal_name(signal: Any) -> str:

@@ -26,8 +26,14 @@ def register_tasks(app: Celery) -> None:
         settings, store = state.settings, state.store
         moved = store.archive_finished(settings.job_retention_days, settings.job_archive_batch_size)
         purged = store.purge_logs(settings.log_retention_days)
-        logger.info("ratchet: archived %d finished jobs, deleted %d log lines", moved, purged)
-        return {"archived": moved, "log_lines_deleted": purged}
+        batches = state.batches.prune(settings.job_retention_days)
+        logger.info(
+            "ratchet: archived %d finished jobs, deleted %d log lines and %d finished batches",
+            moved,
+            purged,
+            batches,
+        )
+        return {"archived": moved, "log_lines_deleted": purged, "batches_deleted": batches}
 
 
 def register_archiver(app: Celery) -> list[str]:

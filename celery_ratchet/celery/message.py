@@ -131,7 +131,11 @@ def waiting_steps(job: NewJob, body: Any) -> list[NewJob]:
                 queue=_queue_of(options.get("queue")),
                 priority=priority if isinstance(priority, int) else 0,
                 message=Message(
-                    payload=str(kjson.dumps(sig)).encode(),
+                    # A body as Celery's own (args, kwargs, embed), so results and listings
+                    # read it like any job's; the release replaces it with the real message.
+                    payload=str(
+                        kjson.dumps([list(sig.get("args") or ()), sig.get("kwargs") or {}, {}])
+                    ).encode(),
                     content_type="application/json",
                     content_encoding="utf-8",
                     headers="{}",

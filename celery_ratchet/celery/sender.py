@@ -349,6 +349,11 @@ def _with_retry(action: Any, retry: bool, policy: dict[str, Any]) -> None:
 _within: ContextVar[Any] = ContextVar("ratchet_transaction", default=None)
 
 
+def current_transaction() -> Any:
+    """The caller's connection inside ``celery_ratchet.transaction()``, else ``None``."""
+    return _within.get()
+
+
 @contextmanager
 def transaction(connection_or_session: Any) -> Iterator[None]:
     """Write the jobs sent in this block in the caller's own database transaction::

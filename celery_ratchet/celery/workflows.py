@@ -17,6 +17,7 @@ result.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from celery.utils.imports import symbol_by_name
 
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.batches import decode_signature, encode_signature, send_within
+from celery_ratchet.celery.sender import current_transaction
 from celery_ratchet.store.batches import decide
 
 logger = logging.getLogger(__name__)
@@ -121,11 +123,12 @@ class WorkflowBuilder:
             raise WorkflowError("a workflow needs at least one branch; send the task instead")
         parent = self.parent.clone()
         app = self.app or parent._app or _current_app()
+        branches = [dataclasses.replace(b, sig=b.sig.clone()) for b in self._branches]
         parent_result = parent.freeze()
         parent_id = str(parent_result.id)
         rows = []
         named: dict[str, AsyncResult] = {}
-        for branch in self._branches:
+        for branch in branches:
             result = branch.sig.freeze()  # ids fixed now: the stored branch is the one sent
             if branch.name:
                 named[branch.name] = result
@@ -138,7 +141,7 @@ class WorkflowBuilder:
                     "branch": encode_signature(branch.sig),
                 }
             )
-        ratchet_state(app).batches.add_conditions(parent_id, rows)
+        ratchet_state(app).batches.add_conditions(parent_id, rows, current_transaction())
         parent.link(app.signature(ADVANCE_TASK, kwargs={"parent_id": parent_id}))
         parent.link_error(app.signature(FAILED_TASK, kwargs={"parent_id": parent_id}))
         parent.apply_async()

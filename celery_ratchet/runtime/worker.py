@@ -38,6 +38,8 @@ _SETTLE_BATCH = 500
 _MASTER_CHECK_SECONDS = 0.25
 #: A recurring master that cannot be planned is retried this much later, not abandoned.
 _MASTER_RETRY_SECONDS = 60.0
+#: How often a worker looks for batches all of whose children ended but that nobody finished.
+HOUSEKEEPING_INTERVAL = 10.0
 
 #: Builds the job of one occurrence of a recurring master, for one fire time.
 OccurrenceFactory = Callable[[ClaimedJob, MasterSpec, datetime], NewJob]
@@ -110,7 +112,7 @@ class WorkerRuntime:
         housekeeping: Callable[[], object] | None = None,
     ) -> None:
         self.store = store
-        #: Called after each orphan scan (finishing batches cut short by a dead node).
+        #: Called every HOUSEKEEPING_INTERVAL (finishing batches cut short by a dead node).
         self.housekeeping = housekeeping
         self.settings = settings
         self.node_id = node_id
@@ -154,6 +156,7 @@ class WorkerRuntime:
             ("heartbeat", self._heartbeat_loop),
             ("orphan-scan", self._orphan_loop),
             ("revocations", self._revocation_loop),
+            ("housekeeping", self._housekeeping_loop),
         ):
             self._spawn(name, target)
         for source in self.wakeups:
@@ -712,6 +715,15 @@ class WorkerRuntime:
             except Exception:
                 logger.exception("ratchet: revoke of job %s failed", job_id)
 
+    def _housekeeping_loop(self) -> None:
+        if self.housekeeping is None:
+            return
+        while not self._stopping.wait(HOUSEKEEPING_INTERVAL):
+            try:
+                self.housekeeping()
+            except Exception as exc:
+                self._throttle.warn("housekeeping", "ratchet: housekeeping failed: %s", exc)
+
     def _orphan_loop(self) -> None:
         interval = self.settings.orphan_scan_interval
         while not self._stopping.wait(interval):
@@ -720,11 +732,6 @@ class WorkerRuntime:
             except Exception as exc:
                 self._throttle.warn("orphans", "ratchet: orphan scan failed: %s", exc)
                 continue
-            if self.housekeeping is not None:
-                try:
-                    self.housekeeping()
-                except Exception as exc:
-                    self._throttle.warn("housekeeping", "ratchet: housekeeping failed: %s", exc)
             if recovered:
                 logger.warning(
                     "ratchet: recovered %d jobs of dead nodes: %s",

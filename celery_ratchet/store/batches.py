@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import and_, case, delete, func, select, update
+from sqlalchemy import and_, case, delete, func, insert, select, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from celery_ratchet.domain.batch import (
     FAILED_STATES,
@@ -83,18 +84,77 @@ def cancel_downstream(conn: Connection, job_ids: str | Sequence[str], error: str
     return revoked
 
 
-def record_part(conn: Connection, part: BatchPart) -> None:
-    """Count a finished child once (a second report of the same child is ignored)."""
-    conn.execute(
-        insert_ignoring_conflicts(conn.dialect, part_table).values(
-            batch_id=part.batch_id,
-            job_id=part.job_id,
-            position=part.position,
-            state=part.state,
-            result=part.result,
-            finished_at=db_now(),
+def restore_downstream(conn: Connection, job_ids: Sequence[str]) -> int:
+    """A failed step is retried (from the dead-letter queue): the steps its failure revoked
+    wait for it again. Returns how many."""
+    frontier, restored = list(job_ids), 0
+    for _ in range(_MAX_CHAIN_DEPTH):
+        revoked = [
+            r.job_id
+            for r in conn.execute(
+                select(job.c.job_id).where(
+                    job.c.depends_on.in_(frontier), job.c.status == JobStatus.REVOKED.value
+                )
+            )
+        ] if frontier else []  # fmt: skip
+        if not revoked:
+            break
+        restored += conn.execute(
+            update(job)
+            .where(job.c.job_id.in_(revoked), job.c.status == JobStatus.REVOKED.value)
+            .values(status=JobStatus.WAITING.value, finished_at=None, last_error=None)
+        ).rowcount
+        frontier = revoked
+    return restored
+
+
+def record_part(conn: Connection, part: BatchPart) -> bool:
+    """Count a finished child once (a second report of the same child is ignored); False
+    when it was counted already. Call inside a transaction: the part and the batch's
+    counters change together."""
+    # A savepoint, not an "ignore" insert: whether the row went in decides the counters,
+    # and row counts of ignored inserts differ by driver (MySQL reports found rows).
+    conn.exec_driver_sql("SAVEPOINT ratchet_part")
+    try:
+        conn.execute(
+            insert(part_table).values(
+                batch_id=part.batch_id,
+                job_id=part.job_id,
+                position=part.position,
+                state=part.state,
+                result=part.result,
+                finished_at=db_now(),
+            )
         )
+    except IntegrityError:
+        conn.exec_driver_sql("ROLLBACK TO SAVEPOINT ratchet_part")
+        return False
+    conn.exec_driver_sql("RELEASE SAVEPOINT ratchet_part")
+    conn.execute(
+        update(batch)
+        .where(batch.c.batch_id == part.batch_id)
+        .values(done=batch.c.done + 1, failed=batch.c.failed + int(part.state in FAILED_STATES))
     )
+    return True
+
+
+_COUNTED_KINDS = [BatchKind.CHORD.value, BatchKind.BATCH.value]
+
+
+def record_ended_parts(conn: Connection, job_ids: Sequence[str], state: str) -> list[str]:
+    """Jobs of chords or batches that ended without Celery reporting them (revoked before
+    they ran, failed before Celery took them): count them, with their stored error.
+    Returns the batches touched."""
+    if not job_ids:
+        return []
+    rows = conn.execute(
+        select(job.c.job_id, job.c.group_id, job.c.last_error)
+        .join(batch, batch.c.batch_id == job.c.group_id)
+        .where(job.c.job_id.in_(list(job_ids)), batch.c.kind.in_(_COUNTED_KINDS))
+    ).all()
+    for row in rows:
+        record_part(conn, BatchPart(row.group_id, row.job_id, None, state, row.last_error))
+    return sorted({row.group_id for row in rows})
 
 
 @dataclass(frozen=True)
@@ -131,9 +191,17 @@ class BatchStore:
     def _run(self, work: Any, what: str) -> Any:
         return self.store._run(work, what)
 
+    def _write(self, conn: Connection | None, work: Any, what: str) -> Any:
+        """Run ``work`` on the caller's connection (inside its transaction, in a savepoint)
+        when given, else on a pooled one."""
+        if conn is None:
+            return self._run(work, what)
+        with conn.begin_nested():
+            return work(conn)
+
     # -- batches ----------------------------------------------------------------------------
 
-    def open(self, new: NewBatch, *, restart: bool = False) -> None:
+    def open(self, new: NewBatch, *, restart: bool = False, conn: Connection | None = None) -> None:
         """Create a batch row; an existing one is kept, unless ``restart`` (a frozen chord
         applied again: a new run under the same id) clears it and its parts first."""
         values = {
@@ -149,16 +217,16 @@ class BatchStore:
             "created_at": datetime.now(timezone.utc),
         }
 
-        def work(conn: Connection) -> None:
-            if not restart:
-                conn.execute(insert_ignoring_conflicts(conn.dialect, batch).values(**values))
-                return
-            with transaction(conn):
-                conn.execute(delete(part_table).where(part_table.c.batch_id == new.batch_id))
-                conn.execute(delete(batch).where(batch.c.batch_id == new.batch_id))
-                conn.execute(batch.insert().values(**values))
+        def work(c: Connection) -> None:
+            if restart:
+                c.execute(delete(part_table).where(part_table.c.batch_id == new.batch_id))
+                c.execute(delete(batch).where(batch.c.batch_id == new.batch_id))
+            c.execute(insert_ignoring_conflicts(c.dialect, batch).values(**values))
 
-        self._run(work, "the batch was not created")
+        if restart and conn is None:
+            self._run(lambda c: _in_transaction(c, work), "the batch was not created")
+            return
+        self._write(conn, work, "the batch was not created")
 
     def open_groups(self, group_ids: Sequence[str], conn: Connection | None = None) -> None:
         """Note Celery groups being sent (their children are counted from the job rows);
@@ -170,42 +238,44 @@ class BatchStore:
         ]  # fmt: skip
         if not rows:
             return
-        if conn is not None:
-            conn.execute(insert_ignoring_conflicts(conn.dialect, batch), rows)
-            return
-        self._run(
+        self._write(
+            conn,
             lambda c: c.execute(insert_ignoring_conflicts(c.dialect, batch), rows),
             "the group was not recorded",
         )
 
-    def set_total(self, batch_id: str, total: int) -> None:
+    def set_total(self, batch_id: str, total: int, conn: Connection | None = None) -> None:
         """The number of children, known once the last of them is being sent."""
         stmt = update(batch).where(batch.c.batch_id == batch_id).values(total=total)
-        self._run(lambda conn: conn.execute(stmt), "the batch size was not stored")
+        self._write(conn, lambda c: c.execute(stmt), "the batch size was not stored")
 
-    def add_children(self, batch_id: str, count: int = 1) -> None:
+    def add_children(self, batch_id: str, count: int = 1, conn: Connection | None = None) -> None:
         """A running child added children (``replace()`` in a chord): wait for them too."""
         stmt = update(batch).where(batch.c.batch_id == batch_id).values(added=batch.c.added + count)
-        self._run(lambda conn: conn.execute(stmt), "the batch was not extended")
+        self._write(conn, lambda c: c.execute(stmt), "the batch was not extended")
 
     def record_part(self, part: BatchPart) -> Progress:
         """Count a finished child (once) and return the batch's progress."""
 
         def work(conn: Connection) -> Progress:
-            record_part(conn, part)
+            with transaction(conn):
+                record_part(conn, part)
             return self._progress(conn, part.batch_id)
 
         result: Progress = self._run(work, "the batch child was not counted")
         return result
 
+    def progress(self, batch_id: str) -> Progress:
+        result: Progress = self._run(
+            lambda conn: self._progress(conn, batch_id), "the batch was not read"
+        )
+        return result
+
     def _progress(self, conn: Connection, batch_id: str) -> Progress:
-        failed = case((part_table.c.state.in_(FAILED_STATES), 1), else_=0)
         row = conn.execute(
-            select(func.count(), func.coalesce(func.sum(failed), 0)).where(
-                part_table.c.batch_id == batch_id
-            )
-        ).one()
-        return Progress(done=int(row[0]), failed=int(row[1]))
+            select(batch.c.done, batch.c.failed).where(batch.c.batch_id == batch_id)
+        ).first()
+        return Progress(0, 0) if row is None else Progress(done=row.done, failed=row.failed)
 
     def get(self, batch_id: str) -> BatchRecord | None:
         row = self._run(
@@ -242,8 +312,19 @@ class BatchStore:
         with self.store.engine.connect() as conn:
             if conn.dialect.name == "sqlite":
                 # One writer at a time: a transaction held open here would block the
-                # follow-up writes made on other connections of this process.
-                yield conn if conn.execute(swap).rowcount == 1 else None
+                # follow-up writes made on other connections of this process. The swap is
+                # committed at once, and undone when what follows it fails.
+                won = conn.execute(swap).rowcount == 1
+                try:
+                    yield conn if won else None
+                except BaseException:
+                    if won:
+                        conn.execute(
+                            update(batch)
+                            .where(batch.c.batch_id == batch_id)
+                            .values(state=BatchState.OPEN.value, finished_at=None)
+                        )
+                    raise
                 return
             conn = conn.execution_options(isolation_level="READ COMMITTED")
             with conn.begin():
@@ -252,19 +333,14 @@ class BatchStore:
     def unfinished_complete(self, older_than_seconds: float, limit: int = 100) -> list[str]:
         """Open batches all of whose children finished a while ago: their completion was cut
         short (the node died between a last child's outcome and the completion)."""
-        counted = (
-            select(func.count())
-            .where(part_table.c.batch_id == batch.c.batch_id)
-            .correlate(batch)
-            .scalar_subquery()
-        )
         stmt = (
             select(batch.c.batch_id)
             .where(
                 batch.c.state == BatchState.OPEN.value,
+                batch.c.kind.in_(_COUNTED_KINDS),
                 batch.c.total.is_not(None),
                 batch.c.created_at < db_now_minus(older_than_seconds),
-                counted >= batch.c.total + batch.c.added,
+                batch.c.done >= batch.c.total + batch.c.added,
             )
             .order_by(batch.c.created_at)
             .limit(limit)
@@ -279,11 +355,13 @@ class BatchStore:
         stmt = select(batch).order_by(batch.c.created_at.desc(), batch.c.batch_id).limit(limit)
         if batch_id is not None:
             stmt = stmt.where(batch.c.batch_id == batch_id)
+        if state is not None:
+            stmt = stmt.where(batch.c.state == state.value)
 
         def work(conn: Connection) -> list[BatchSummary]:
-            rows = conn.execute(stmt).all()
-            out = [self._summary(conn, row) for row in rows]
-            return [s for s in out if state is None or s.state is state]
+            if state is not None:  # groups are closed when found complete: do that first
+                self._close_groups(conn)
+            return [self._summary(conn, row) for row in conn.execute(stmt).all()]
 
         result: list[BatchSummary] = self._run(work, "batches were not read")
         return result
@@ -307,11 +385,15 @@ class BatchStore:
                 ).where(job.c.group_id == row.batch_id)
             ).one()
             total, done, bad = int(counts[0]), int(counts[1]), int(counts[2])
-            if total and done >= total:
+            if total and done >= total and state is BatchState.OPEN:
                 state = BatchState.FAILED if bad else BatchState.SUCCEEDED
+                conn.execute(
+                    update(batch)
+                    .where(batch.c.batch_id == row.batch_id, batch.c.state == "OPEN")
+                    .values(state=state.value, done=done, failed=bad, finished_at=db_now())
+                )
         else:
-            progress = self._progress(conn, row.batch_id)
-            done, bad = progress.done, progress.failed
+            done, bad = row.done, row.failed
         return BatchSummary(
             batch_id=row.batch_id,
             kind=kind,
@@ -324,16 +406,61 @@ class BatchStore:
             finished_at=row.finished_at,
         )
 
+    def _close_groups(self, conn: Connection, limit: int = 1000) -> None:
+        """Mark open Celery groups whose children all finished as finished."""
+        open_groups = conn.execute(
+            select(batch)
+            .where(batch.c.state == BatchState.OPEN.value, batch.c.kind == BatchKind.GROUP.value)
+            .order_by(batch.c.created_at)
+            .limit(limit)
+        ).all()
+        for row in open_groups:
+            self._summary(conn, row)
+
+    def prune(self, older_than_days: float) -> int:
+        """Delete finished batches (with their parts) and workflow conditions older than the
+        job retention, and close the groups that finished meanwhile (the archiver)."""
+        seconds = older_than_days * 86400
+
+        def work(conn: Connection) -> int:
+            self._close_groups(conn)
+            old = (
+                select(batch.c.batch_id)
+                .where(
+                    batch.c.state != BatchState.OPEN.value,
+                    batch.c.finished_at < db_now_minus(seconds),
+                )
+                .limit(1000)
+            )
+            ids = [r.batch_id for r in conn.execute(old)]
+            if ids:
+                with transaction(conn):
+                    conn.execute(delete(part_table).where(part_table.c.batch_id.in_(ids)))
+                    conn.execute(delete(batch).where(batch.c.batch_id.in_(ids)))
+            conn.execute(
+                delete(condition).where(
+                    condition.c.state != "WAITING",
+                    condition.c.decided_at < db_now_minus(seconds),
+                )
+            )
+            return len(ids)
+
+        pruned: int = self._run(work, "batches were not pruned")
+        return pruned
+
     # -- workflow conditions ----------------------------------------------------------------
 
-    def add_conditions(self, parent_id: str, rows: Sequence[dict[str, Any]]) -> None:
+    def add_conditions(
+        self, parent_id: str, rows: Sequence[dict[str, Any]], conn: Connection | None = None
+    ) -> None:
         """Store a workflow's branches: dicts of kind, name, predicate, waits_for, branch."""
         values = [
             {"parent_id": parent_id, "position": i, "state": "WAITING", **r}
             for i, r in enumerate(rows)
         ]
-        self._run(
-            lambda conn: conn.execute(insert_ignoring_conflicts(conn.dialect, condition), values),
+        self._write(
+            conn,
+            lambda c: c.execute(insert_ignoring_conflicts(c.dialect, condition), values),
             "the workflow was not stored",
         )
 
@@ -366,6 +493,11 @@ class BatchStore:
             with conn.begin():
                 undecided = conn.execute(lock).first() is not None
                 yield conn if undecided else None
+
+
+def _in_transaction(conn: Connection, work: Any) -> Any:
+    with transaction(conn):
+        return work(conn)
 
 
 def decide(conn: Connection, parent_id: str, position: int, fired: bool) -> bool:

@@ -141,8 +141,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_parent_connections)
 
 
-def insert_ignoring_conflicts(dialect: Any, table: Any) -> Any:
-    """An INSERT (executemany-able) that skips rows whose key is taken, in one statement."""
+def insert_ignoring_conflicts(dialect: Any, table: Any, key: str | None = None) -> Any:
+    """An INSERT (executemany-able) that skips rows whose key is taken, in one statement.
+
+    MySQL has no "do nothing": it sets ``key`` (default: the first primary-key column) to
+    itself. Give the unique column that conflicts when it is not the primary key, or an
+    auto-increment id would be rewritten."""
     kind = family(dialect.name)
     if kind == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -152,8 +156,8 @@ def insert_ignoring_conflicts(dialect: Any, table: Any) -> Any:
         from sqlalchemy.dialects.mysql import insert as mysql_insert
 
         stmt = mysql_insert(table)
-        first = next(iter(table.primary_key.columns)).name
-        return stmt.on_duplicate_key_update({first: stmt.inserted[first]})
+        first = key or next(iter(table.primary_key.columns)).name
+        return stmt.on_duplicate_key_update({first: table.c[first]})
     return insert(table).prefix_with("OR IGNORE")
 
 

@@ -51,7 +51,12 @@ from celery_ratchet.domain.job import (
 from celery_ratchet.domain.priority import DEFAULT_BOOST_MINUTES, effective_priority
 from celery_ratchet.errors import ConfigurationError, DuplicateJob, StoreBusy
 from celery_ratchet.settings import mask_password
-from celery_ratchet.store.batches import cancel_downstream, record_part
+from celery_ratchet.store.batches import (
+    cancel_downstream,
+    record_ended_parts,
+    record_part,
+    restore_downstream,
+)
 from celery_ratchet.store.claim import (
     RETURNED,
     ClaimShape,
@@ -514,7 +519,7 @@ class JobStore:
              "created_at": datetime.now(timezone.utc), "attempts": 0, "claims": 0}
             for s in steps
         ]  # fmt: skip
-        conn.execute(insert_ignoring_conflicts(conn.dialect, job), rows)
+        conn.execute(insert_ignoring_conflicts(conn.dialect, job, key="job_id"), rows)
 
     def enqueue_within(
         self, conn: Connection, jobs: Sequence[NewJob], waiting: Sequence[NewJob] = ()
@@ -767,13 +772,28 @@ class JobStore:
         ]
 
         ended = [(s.job_id, s.error) for s in settlements if s.status.value in _CANCELS_DOWNSTREAM]
+        # Celery reports the children of chords it ran itself; these are for those it never
+        # got to run (unknown task, malformed, revoked in the buffer). Counted once either way.
+        ended_parts: dict[str, list[str]] = defaultdict(list)
+        for s in settlements:
+            if s.status.value in _CANCELS_DOWNSTREAM:
+                state = "FAILURE" if s.status is JobStatus.FAILED else "REVOKED"
+                ended_parts[state].append(s.job_id)
 
         def work(conn: Connection) -> int:
+            if not ended:
+                return settle_rows(conn)
+            with transaction(conn):  # parts and counters change with the outcome
+                return settle_rows(conn)
+
+        def settle_rows(conn: Connection) -> int:
             changed = self._settle_rows(conn, params)
             for release in releases:  # one statement per resource, not per job
                 conn.execute(release)
             for job_id, error in ended:
                 cancel_downstream(conn, job_id, error)
+            for state, ids in ended_parts.items():
+                record_ended_parts(conn, ids, state)
             return changed
 
         return self._run(work, "job outcomes were not recorded")
@@ -940,6 +960,11 @@ class JobStore:
 
         self._run(work, "the result was not stored")
 
+    def holds(self, job_id: str, token: str) -> bool:
+        """Whether this claim still owns the job (it is RUNNING under it)."""
+        stmt = select(job.c.id).where(*_held(job_id, token))
+        return bool(self._run(lambda conn: conn.execute(stmt).first() is not None, "not read"))
+
     def note_retry(self, job_id: str, error: str | None, traceback: str | None) -> None:
         """Record why a job that was just rescheduled for a retry failed."""
         stmt = (
@@ -1041,11 +1066,17 @@ class JobStore:
         return self.request_revoke(job_ids, error)[0]
 
     def request_revoke(
-        self, job_ids: Sequence[str], error: str, *, terminate_signal: str | None = None
+        self,
+        job_ids: Sequence[str],
+        error: str,
+        *,
+        terminate_signal: str | None = None,
+        batches: list[str] | None = None,
     ) -> tuple[int, int]:
         """Pending jobs become REVOKED; running ones are marked for their node, which drops
         them if not started yet and, given ``terminate_signal``, terminates them.
-        Returns (pending revoked, running marked)."""
+        Returns (pending revoked, running marked). Revoked children of chords and batches
+        are counted as ended; ``batches`` receives the ids of those batches."""
         if not job_ids:
             return 0, 0
         ids = list(job_ids)
@@ -1066,8 +1097,20 @@ class JobStore:
             # (a retry) in between is caught by one statement or the other.
             with transaction(conn):
                 marked = conn.execute(running).rowcount
-                revoked = conn.execute(pending).rowcount
-                cancel_downstream(conn, ids, error)
+                not_run = [
+                    r.job_id
+                    for r in conn.execute(
+                        select(job.c.job_id)
+                        .where(job.c.job_id.in_(ids), job.c.status.in_(not_started))
+                        .with_for_update()
+                    )
+                ]
+                revoked = conn.execute(pending).rowcount if not_run else 0
+                # A running step decides for itself: it may still succeed and go on.
+                cancel_downstream(conn, not_run, error)
+                touched = record_ended_parts(conn, not_run, "REVOKED")
+                if batches is not None:
+                    batches.extend(touched)
                 return revoked, marked
 
         return self._run(work, "no job was revoked")
@@ -1143,7 +1186,11 @@ class JobStore:
             if not rows:
                 return 0, None
             params = [{"p_job_id": r.job_id, "p_headers": rewrite_headers(r.headers)} for r in rows]
-            return conn.execute(requeue, params).rowcount, rows[-1].id
+            with transaction(conn):
+                changed = conn.execute(requeue, params).rowcount
+                # The chain steps its failure revoked wait for it again.
+                restore_downstream(conn, [r.job_id for r in rows])
+            return changed, rows[-1].id
 
         done, after = 0, 0
         while True:

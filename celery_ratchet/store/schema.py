@@ -267,6 +267,9 @@ scheduler_batch = Table(
     Column("total", Integer),
     #: Children added while running (``self.replace()`` inside a chord, ``add_to_chord``).
     Column("added", Integer, nullable=False, server_default="0"),
+    #: Children finished, and how many of them failed: counted as their parts are written.
+    Column("done", Integer, nullable=False, server_default="0"),
+    Column("failed", Integer, nullable=False, server_default="0"),
     #: JSON signatures: the chord body (``on_success`` of a batch), and a batch's others.
     Column("on_success", _long_text()),
     Column("on_failure", _long_text()),
@@ -275,7 +278,12 @@ scheduler_batch = Table(
     Column("finished_at", UTCDateTime),
     **_MYSQL_OPTIONS,
 )
-Index("ix_scheduler_batch_state", scheduler_batch.c.state, scheduler_batch.c.created_at)
+Index(
+    "ix_scheduler_batch_state",
+    scheduler_batch.c.state,
+    scheduler_batch.c.kind,
+    scheduler_batch.c.created_at,
+)
 
 # One row per child that finished, written with the child's own outcome: a child run twice
 # (recovered from a dead node) still counts once.

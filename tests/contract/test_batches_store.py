@@ -128,3 +128,37 @@ def test_processes_racing_to_complete_a_batch_win_once(server_store: JobStore) -
     with ctx.Pool(4) as pool:
         wins = pool.starmap(_race, [(server_store.url, b) for b in ids for _ in range(4)])
     assert sum(wins) == len(ids)
+
+
+def test_storing_waiting_steps_again_keeps_their_rows(store: JobStore) -> None:
+    store.enqueue_many([new_job("k1")], [step("k2", "k1")])
+    with store.engine.connect() as conn:
+        before = conn.exec_driver_sql("SELECT id FROM scheduler_job WHERE job_id = 'k2'").scalar()
+    store.enqueue_many([new_job("k0")], [step("k2", "k1")])  # the same chain step again
+    with store.engine.connect() as conn:
+        after = conn.exec_driver_sql("SELECT id FROM scheduler_job WHERE job_id = 'k2'").scalar()
+    assert before == after
+
+
+def test_a_failed_step_retried_from_the_dlq_restores_the_steps_after_it(store: JobStore) -> None:
+    store.enqueue_many([new_job("d1")], [step("d2", "d1"), step("d3", "d2")])
+    [claimed] = store.claim("n", ["celery"], 10)
+    store.settle([Settlement("d1", claimed.token, JobStatus.FAILED, '"boom"', None)])
+    assert status_of(store, "d3") is JobStatus.REVOKED
+    assert store.retry_failed(["d1"]) == 1
+    assert [status_of(store, j) for j in ("d1", "d2", "d3")] == [
+        JobStatus.PENDING,
+        JobStatus.WAITING,
+        JobStatus.WAITING,
+    ]
+
+
+def test_a_revoked_chord_child_is_counted(store: JobStore) -> None:
+    batches = BatchStore(store)
+    batches.open(NewBatch("rv", BatchKind.CHORD, 2))
+    store.enqueue_many([dataclasses.replace(new_job("rv1"), group_id="rv")])
+    touched: list[str] = []
+    assert store.request_revoke(["rv1"], '"revoked"', batches=touched) == (1, 0)
+    assert touched == ["rv"]
+    progress = batches.progress("rv")
+    assert (progress.done, progress.failed) == (1, 1)

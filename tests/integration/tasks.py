@@ -26,6 +26,7 @@ class Unserialisable:
 
 def register(app: Celery) -> None:
     register_canvas(app)
+    register_repairable(app)
 
     @app.task(name="t.add", shared=False)
     def add(x: int, y: int) -> int:
@@ -105,3 +106,19 @@ def register_canvas(app: Celery) -> None:
 def is_big(value: Any) -> bool:
     """A workflow predicate: importable by path."""
     return isinstance(value, int) and value > 100
+
+
+#: Keys whose t.fail_until_fixed task succeeds: set by tests (same process as the worker).
+FIXED: set[str] = set()
+
+
+def register_repairable(app: Celery) -> None:
+    @app.task(name="t.fail_until_fixed", shared=False)
+    def fail_until_fixed(key: str) -> str:
+        if key not in FIXED:
+            raise RuntimeError(f"{key} is broken")
+        return f"{key} fixed"
+
+    @app.task(name="t.big", shared=False)
+    def big(size: int) -> str:
+        return "x" * size

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 from celery import Celery, chain, chord, group
-from celery.exceptions import ChordError
+from celery.exceptions import ChordError, TaskRevokedError
 
 import celery_ratchet
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.domain.batch import BatchState
 from celery_ratchet.domain.job import JobStatus
-from tests.integration.tasks import RUNS
+from tests.integration.tasks import FIXED, RUNS
 
 TIMEOUT = 30
 
@@ -71,8 +71,8 @@ def test_chord_with_a_failing_header_fails_its_body(worker_app: Celery) -> None:
     # The body fails with a ChordError; get() may see the failed header first (as in Celery).
     with pytest.raises((ChordError, ValueError), match="header"):
         result.get(timeout=TIMEOUT)
-    summary = ratchet_state(worker_app).batches.summaries(batch_id=result.parent.id)[0]
-    assert summary.state is BatchState.FAILED
+    batches = ratchet_state(worker_app).batches
+    _wait(lambda: batches.summaries(batch_id=result.parent.id)[0].state is BatchState.FAILED)
 
 
 def test_nested_canvas(worker_app: Celery) -> None:
@@ -171,3 +171,98 @@ def test_workflow_refuses_bad_predicates_and_joins(worker_app: Celery) -> None:
         builder.when_result("is_big", add.s(1))
     with pytest.raises(ValueError, match="unknown"):
         builder.join(["nope"], add.s(1))
+
+
+def test_waiting_steps_read_as_pending_with_extended_results(worker_app: Celery) -> None:
+    sleep, add = worker_app.tasks["t.sleep"], worker_app.tasks["t.add"]
+    worker_app.conf.result_extended = True
+    try:
+        result = chain(sleep.si(0.3), add.si(1, 1)).apply_async()
+        assert result.state == "PENDING"  # a WAITING row reads like any pending job
+        assert result.get(timeout=TIMEOUT) == 2
+        assert result.args == [1, 1]
+    finally:
+        worker_app.conf.result_extended = False
+
+
+def test_revoking_a_pending_chord_child_fails_the_chord(worker_app: Celery) -> None:
+    add, tsum = worker_app.tasks["t.add"], worker_app.tasks["t.tsum"]
+    later = add.si(2, 2).set(countdown=60)
+    result = chord([add.si(1, 1), later])(tsum.s())
+    _wait(lambda: _status(worker_app, result.parent.results[0].id) is JobStatus.SUCCEEDED)
+    worker_app.control.revoke(result.parent.results[1].id)
+    # The body fails with a ChordError; get() raises the failed header's error first.
+    with pytest.raises((ChordError, TaskRevokedError)):
+        result.get(timeout=TIMEOUT)
+    batches = ratchet_state(worker_app).batches
+    _wait(lambda: batches.summaries(batch_id=result.parent.id)[0].state is BatchState.FAILED)
+    summary = batches.summaries(batch_id=result.parent.id)[0]
+    assert (summary.done, summary.failed) == (2, 1)
+
+
+def test_revoking_a_running_step_without_terminate_lets_the_chain_go_on(
+    worker_app: Celery,
+) -> None:
+    sleep, add = worker_app.tasks["t.sleep"], worker_app.tasks["t.add"]
+    result = chain(sleep.si(1.0), add.si(1, 1), add.s(1)).apply_async()
+    first = result.parent.parent.id
+    _wait(lambda: _status(worker_app, first) is JobStatus.RUNNING)
+    worker_app.control.revoke(first)  # no terminate: a running job runs to its end
+    assert result.get(timeout=TIMEOUT) == 3
+
+
+def test_a_failed_step_retried_from_the_dlq_resumes_its_chain(worker_app: Celery) -> None:
+    repair, add = worker_app.tasks["t.fail_until_fixed"], worker_app.tasks["t.add"]
+    key = f"step-{time.monotonic()}"
+    result = chain(repair.si(key), add.si(1, 1), add.s(10)).apply_async()
+    with pytest.raises(RuntimeError):
+        result.get(timeout=TIMEOUT)
+    assert result.state == "REVOKED"
+    FIXED.add(key)
+    assert celery_ratchet.dlq(worker_app).retry(result.parent.parent.id) == 1
+    _wait(lambda: _status(worker_app, result.id) is JobStatus.SUCCEEDED)
+    assert worker_app.AsyncResult(result.id).get(timeout=TIMEOUT) == 12
+
+
+def test_a_chord_body_that_cannot_be_sent_fails_the_chord(worker_app: Celery) -> None:
+    big, collect = worker_app.tasks["t.big"], worker_app.tasks["t.collect"]
+    # Each result fits; the body's argument (all of them) is over ratchet_max_payload_kb.
+    result = chord(big.si(60_000) for _ in range(3))(collect.s("never"))
+    with pytest.raises(ChordError, match="Callback error"):
+        result.get(timeout=TIMEOUT)
+    summary = ratchet_state(worker_app).batches.summaries(batch_id=result.parent.id)[0]
+    assert summary.state is BatchState.FAILED
+
+
+def test_a_batch_whose_success_callback_cannot_be_sent_reports_failure(
+    worker_app: Celery,
+) -> None:
+    big, collect = worker_app.tasks["t.big"], worker_app.tasks["t.collect"]
+    key = f"batch-unsendable-{time.monotonic()}"
+    submitted = (
+        celery_ratchet.batch("Too big", app=worker_app)
+        .for_each(range(3), lambda _: big.si(60_000))
+        .on_success(collect.s(key + "-ok"))
+        .on_failure(collect.s(key))
+        .submit()
+    )
+    report = _wait(lambda: RUNS[key])[0]
+    assert "callback was not sent" in report["error"] and report["failed"] == 0
+    assert submitted.progress().state is BatchState.FAILED
+
+
+def test_a_chord_sent_in_the_callers_transaction(worker_app: Celery) -> None:
+    add, tsum = worker_app.tasks["t.add"], worker_app.tasks["t.tsum"]
+    engine = ratchet_state(worker_app).store.engine
+    with engine.connect() as conn:
+        conn = conn.execution_options(
+            isolation_level="SERIALIZABLE" if conn.dialect.name == "sqlite" else "READ COMMITTED"
+        )
+        with conn.begin(), celery_ratchet.transaction(conn):
+            result = chord(add.si(i, i) for i in range(5))(tsum.s())
+    assert result.get(timeout=TIMEOUT) == 20
+
+
+def test_ping_answers_from_the_workers_heartbeats(worker_app: Celery) -> None:
+    replies = worker_app.control.inspect(timeout=1).ping()
+    assert replies and all(r == {"ok": "pong"} for r in replies.values())
