@@ -8,6 +8,8 @@ CREATE TABLE scheduler_batch (
 	state VARCHAR(16) NOT NULL,
 	total INTEGER,
 	added INTEGER NOT NULL DEFAULT '0',
+	done INTEGER NOT NULL DEFAULT '0',
+	failed INTEGER NOT NULL DEFAULT '0',
 	on_success MEDIUMTEXT,
 	on_failure MEDIUMTEXT,
 	on_progress MEDIUMTEXT,
@@ -16,7 +18,7 @@ CREATE TABLE scheduler_batch (
 	PRIMARY KEY (batch_id)
 )ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
 
-CREATE INDEX ix_scheduler_batch_state ON scheduler_batch (state, created_at);
+CREATE INDEX ix_scheduler_batch_state ON scheduler_batch (state, kind, created_at);
 
 CREATE TABLE scheduler_batch_part (
 	batch_id VARCHAR(255) NOT NULL,

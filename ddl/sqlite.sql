@@ -8,6 +8,8 @@ CREATE TABLE scheduler_batch (
 	state VARCHAR(16) NOT NULL,
 	total INTEGER,
 	added INTEGER DEFAULT '0' NOT NULL,
+	done INTEGER DEFAULT '0' NOT NULL,
+	failed INTEGER DEFAULT '0' NOT NULL,
 	on_success TEXT,
 	on_failure TEXT,
 	on_progress TEXT,
@@ -16,7 +18,7 @@ CREATE TABLE scheduler_batch (
 	PRIMARY KEY (batch_id)
 );
 
-CREATE INDEX ix_scheduler_batch_state ON scheduler_batch (state, created_at);
+CREATE INDEX ix_scheduler_batch_state ON scheduler_batch (state, kind, created_at);
 
 CREATE TABLE scheduler_batch_part (
 	batch_id VARCHAR(255) NOT NULL,
