@@ -12,7 +12,9 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from celery_ratchet.cli.main import cli
+from celery_ratchet.domain.batch import BatchKind, BatchPart, NewBatch
 from celery_ratchet.domain.job import JobStatus, Settlement
+from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.ddl import ddl_script
 from tests.conftest import empty_store
 from tests.helpers import new_job
@@ -195,3 +197,29 @@ def test_jobs_filters_by_tag_and_business_key_and_cancel_revokes(tmp_path: Path)
     assert "1 already finished or unknown" in out.output
     record = store.result("tagged")
     assert record is not None and record.status is JobStatus.REVOKED
+
+
+def test_batches_lists_progress_and_shows_one(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'batches.db'}"
+    store = empty_store(url)
+    batches = BatchStore(store)
+    batches.open(NewBatch("import", BatchKind.BATCH, 4, name="Import users"))
+    for i in range(3):
+        batches.record_part(BatchPart("import", f"c{i}", i, "SUCCESS" if i else "FAILURE", None))
+    store.enqueue_many([replace(new_job(f"g{i}"), group_id="grp") for i in range(2)])
+    batches.open_groups(["grp"])
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["--url", url, "batches", "--json"])
+    assert listed.exit_code == 0, listed.output
+    rows = {r["batch_id"]: r for r in json.loads(listed.output)}
+    assert (rows["import"]["done"], rows["import"]["total"], rows["import"]["failed"]) == (3, 4, 1)
+    assert rows["import"]["percent_done"] == 75.0 and rows["import"]["name"] == "Import users"
+    assert (rows["grp"]["kind"], rows["grp"]["done"], rows["grp"]["total"]) == ("GROUP", 0, 2)
+    table = runner.invoke(cli, ["--url", url, "batches"]).output
+    assert "PERCENT_DONE" in table and "Import users" in table
+    shown = runner.invoke(cli, ["--url", url, "batches", "show", "import"])
+    assert "75.0" in shown.output
+    missing = runner.invoke(cli, ["--url", url, "batches", "show", "nope"])
+    assert missing.exit_code == 2 and "no batch 'nope'" in missing.output
+    open_only = runner.invoke(cli, ["--url", url, "batches", "--state", "open", "--json"])
+    assert {r["batch_id"] for r in json.loads(open_only.output)} == {"import", "grp"}

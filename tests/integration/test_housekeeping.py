@@ -57,7 +57,7 @@ def test_the_archiver_is_one_recurring_job_and_runs_as_a_task(app: Celery) -> No
     masters = {m["business_key"]: m for m in store.list_masters()}
     assert ARCHIVER_KEY in masters and "0 0 1 * * ?" in masters[ARCHIVER_KEY]["schedule_spec"]
     result = app.tasks[ARCHIVE_TASK].delay()
-    assert result.get(timeout=30) == {"archived": 0, "log_lines_deleted": 0}
+    assert result.get(timeout=30) == {"archived": 0, "log_lines_deleted": 0, "batches_deleted": 0}
     out = CliRunner().invoke(cli, ["--url", store.url, "archive", "--older-than", "0"])
     assert out.exit_code == 0, out.output
     assert "archived" in out.output and store.result(result.id) is None  # just archived
