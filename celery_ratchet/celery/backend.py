@@ -15,7 +15,8 @@ from typing import Any
 from celery import states
 from celery.backends.base import BaseBackend
 from celery.exceptions import TimeoutError
-from celery.result import result_from_tuple
+from celery.result import GroupResult, result_from_tuple
+from celery.utils.functional import _regen
 from kombu.exceptions import EncodeError
 from kombu.serialization import loads
 from kombu.utils import json as kjson
@@ -274,6 +275,12 @@ class RatchetBackend(BaseBackend):
     def apply_chord(self, header_result_args: Any, body: Any, **kwargs: Any) -> None:
         self.ensure_chords_allowed()
         batches.open_chord(self.app, header_result_args[0], body)
+        # A header with groups inside (a chain ending in a group): keep its shape, so the
+        # body gets nested results, as Celery's Redis backend does.
+        if not isinstance(header_result_args[1], _regen):
+            header = self.app.GroupResult(*header_result_args)
+            if any(isinstance(r, GroupResult) for r in header.results):
+                header.save(backend=self)
 
     def set_chord_size(self, group_id: str, chord_size: int) -> None:
         ratchet_state(self.app).batches.set_total(group_id, chord_size, current_transaction())

@@ -18,7 +18,7 @@ from typing import Any
 from celery import Celery, group, signature, states
 from celery.canvas import Signature, maybe_signature
 from celery.exceptions import ChordError
-from celery.result import GroupResult
+from celery.result import GroupResult, allow_join_result
 from kombu.utils import json as kjson
 from kombu.utils.uuid import uuid
 
@@ -129,7 +129,7 @@ def finish(backend: Any, record: BatchRecord) -> None:
     if callback is None:
         return
     try:
-        results = [_unpack(backend, p) for p in parts]
+        results = _header_results(backend, record.batch_id, parts)
     except ChordError as exc:
         with batches.finishing(record.batch_id, BatchState.FAILED) as conn:
             won = conn is not None
@@ -155,6 +155,19 @@ def send_within(conn: Any, send: Callable[[], Any]) -> None:
         return
     with transaction(conn):
         send()
+
+
+def _header_results(backend: Any, batch_id: str, parts: Sequence[BatchPart]) -> list[Any]:
+    """The body's argument: the header's results in order; nested where the header holds
+    groups (its shape was saved when the chord was applied)."""
+    header = GroupResult.restore(batch_id, app=backend.app, backend=backend)
+    if header is None:
+        return [_unpack(backend, p) for p in parts]
+    try:
+        with allow_join_result():
+            return list(header.join(timeout=backend.app.conf.result_chord_join_timeout))
+    except Exception as exc:
+        raise ChordError(f"Dependency of {batch_id} raised {exc!r}") from exc
 
 
 def _unpack(backend: Any, part: BatchPart) -> Any:

@@ -98,6 +98,10 @@ def register_canvas(app: Celery) -> None:
         record(key, value)
         return value
 
+    @app.task(name="t.identity", shared=False)
+    def identity(value: Any) -> Any:
+        return value
+
     @app.task(name="t.times", shared=False)
     def times(x: int, factor: int) -> int:
         return x * factor

@@ -77,11 +77,17 @@ def test_chord_with_a_failing_header_fails_its_body(worker_app: Celery) -> None:
 
 def test_nested_canvas(worker_app: Celery) -> None:
     add, tsum = worker_app.tasks["t.add"], worker_app.tasks["t.tsum"]
+    collect_all = worker_app.tasks["t.identity"]
     # a chord inside a chain, a group inside a chain, a chain inside a group
     inner = chain(add.si(1, 1), chord([add.s(1), add.s(2)], tsum.s()), add.s(100))
     assert inner.apply_async().get(timeout=TIMEOUT) == 107
     grouped = group(chain(add.si(1, 1), add.s(1)), chain(add.si(2, 2), add.s(2)))
     assert grouped.apply_async().get(timeout=TIMEOUT) == [3, 6]
+    # a chord whose header is a chain ending in a group: the body gets the nested shape
+    nested = chord(group(chain(add.si(40, 2), group(add.s(0), add.s(0)))), tsum.si([]))
+    header = chord(group(chain(add.si(40, 2), group(add.s(0), add.s(0)))), collect_all.s())
+    assert header.delay().get(timeout=TIMEOUT) == [[42, 42]]
+    assert nested.delay().get(timeout=TIMEOUT) == 0
 
 
 def test_batch_builder_reports_progress_and_success(worker_app: Celery) -> None:
