@@ -234,7 +234,7 @@ class RatchetBackend(BaseBackend):
         """``AsyncResult.get()``: poll the row, first every 5 ms and then less often, up to
         ``interval`` — a result that is ready soon is seen soon, a slow one costs little."""
         self._ensure_not_eager()
-        started = time.monotonic()
+        started = last_interval = time.monotonic()
         nap = min(_FIRST_NAP, interval)
         while True:
             meta = self.get_task_meta(task_id)
@@ -242,8 +242,11 @@ class RatchetBackend(BaseBackend):
                 if on_interval and meta["status"] in states.PROPAGATE_STATES:
                     on_interval()  # a failed parent raises its own error first, as in Celery
                 return meta
-            if on_interval:
+            # Parents are checked at Celery's own pace (every ``interval``), not at every
+            # quick read: a failure reaches the result awaited before its parents are blamed.
+            if on_interval and time.monotonic() - last_interval >= interval:
                 on_interval()
+                last_interval = time.monotonic()
             elapsed = time.monotonic() - started
             if timeout is not None and elapsed >= timeout:
                 raise TimeoutError("The operation timed out.")
