@@ -98,6 +98,10 @@ def register_canvas(app: Celery) -> None:
         record(key, value)
         return value
 
+    @app.task(name="t.replace_with_add", shared=False, bind=True)
+    def replace_with_add(self: Any, x: int) -> None:
+        raise self.replace(app.tasks["t.add"].s(x, 1))
+
     @app.task(name="t.identity", shared=False)
     def identity(value: Any) -> Any:
         return value

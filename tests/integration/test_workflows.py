@@ -272,3 +272,18 @@ def test_a_chord_sent_in_the_callers_transaction(worker_app: Celery) -> None:
 def test_ping_answers_from_the_workers_heartbeats(worker_app: Celery) -> None:
     replies = worker_app.control.inspect(timeout=1).ping()
     assert replies and all(r == {"ok": "pong"} for r in replies.values())
+
+
+def test_replace_inside_a_chain_and_a_chord(worker_app: Celery) -> None:
+    replace, add, tsum = (worker_app.tasks[n] for n in ("t.replace_with_add", "t.add", "t.tsum"))
+    assert chain(replace.s(1), add.s(10)).apply_async().get(timeout=TIMEOUT) == 12
+    assert chord([replace.s(1), replace.s(2)])(tsum.s()).get(timeout=TIMEOUT) == 5
+
+
+def test_link_and_link_error_callbacks(worker_app: Celery) -> None:
+    add, fail, collect = (worker_app.tasks[n] for n in ("t.add", "t.fail", "t.collect"))
+    key = f"links-{time.monotonic()}"
+    add.apply_async((2, 2), link=collect.s(key + "-ok"))
+    fail.apply_async(("linked",), link_error=collect.si("errback", key + "-err"))
+    assert _wait(lambda: RUNS[key + "-ok"]) == [4]
+    assert _wait(lambda: RUNS[key + "-err"]) == ["errback"]
