@@ -31,6 +31,7 @@ from celery_ratchet.domain.batch import (
     BatchState,
     BatchSummary,
     NewBatch,
+    percent_done,
     progress_step,
 )
 from celery_ratchet.store.batches import BatchRecord, Progress
@@ -217,7 +218,7 @@ def _summary_payload(record: BatchRecord, progress: Progress, total: int) -> dic
         "done": progress.done,
         "succeeded": progress.done - progress.failed,
         "failed": progress.failed,
-        "percent_done": round(100.0 * progress.done / total, 1) if total else 100.0,
+        "percent_done": percent_done(progress.done, total) if total else 100.0,
     }
 
 

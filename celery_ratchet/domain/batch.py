@@ -66,9 +66,9 @@ class BatchSummary:
 
     @property
     def percent_done(self) -> float:
-        if not self.total:
-            return 100.0 if self.state is not BatchState.OPEN else 0.0
-        return round(100.0 * min(self.done, self.total) / self.total, 1)
+        if not self.total and self.state is not BatchState.OPEN:
+            return 100.0
+        return percent_done(self.done, self.total)
 
 
 def expected_children(total: int | None, added: int) -> int | None:
@@ -76,13 +76,12 @@ def expected_children(total: int | None, added: int) -> int | None:
     return None if total is None else total + added
 
 
-def is_complete(total: int | None, added: int, done: int) -> bool:
-    expected = expected_children(total, added)
-    return expected is not None and done >= expected
-
-
-def outcome(parts_failed: int) -> BatchState:
-    return BatchState.FAILED if parts_failed else BatchState.SUCCEEDED
+def percent_done(done: int, total: int | None) -> float:
+    """Share of a batch's children done, in percent with one decimal (``None``: unknown
+    size, 0)."""
+    if not total:
+        return 0.0
+    return round(100.0 * min(done, total) / total, 1)
 
 
 def progress_step(done: int, total: int, steps: int = 100) -> int | None:

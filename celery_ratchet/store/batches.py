@@ -30,7 +30,13 @@ from celery_ratchet.domain.batch import (
     expected_children,
 )
 from celery_ratchet.domain.job import TERMINAL_STATUSES, JobStatus
-from celery_ratchet.store.engine import db_now, db_now_minus, insert_ignoring_conflicts, transaction
+from celery_ratchet.store.engine import (
+    db_now,
+    db_now_minus,
+    insert_ignoring_conflicts,
+    savepoint,
+    transaction,
+)
 from celery_ratchet.store.schema import (
     scheduler_batch,
     scheduler_batch_part,
@@ -56,56 +62,47 @@ def cancel_downstream(conn: Connection, job_ids: str | Sequence[str], error: str
     Returns how many were revoked. The failed step's error goes with them, so their results
     raise it (Celery does the same for a failed chain).
     """
-    frontier = [job_ids] if isinstance(job_ids, str) else list(job_ids)
-    revoked = 0
-    for _ in range(_MAX_CHAIN_DEPTH):
-        if not frontier:
-            break
-        waiting = [
-            r.job_id
-            for r in conn.execute(
-                select(job.c.job_id).where(
-                    job.c.depends_on.in_(frontier), job.c.status == JobStatus.WAITING.value
-                )
-            )
-        ]
-        if not waiting:
-            break
-        revoked += conn.execute(
-            update(job)
-            .where(job.c.job_id.in_(waiting), job.c.status == JobStatus.WAITING.value)
-            .values(
-                status=JobStatus.REVOKED.value,
-                finished_at=db_now(),
-                last_error=func.coalesce(job.c.last_error, error),
-            )
-        ).rowcount
-        frontier = waiting
-    return revoked
+    ids = [job_ids] if isinstance(job_ids, str) else list(job_ids)
+    values = {
+        "status": JobStatus.REVOKED.value,
+        "finished_at": db_now(),
+        "last_error": func.coalesce(job.c.last_error, error),
+    }
+    return _walk_downstream(conn, ids, JobStatus.WAITING, values)
 
 
 def restore_downstream(conn: Connection, job_ids: Sequence[str]) -> int:
     """A failed step is retried (from the dead-letter queue): the steps its failure revoked
     wait for it again. Returns how many."""
-    frontier, restored = list(job_ids), 0
+    values = {"status": JobStatus.WAITING.value, "finished_at": None, "last_error": None}
+    return _walk_downstream(conn, list(job_ids), JobStatus.REVOKED, values)
+
+
+def _walk_downstream(
+    conn: Connection, frontier: list[str], status: JobStatus, values: dict[str, Any]
+) -> int:
+    """Change the chain steps in ``status`` that depend on ``frontier``, then those that
+    depend on them, level by level; returns how many rows changed."""
+    changed = 0
     for _ in range(_MAX_CHAIN_DEPTH):
-        revoked = [
+        if not frontier:
+            break
+        found = [
             r.job_id
             for r in conn.execute(
                 select(job.c.job_id).where(
-                    job.c.depends_on.in_(frontier), job.c.status == JobStatus.REVOKED.value
+                    job.c.depends_on.in_(frontier), job.c.status == status.value
                 )
             )
-        ] if frontier else []  # fmt: skip
-        if not revoked:
-            break
-        restored += conn.execute(
-            update(job)
-            .where(job.c.job_id.in_(revoked), job.c.status == JobStatus.REVOKED.value)
-            .values(status=JobStatus.WAITING.value, finished_at=None, last_error=None)
-        ).rowcount
-        frontier = revoked
-    return restored
+        ]
+        if found:
+            changed += conn.execute(
+                update(job)
+                .where(job.c.job_id.in_(found), job.c.status == status.value)
+                .values(**values)
+            ).rowcount
+        frontier = found
+    return changed
 
 
 def record_part(conn: Connection, part: BatchPart) -> bool:
@@ -114,22 +111,20 @@ def record_part(conn: Connection, part: BatchPart) -> bool:
     counters change together."""
     # A savepoint, not an "ignore" insert: whether the row went in decides the counters,
     # and row counts of ignored inserts differ by driver (MySQL reports found rows).
-    conn.exec_driver_sql("SAVEPOINT ratchet_part")
     try:
-        conn.execute(
-            insert(part_table).values(
-                batch_id=part.batch_id,
-                job_id=part.job_id,
-                position=part.position,
-                state=part.state,
-                result=part.result,
-                finished_at=db_now(),
+        with savepoint(conn, "ratchet_part"):
+            conn.execute(
+                insert(part_table).values(
+                    batch_id=part.batch_id,
+                    job_id=part.job_id,
+                    position=part.position,
+                    state=part.state,
+                    result=part.result,
+                    finished_at=db_now(),
+                )
             )
-        )
     except IntegrityError:
-        conn.exec_driver_sql("ROLLBACK TO SAVEPOINT ratchet_part")
         return False
-    conn.exec_driver_sql("RELEASE SAVEPOINT ratchet_part")
     conn.execute(
         update(batch)
         .where(batch.c.batch_id == part.batch_id)
@@ -308,27 +303,36 @@ class BatchStore:
             .where(batch.c.batch_id == batch_id, batch.c.state == BatchState.OPEN.value)
             .values(state=state.value, finished_at=db_now())
         )
+        reopen = (
+            update(batch)
+            .where(batch.c.batch_id == batch_id)
+            .values(state=BatchState.OPEN.value, finished_at=None)
+        )
+        with self._unit_of_work() as conn:
+            if conn.execute(swap).rowcount != 1:
+                yield None
+                return
+            try:
+                yield conn
+            except BaseException:
+                if conn.dialect.name == "sqlite":  # committed already: undo by hand
+                    conn.execute(reopen)
+                raise
+
+    @contextmanager
+    def _unit_of_work(self) -> Iterator[Connection]:
+        """A connection for a decision and what follows it, committed together: one READ
+        COMMITTED transaction on PostgreSQL and MySQL. SQLite has one writer at a time: a
+        transaction held open here would block the follow-up writes this process makes on
+        its other connections, so each statement commits on its own there."""
         self.store.ensure_schema()
         with self.store.engine.connect() as conn:
             if conn.dialect.name == "sqlite":
-                # One writer at a time: a transaction held open here would block the
-                # follow-up writes made on other connections of this process. The swap is
-                # committed at once, and undone when what follows it fails.
-                won = conn.execute(swap).rowcount == 1
-                try:
-                    yield conn if won else None
-                except BaseException:
-                    if won:
-                        conn.execute(
-                            update(batch)
-                            .where(batch.c.batch_id == batch_id)
-                            .values(state=BatchState.OPEN.value, finished_at=None)
-                        )
-                    raise
+                yield conn
                 return
             conn = conn.execution_options(isolation_level="READ COMMITTED")
             with conn.begin():
-                yield conn if conn.execute(swap).rowcount == 1 else None
+                yield conn
 
     def unfinished_complete(self, older_than_seconds: float, limit: int = 100) -> list[str]:
         """Open batches all of whose children finished a while ago: their completion was cut
@@ -478,21 +482,13 @@ class BatchStore:
         """Take a workflow's undecided branches for deciding: yields a connection in a
         transaction (send the fired branches on it, then :func:`decide` each) or ``None``
         when they were decided already."""
-        self.store.ensure_schema()
         lock = (
             select(condition.c.position)
             .where(condition.c.parent_id == parent_id, condition.c.state == "WAITING")
             .with_for_update()
         )
-        with self.store.engine.connect() as conn:
-            if conn.dialect.name == "sqlite":
-                undecided = conn.execute(lock).first() is not None
-                yield conn if undecided else None
-                return
-            conn = conn.execution_options(isolation_level="READ COMMITTED")
-            with conn.begin():
-                undecided = conn.execute(lock).first() is not None
-                yield conn if undecided else None
+        with self._unit_of_work() as conn:
+            yield conn if conn.execute(lock).first() is not None else None
 
 
 def _in_transaction(conn: Connection, work: Any) -> Any:

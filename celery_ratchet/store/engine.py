@@ -162,6 +162,19 @@ def insert_ignoring_conflicts(dialect: Any, table: Any, key: str | None = None) 
 
 
 @contextmanager
+def savepoint(conn: Connection, name: str = "ratchet_row") -> Iterator[None]:
+    """A savepoint inside an explicit transaction: an error rolls back to it and propagates,
+    leaving the transaction usable (PostgreSQL aborts the whole transaction otherwise)."""
+    conn.exec_driver_sql(f"SAVEPOINT {name}")
+    try:
+        yield
+    except BaseException:
+        conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {name}")
+        raise
+    conn.exec_driver_sql(f"RELEASE SAVEPOINT {name}")
+
+
+@contextmanager
 def transaction(conn: Connection) -> Iterator[Connection]:
     """An explicit transaction on an autocommit connection; SQLite takes the write lock at once."""
     begin = "BEGIN IMMEDIATE" if conn.dialect.name == "sqlite" else "BEGIN"

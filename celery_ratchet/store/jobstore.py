@@ -73,6 +73,7 @@ from celery_ratchet.store.engine import (
     insert_ignoring_conflicts,
     is_retryable_conflict,
     is_unavailable,
+    savepoint,
     transaction,
     unavailable,
 )
@@ -507,7 +508,7 @@ class JobStore:
     def _insert_each(self, conn: Connection, params: list[dict[str, Any]], retried: bool) -> None:
         for p in params:
             try:
-                with _Savepoint(conn):
+                with savepoint(conn):
                     conn.execute(self._insert, p)
             except IntegrityError:
                 self._reuse_or_refuse(conn, p, retried)
@@ -1627,17 +1628,3 @@ def _summary(row: Any) -> JobSummary:
     values = row._asdict()
     values["status"] = JobStatus(values["status"])
     return JobSummary(**values)
-
-
-class _Savepoint:
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-
-    def __enter__(self) -> None:
-        self.conn.exec_driver_sql("SAVEPOINT ratchet_row")
-
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
-        if exc_type is None:
-            self.conn.exec_driver_sql("RELEASE SAVEPOINT ratchet_row")
-        else:
-            self.conn.exec_driver_sql("ROLLBACK TO SAVEPOINT ratchet_row")
