@@ -35,6 +35,7 @@ class RatchetState:
         #: The running worker's runtime, in the worker's main process only.
         self.runtime: Any = None
         self._publisher: Any = None
+        self._event_sender: Any = None
 
     @property
     def settings(self) -> RatchetSettings:
@@ -72,6 +73,7 @@ class RatchetState:
             self._settings = None
             self._store = None
             self._publisher = None
+            self._event_sender = None
 
     def published(self, queues: list[str]) -> None:
         """Jobs of ``queues`` were committed: wake workers through Redis, if configured."""
@@ -83,6 +85,13 @@ class RatchetState:
 
             self._publisher = RedisPublisher(url)
         self._publisher.publish(queues)
+
+    def event_sender(self) -> Any:
+        """The client's event dispatcher (``task-sent``), on the events Redis."""
+        with self._lock:
+            if self._event_sender is None:
+                self._event_sender = self.app.events.Dispatcher(enabled=True)
+            return self._event_sender
 
     def wakeup_sources(self) -> list[Any]:
         """The worker's wake-up listeners for this app's settings and database."""

@@ -11,7 +11,6 @@ nowhere, as before. An event that cannot be sent never fails a task or a send.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 from celery.app.events import Events
@@ -59,19 +58,11 @@ class RatchetEvents(Events):
     receiver_cls = "celery_ratchet.celery.events:RatchetEventReceiver"
 
 
-_senders: dict[int, Any] = {}
-_senders_lock = threading.Lock()
-
-
 def send_task_sent(app: Any, fields: dict[str, Any]) -> None:
     """Celery's ``task-sent`` event, for a job just stored (``task_send_sent_event``)."""
     if not events_url(app):
         return
-    with _senders_lock:
-        dispatcher = _senders.get(id(app))
-        if dispatcher is None:
-            dispatcher = _senders[id(app)] = app.events.Dispatcher(enabled=True)
-        try:
-            dispatcher.send("task-sent", **fields)
-        except Exception as exc:  # the job is stored: a lost event must not fail the send
-            logger.warning("ratchet: task-sent event of %s not sent: %s", fields.get("uuid"), exc)
+    try:
+        ratchet_state(app).event_sender().send("task-sent", **fields)
+    except Exception as exc:  # the job is stored: a lost event must not fail the send
+        logger.warning("ratchet: task-sent event of %s not sent: %s", fields.get("uuid"), exc)
