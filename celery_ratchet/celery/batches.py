@@ -99,10 +99,9 @@ def on_part_return(backend: Any, request: Any, state: str, result: Any, token: s
     if token is None or state_.store.holds(part.job_id, token):
         # Not written with an outcome: an eager run, a chain step failed by the step before
         # it, a task that ignores its result. An execution that lost its claim writes none.
-        progress = batches.record_part(part)
+        record = batches.record_part(part)
     else:
-        progress = batches.progress(part.batch_id)
-    record = batches.get(part.batch_id)
+        record = batches.get(part.batch_id)
     if record is None:
         logger.warning(
             "ratchet: job %s belongs to chord %s, which the job store does not know (applied "
@@ -112,9 +111,13 @@ def on_part_return(backend: Any, request: Any, state: str, result: Any, token: s
         )
         return
     if record.kind is BatchKind.BATCH and record.on_progress and record.total:
-        _report_progress(app, record, progress)
+        _report_progress(app, record)
     expected = record.expected
-    if record.state is BatchState.OPEN and expected is not None and progress.done >= expected:
+    if (
+        record.state is BatchState.OPEN
+        and expected is not None
+        and record.progress.done >= expected
+    ):
         finish(backend, record)
 
 
@@ -195,9 +198,9 @@ def finish_ready(app: Celery, batch_ids: Iterable[str]) -> int:
     for batch_id in batch_ids:
         try:
             record = batches.get(batch_id)
-            if record is None or record.state is not BatchState.OPEN or record.expected is None:
+            if record is None or record.state is not BatchState.OPEN:
                 continue
-            if batches.progress(batch_id).done < record.expected:
+            if not record.all_children_ended:
                 continue
             logger.info("ratchet: finishing batch %s", batch_id)
             finish(app.backend, record)
@@ -222,8 +225,8 @@ def _summary_payload(record: BatchRecord, progress: Progress, total: int) -> dic
     }
 
 
-def _report_progress(app: Celery, record: BatchRecord, progress: Progress) -> None:
-    total = record.expected or 0
+def _report_progress(app: Celery, record: BatchRecord) -> None:
+    progress, total = record.progress, record.expected or 0
     if progress_step(progress.done, total) is None:
         return
     callback = decode_signature(app, record.on_progress)

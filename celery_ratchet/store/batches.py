@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import and_, case, delete, func, insert, select, update
+from sqlalchemy import String, and_, case, delete, func, insert, literal, null, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -138,23 +138,50 @@ _COUNTED_KINDS = [BatchKind.CHORD.value, BatchKind.BATCH.value]
 
 def record_ended_parts(conn: Connection, job_ids: Sequence[str], state: str) -> list[str]:
     """Jobs of chords or batches that ended without Celery reporting them (revoked before
-    they ran, failed before Celery took them): count them, with their stored error.
-    Returns the batches touched."""
+    they ran, failed before Celery took them): count them, with their stored error, in a
+    few statements whatever their number. Returns the batches touched."""
     if not job_ids:
         return []
-    rows = conn.execute(
-        select(job.c.job_id, job.c.group_id, job.c.last_error)
+    ended = (
+        select(
+            job.c.group_id,
+            job.c.job_id,
+            null(),
+            literal(state, String),
+            job.c.last_error,
+            db_now(),
+        )
         .join(batch, batch.c.batch_id == job.c.group_id)
         .where(job.c.job_id.in_(list(job_ids)), batch.c.kind.in_(_COUNTED_KINDS))
-    ).all()
-    for row in rows:
-        record_part(conn, BatchPart(row.group_id, row.job_id, None, state, row.last_error))
-    return sorted({row.group_id for row in rows})
+    )
+    touched = sorted({r.group_id for r in conn.execute(ended)})
+    if not touched:
+        return []
+    columns = ["batch_id", "job_id", "position", "state", "result", "finished_at"]
+    conn.execute(insert_ignoring_conflicts(conn.dialect, part_table).from_select(columns, ended))
+    # Recounted rather than incremented: some of these may have been counted already.
+    counted = select(func.count()).where(part_table.c.batch_id == batch.c.batch_id)
+    failed = counted.where(part_table.c.state.in_(FAILED_STATES))
+    conn.execute(
+        update(batch)
+        .where(batch.c.batch_id.in_(touched))
+        .values(
+            done=counted.correlate(batch).scalar_subquery(),
+            failed=failed.correlate(batch).scalar_subquery(),
+        )
+    )
+    return touched
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    failed: int
 
 
 @dataclass(frozen=True)
 class BatchRecord:
-    """A batch row with its signatures, for whoever completes it."""
+    """A batch row with its signatures and counters, for whoever completes it."""
 
     batch_id: str
     kind: BatchKind
@@ -165,16 +192,21 @@ class BatchRecord:
     on_success: str | None
     on_failure: str | None
     on_progress: str | None
+    #: Children ended so far, and how many of them failed.
+    done: int
+    failed: int
+
+    @property
+    def progress(self) -> Progress:
+        return Progress(self.done, self.failed)
 
     @property
     def expected(self) -> int | None:
         return expected_children(self.total, self.added)
 
-
-@dataclass(frozen=True)
-class Progress:
-    done: int
-    failed: int
+    @property
+    def all_children_ended(self) -> bool:
+        return self.expected is not None and self.done >= self.expected
 
 
 class BatchStore:
@@ -249,34 +281,29 @@ class BatchStore:
         stmt = update(batch).where(batch.c.batch_id == batch_id).values(added=batch.c.added + count)
         self._write(conn, lambda c: c.execute(stmt), "the batch was not extended")
 
-    def record_part(self, part: BatchPart) -> Progress:
-        """Count a finished child (once) and return the batch's progress."""
+    def record_part(self, part: BatchPart) -> BatchRecord | None:
+        """Count a finished child (once) and return its batch as it is now."""
 
-        def work(conn: Connection) -> Progress:
+        def work(conn: Connection) -> BatchRecord | None:
             with transaction(conn):
                 record_part(conn, part)
-            return self._progress(conn, part.batch_id)
+            return self._get(conn, part.batch_id)
 
-        result: Progress = self._run(work, "the batch child was not counted")
+        result: BatchRecord | None = self._run(work, "the batch child was not counted")
         return result
 
     def progress(self, batch_id: str) -> Progress:
-        result: Progress = self._run(
-            lambda conn: self._progress(conn, batch_id), "the batch was not read"
-        )
-        return result
-
-    def _progress(self, conn: Connection, batch_id: str) -> Progress:
-        row = conn.execute(
-            select(batch.c.done, batch.c.failed).where(batch.c.batch_id == batch_id)
-        ).first()
-        return Progress(0, 0) if row is None else Progress(done=row.done, failed=row.failed)
+        record = self.get(batch_id)
+        return Progress(0, 0) if record is None else record.progress
 
     def get(self, batch_id: str) -> BatchRecord | None:
-        row = self._run(
-            lambda conn: conn.execute(select(batch).where(batch.c.batch_id == batch_id)).first(),
-            "the batch was not read",
+        found: BatchRecord | None = self._run(
+            lambda conn: self._get(conn, batch_id), "the batch was not read"
         )
+        return found
+
+    def _get(self, conn: Connection, batch_id: str) -> BatchRecord | None:
+        row = conn.execute(select(batch).where(batch.c.batch_id == batch_id)).first()
         return None if row is None else _record(row)
 
     def parts(self, batch_id: str) -> list[BatchPart]:
@@ -523,4 +550,6 @@ def _record(row: Any) -> BatchRecord:
         on_success=row.on_success,
         on_failure=row.on_failure,
         on_progress=row.on_progress,
+        done=row.done,
+        failed=row.failed,
     )
