@@ -10,7 +10,7 @@ import pytest
 from celery_ratchet.domain.batch import BatchKind, BatchPart, BatchState, NewBatch
 from celery_ratchet.domain.job import JobStatus, JobType, NewJob, Settlement
 from celery_ratchet.errors import DuplicateJob
-from celery_ratchet.store.batches import BatchStore
+from celery_ratchet.store.batches import BatchStore, decide
 from celery_ratchet.store.jobstore import JobStore
 from tests.helpers import new_job
 
@@ -162,3 +162,31 @@ def test_a_revoked_chord_child_is_counted(store: JobStore) -> None:
     assert touched == ["rv"]
     progress = batches.progress("rv")
     assert (progress.done, progress.failed) == (1, 1)
+
+
+def _decide_all(url: str, parent_id: str) -> int:
+    """One process deciding a workflow's branches; returns how many it decided."""
+    batches = BatchStore(JobStore(url))
+    decided = 0
+    with batches.deciding(parent_id) as conn:
+        if conn is None:
+            return 0
+        for row in batches.conditions(parent_id):
+            decided += decide(conn, parent_id, row.position, fired=True)
+    return decided
+
+
+def test_processes_racing_to_decide_a_workflow_decide_each_branch_once(
+    server_store: JobStore,
+) -> None:
+    batches = BatchStore(server_store)
+    parents = [f"wf-{i}" for i in range(10)]
+    for parent in parents:
+        batches.add_conditions(parent, [{"kind": "SUCCESS", "branch": "{}"} for _ in range(3)])
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        decided = pool.starmap(
+            _decide_all, [(server_store.url, p) for p in parents for _ in range(4)]
+        )
+    assert sum(decided) == 30
+    assert all(r.state == "FIRED" for p in parents for r in batches.conditions(p))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -11,7 +12,8 @@ from celery.exceptions import ChordError, TaskRevokedError
 
 import celery_ratchet
 from celery_ratchet.celery.app import ratchet_state
-from celery_ratchet.domain.batch import BatchState
+from celery_ratchet.celery.batches import encode_signature, finish_stalled
+from celery_ratchet.domain.batch import BatchKind, BatchPart, BatchState, NewBatch
 from celery_ratchet.domain.job import JobStatus
 from tests.integration.tasks import FIXED, RUNS
 
@@ -287,3 +289,23 @@ def test_link_and_link_error_callbacks(worker_app: Celery) -> None:
     fail.apply_async(("linked",), link_error=collect.si("errback", key + "-err"))
     assert _wait(lambda: RUNS[key + "-ok"]) == [4]
     assert _wait(lambda: RUNS[key + "-err"]) == ["errback"]
+
+
+def test_a_chord_cut_short_by_a_dead_node_is_finished_once(worker_app: Celery) -> None:
+    """The node of the last child died between the child's outcome (with its part) and
+    sending the body: the batch is OPEN with every part in; housekeeping finishes it."""
+    collect = worker_app.tasks["t.collect"]
+    key = f"stalled-{time.monotonic()}"
+    body = collect.s(key)
+    body.freeze()
+    batches = ratchet_state(worker_app).batches
+    batch_id = f"stalled-{uuid.uuid4().hex}"
+    batches.open(NewBatch(batch_id, BatchKind.CHORD, 2, on_success=encode_signature(body)))
+    for i in (0, 1):
+        batches.record_part(BatchPart(batch_id, f"{batch_id}-{i}", i, "SUCCESS", str(i + 1)))
+    assert finish_stalled(worker_app, older_than=-60) == 1
+    assert finish_stalled(worker_app, older_than=-60) == 0  # finished: never twice
+    assert _wait(lambda: RUNS[key]) == [[1, 2]]
+    assert worker_app.AsyncResult(body.id).get(timeout=TIMEOUT) == [1, 2]
+    time.sleep(0.5)
+    assert RUNS[key] == [[1, 2]]
