@@ -25,6 +25,8 @@ class JobStatus(str, enum.Enum):
 
 #: The queue of recurring masters: every worker claims from it, whatever its ``-Q``.
 SCHEDULES_QUEUE = "ratchet.schedules"
+#: The wake-up word (in place of a queue name) that says a running job was asked to stop.
+REVOCATIONS_WAKEUP = "ratchet.revocations"
 
 ACTIVE_STATUSES = frozenset(
     {JobStatus.PENDING, JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.WAITING}

@@ -38,6 +38,7 @@ from sqlalchemy.sql.elements import BindParameter
 from celery_ratchet.domain.batch import BatchPart
 from celery_ratchet.domain.job import (
     ACTIVE_STATUSES,
+    REVOCATIONS_WAKEUP,
     SCHEDULES_QUEUE,
     TERMINAL_STATUSES,
     ClaimedJob,
@@ -357,6 +358,11 @@ class JobStore:
         )
         if self.notify:
             self._release_waiting = self._release_waiting.returning(
+                func.pg_notify(NOTIFY_CHANNEL, job.c.queue)
+            )
+            # A retry is due again (now or after its countdown): idle workers sleep until
+            # the next due time they know of, so they are told.
+            self._replace_running = self._replace_running.returning(
                 func.pg_notify(NOTIFY_CHANNEL, job.c.queue)
             )
         self._reuse_finished = (
@@ -787,8 +793,12 @@ class JobStore:
             with transaction(conn):  # parts and counters change with the outcome
                 return settle_rows(conn)
 
+        handed_back = [s.job_id for s in settlements if s.status is JobStatus.PENDING]
+
         def settle_rows(conn: Connection) -> int:
             changed = self._settle_rows(conn, params)
+            if handed_back:  # due again at once, for any node: wake the idle ones
+                self._announce_queues_of(conn, handed_back)
             for release in releases:  # one statement per resource, not per job
                 conn.execute(release)
             for job_id, error in ended:
@@ -1107,6 +1117,8 @@ class JobStore:
                     )
                 ]
                 revoked = conn.execute(pending).rowcount if not_run else 0
+                if marked:  # delivered at commit: the nodes check their revocations now
+                    self._announce(conn, REVOCATIONS_WAKEUP)
                 # A running step decides for itself: it may still succeed and go on.
                 cancel_downstream(conn, not_run, error)
                 touched = record_ended_parts(conn, not_run, "REVOKED")
@@ -1115,6 +1127,33 @@ class JobStore:
                 return revoked, marked
 
         return self._run(work, "no job was revoked")
+
+    def _announce(self, conn: Connection, word: str) -> None:
+        """PostgreSQL with LISTEN/NOTIFY on: tell listening workers ``word`` (a queue name,
+        or a word such as ``REVOCATIONS_WAKEUP``), delivered when the transaction commits."""
+        if self.notify:
+            conn.execute(select(func.pg_notify(NOTIFY_CHANNEL, word)))
+
+    def _announce_queues_of(self, conn: Connection, job_ids: Sequence[str]) -> None:
+        """Tell listening workers the queues of these jobs (each queue once: PostgreSQL
+        delivers one notification per distinct payload of a transaction)."""
+        if self.notify and job_ids:
+            conn.execute(
+                select(func.pg_notify(NOTIFY_CHANNEL, job.c.queue)).where(
+                    job.c.job_id.in_(list(job_ids))
+                )
+            )
+
+    def next_due_in(self, queues: Sequence[str]) -> float | None:
+        """Seconds (by the database's clock) until the earliest pending job of ``queues`` is
+        due: negative when one is overdue, None when none is pending."""
+        if not queues:
+            return None
+        stmt = select(func.min(job.c.scheduled_time), db_now()).where(
+            job.c.status == JobStatus.PENDING.value, job.c.queue.in_(list(queues))
+        )
+        due, now = self._run(lambda conn: conn.execute(stmt).one(), "no due time was read")
+        return None if due is None else (due - now).total_seconds()
 
     def revocations(self, node_id: str) -> list[tuple[str, str, str]]:
         """(job id, claim token, request) of this node's running jobs asked to stop; the
@@ -1191,6 +1230,7 @@ class JobStore:
                 changed = conn.execute(requeue, params).rowcount
                 # The chain steps its failure revoked wait for it again.
                 restore_downstream(conn, [r.job_id for r in rows])
+                self._announce_queues_of(conn, [r.job_id for r in rows])
             return changed, rows[-1].id
 
         done, after = 0, 0
@@ -1361,9 +1401,13 @@ class JobStore:
                 return "created"
             except IntegrityError:
                 pass
+            # The insert notifies by itself; an update in place tells the workers too, whose
+            # schedule checks sleep until the next due time they know of.
             if conn.execute(redefine, params).rowcount == 1:
+                self._announce(conn, SCHEDULES_QUEUE)
                 return "updated"
             if conn.execute(self._reuse_finished, params).rowcount == 1:
+                self._announce(conn, SCHEDULES_QUEUE)
                 return "revived"
             conn.execute(self._insert, params)  # deleted in between: insert it after all
             return "created"
@@ -1428,9 +1472,14 @@ class JobStore:
             )
             .values(**values)
         )
-        return self._run(
-            lambda conn: conn.execute(stmt).rowcount == 1, "the recurring job was not changed"
-        )
+
+        def work(conn: Connection) -> bool:
+            changed = conn.execute(stmt).rowcount == 1
+            if changed and status is JobStatus.PENDING:  # resumed: due again
+                self._announce(conn, SCHEDULES_QUEUE)
+            return changed
+
+        return self._run(work, "the recurring job was not changed")
 
     def list_masters(self, *, include_cancelled: bool = False) -> list[dict[str, Any]]:
         conditions = [job.c.job_type == JobType.RECURRING.value]
