@@ -91,6 +91,10 @@ class RatchetSettings:
     listen_notify: bool = True
     #: Redis URL for wake-ups on any database (``redis://host:6379/0``); optional.
     events_url: str | None = None
+    #: With a wake-up channel on (LISTEN/NOTIFY or ``events_url``), an idle worker is told of
+    #: new jobs, schedule changes and revokes, and sleeps until the next due time it knows
+    #: of; it still looks this often (seconds), so a lost notification only delays work.
+    wakeup_poll_interval: float = 10.0
     #: Finished jobs older than this move to scheduler_job_archive.
     job_retention_days: float = 90.0
     job_archive_batch_size: int = 1000
@@ -139,6 +143,7 @@ class RatchetSettings:
         positive = {
             "poll_interval": self.poll_interval,
             "poll_interval_min": self.poll_interval_min,
+            "wakeup_poll_interval": self.wakeup_poll_interval,
             "claim_batch_size": self.claim_batch_size,
             "max_payload_kb": self.max_payload_kb,
             "node_heartbeat_interval_seconds": self.node_heartbeat_interval_seconds,

@@ -21,6 +21,7 @@ from typing import Protocol
 
 from celery_ratchet.domain.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from celery_ratchet.domain.job import (
+    REVOCATIONS_WAKEUP,
     SCHEDULES_QUEUE,
     ClaimedJob,
     JobStatus,
@@ -35,7 +36,11 @@ from celery_ratchet.store.jobstore import JobStore
 logger = logging.getLogger(__name__)
 
 _SETTLE_BATCH = 500
+#: A recurring master due but not claimed (claimed by another node meanwhile, or this node
+#: cannot claim now) is looked at again this much later.
 _MASTER_CHECK_SECONDS = 0.25
+#: Wake this much after a known due time, so the database's clock has passed it too.
+_DUE_MARGIN_SECONDS = 0.005
 #: A recurring master that cannot be planned is retried this much later, not abandoned.
 _MASTER_RETRY_SECONDS = 60.0
 #: How often a worker looks for batches all of whose children ended but that nobody finished.
@@ -46,7 +51,8 @@ OccurrenceFactory = Callable[[ClaimedJob, MasterSpec, datetime], NewJob]
 
 
 class WakeupSource(Protocol):
-    """Something that calls ``wake(queue)`` when jobs of that queue were committed."""
+    """Something that calls ``wake(queue)`` when jobs of that queue were committed, and
+    ``wake(REVOCATIONS_WAKEUP)`` when running jobs were asked to stop."""
 
     def start(self, wake: Callable[[str], None]) -> None: ...
 
@@ -120,7 +126,10 @@ class WorkerRuntime:
         self.capacity = capacity
         self.dispatch = dispatch
         self.occurrence = occurrence
-        self._next_master_check = 0.0
+        #: Recurring masters (monotonic times): claim when the earliest is due; read when
+        #: that is again (a master created or changed elsewhere, without a wake-up).
+        self._master_due = 0.0
+        self._master_look = 0.0
         self.hostname = hostname or socket.gethostname()
         self._ready: deque[ClaimedJob] = deque()
         self._in_flight: dict[str, str] = {}  # job id → claim token
@@ -134,6 +143,10 @@ class WorkerRuntime:
         self.on_revoke = on_revoke
         self.revoked_error = revoked_error
         self.wakeups = list(wakeups)
+        #: Longest idle wait between two looks at the store: with a wake-up channel, changes
+        #: are announced and this is only the safety net for a lost notification.
+        self._idle_look = settings.wakeup_poll_interval if self.wakeups else settings.poll_interval
+        self._revoke_hint = threading.Event()  # a running job may have been asked to stop
         self._lock = threading.Lock()
         self._wake = threading.Event()  # something changed: a slot freed, or a hint
         self._hint = threading.Event()  # new work may be due
@@ -163,10 +176,15 @@ class WorkerRuntime:
             source.start(self._woken)
 
     def _woken(self, queue: str) -> None:
-        """A job of ``queue`` was committed: claim now if it is one of ours."""
-        if queue in self.queues or (queue == SCHEDULES_QUEUE and self.occurrence is not None):
-            if queue == SCHEDULES_QUEUE:
-                self._next_master_check = 0.0
+        """A job of ``queue`` was committed (claim now if it is one of ours), a recurring
+        master changed, or running jobs were asked to stop."""
+        if queue == REVOCATIONS_WAKEUP:
+            self._revoke_hint.set()
+        elif queue == SCHEDULES_QUEUE:
+            if self.occurrence is not None:
+                self._master_look = 0.0
+                self._wake.set()
+        elif queue in self.queues:
             self.wake()
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
@@ -267,7 +285,7 @@ class WorkerRuntime:
     def settle(self, settlement: Settlement) -> None:
         """Record the end of one dispatched job (thread-safe, never blocks on the database)."""
         settlement = self._with_permit(settlement)
-        self.release(settlement.job_id, settlement.token)
+        self._free(settlement.job_id, settlement.token)
         self._report(settlement)
 
     def _with_permit(self, settlement: Settlement) -> Settlement:
@@ -292,13 +310,32 @@ class WorkerRuntime:
         with self._lock:
             for s in settlements:
                 self._unwritten.pop((s.job_id, s.token), None)
+        if any(s.status is JobStatus.PENDING for s in settlements):
+            # Handed back, due again at once: this node may claim them (claims it had lost
+            # track of), others are told where the channel does not tell them by itself.
+            self._announce(self.queues)
+            self.wake()
+
+    def _announce(self, words: Sequence[str]) -> None:
+        for source in self.wakeups:
+            announce = getattr(source, "announce", None)
+            if announce is not None:
+                try:
+                    announce(words)
+                except Exception as exc:  # a wake-up only makes a claim happen sooner
+                    self._throttle.warn("announce", "ratchet: wake-up not sent: %s", exc)
 
     def _unwritten_count(self) -> int:
         with self._lock:
             return len(self._unwritten)
 
     def release(self, job_id: str, token: str) -> None:
-        """Free the slot of a job whose row needs no write (a retry already rescheduled it)."""
+        """Free the slot of a job whose row needs no write (a retry already rescheduled it):
+        the row may be due again, so claim at once rather than at the next idle look."""
+        self._free(job_id, token)
+        self._hint.set()
+
+    def _free(self, job_id: str, token: str) -> None:
         with self._lock:
             if self._in_flight.get(job_id) == token:
                 del self._in_flight[job_id]
@@ -484,6 +521,8 @@ class WorkerRuntime:
                         else min(idle_wait * 2, settings.poll_interval)
                     )
                     next_claim = time.monotonic() + idle_wait
+                    if not claimed and self.wakeups:
+                        next_claim = self._next_claim_when_told(next_claim)
                 # Sleep until a slot frees, a wake-up hint arrives, or the next claim is due.
                 timeout = (
                     max(0.0, next_claim - time.monotonic())
@@ -491,27 +530,77 @@ class WorkerRuntime:
                     else (settings.poll_interval)
                 )
                 if self.occurrence is not None:
-                    timeout = min(timeout, max(0.0, self._next_master_check - time.monotonic()))
+                    masters_at = min(self._master_due, self._master_look)
+                    timeout = min(timeout, max(0.0, masters_at - time.monotonic()))
                 self._wake.wait(timeout)
             except Exception:  # keep claiming: a dead poller would strand this node
                 logger.exception("ratchet: claim loop error; continuing")
                 self._stopping.wait(settings.poll_interval)
 
-    def _fire_due_masters(self) -> None:
-        """Recurring masters take no slot: they are claimed on their own, a few times a second
-        whatever the load, so a busy node never makes a tick late (and a late tick a misfire)."""
-        if self.occurrence is None or time.monotonic() < self._next_master_check:
-            return
-        self._next_master_check = time.monotonic() + _MASTER_CHECK_SECONDS
-        if self._heartbeat_stale():
-            return
+    def _next_claim_when_told(self, backoff: int | float) -> float:
+        """With a wake-up channel, an empty claim need not be repeated every poll interval:
+        new jobs are announced. Sleep until the earliest pending job of our queues is due
+        (a countdown, a retry, a deferred job), at most the safety interval; a job due but
+        not claimed (its permits taken) is tried again after the usual backoff."""
         try:
-            masters = self.store.claim(self.node_id, [SCHEDULES_QUEUE], 20)
+            due_in = self.store.next_due_in(self.queues)
+        except Exception as exc:
+            self._throttle.warn("due", "ratchet: next due time not read: %s", exc)
+            return float(backoff)
+        now = time.monotonic()
+        if due_in is None:
+            return now + self._idle_look
+        if due_in <= 0:
+            return float(backoff)
+        return now + min(due_in + _DUE_MARGIN_SECONDS, self._idle_look)
+
+    def _fire_due_masters(self) -> None:
+        """Recurring masters take no slot: they are claimed on their own, whatever the load,
+        so a busy node never makes a tick late (and a late tick a misfire). Their next due
+        time is known in advance: the node claims when the earliest one is due, and reads
+        that time again after each claim, when told a master changed, and otherwise every
+        poll interval (with a wake-up channel: every ``wakeup_poll_interval``)."""
+        if self.occurrence is None:
+            return
+        now = time.monotonic()
+        due, look = now >= self._master_due, now >= self._master_look
+        if not (due or look):
+            return
+        if self._heartbeat_stale():  # try again shortly, without a spin meanwhile
+            self._master_due = self._master_look = now + _MASTER_CHECK_SECONDS
+            return
+        fired = False
+        if due:
+            try:
+                masters = self.store.claim(self.node_id, [SCHEDULES_QUEUE], 20)
+            except Exception as exc:
+                self._throttle.warn("masters", "ratchet: recurring jobs not checked: %s", exc)
+                self._master_due = now + self.settings.poll_interval
+                return
+            for master in masters:
+                self._fire(master)
+            if len(masters) == 20:  # there may be more due: claim again at once
+                self._master_due = 0.0
+                return
+            fired = bool(masters)
+        self._read_master_due(claimed_none=due and not fired)
+
+    def _read_master_due(self, *, claimed_none: bool) -> None:
+        try:
+            due_in = self.store.next_due_in([SCHEDULES_QUEUE])
         except Exception as exc:
             self._throttle.warn("masters", "ratchet: recurring jobs not checked: %s", exc)
-            return
-        for master in masters:
-            self._fire(master)
+            due_in = self.settings.poll_interval
+        now = time.monotonic()
+        self._master_look = now + self._idle_look
+        if due_in is None:
+            self._master_due = float("inf")
+        elif due_in > 0:
+            self._master_due = now + due_in + _DUE_MARGIN_SECONDS
+        else:
+            # Due already: claim it now; if a claim just found nothing (another node holds
+            # it, or it is not claimable yet), look again a little later, not in a spin.
+            self._master_due = now + (_MASTER_CHECK_SECONDS if claimed_none else 0.0)
 
     def _fire(self, master: ClaimedJob) -> None:
         """A recurring master came due: create its occurrences, per its misfire policy, and
@@ -682,11 +771,35 @@ class WorkerRuntime:
                        resource=job.resource)
         )  # fmt: skip
 
+    def _holds_jobs(self) -> bool:
+        with self._lock:
+            return bool(self._in_flight or self._ready)
+
+    def _revocation_wait(self) -> bool | None:
+        """Until a revoke is announced (True) or the next look is due (False); None once
+        closed. Wakes a few times a second to notice the close, without touching the store."""
+        deadline = time.monotonic() + self._idle_look
+        while not self._closed.is_set():
+            if self._revoke_hint.wait(max(0.0, min(deadline - time.monotonic(), 0.2))):
+                self._revoke_hint.clear()
+                return True
+            if time.monotonic() >= deadline:
+                return False
+        return None
+
     def _revocation_loop(self) -> None:
         """Revokes asked while a job of this node was RUNNING: a job not started yet is
-        dropped (REVOKED); a started one is handed to ``on_revoke`` (terminate, if asked)."""
+        dropped (REVOKED); a started one is handed to ``on_revoke`` (terminate, if asked).
+        Looked for every poll interval (with a wake-up channel: when announced, and every
+        ``wakeup_poll_interval``), and only while this node holds jobs: an idle node has
+        nothing to stop."""
         handled: set[tuple[str, str]] = set()
-        while not self._closed.wait(self.settings.poll_interval):
+        while (announced := self._revocation_wait()) is not None:
+            # An announced revoke is always looked up: the job may be claimed already and
+            # on its way into this node's buffer.
+            if not announced and not self._holds_jobs():
+                handled.clear()
+                continue
             try:
                 asked = self.store.revocations(self.node_id)
             except Exception as exc:
