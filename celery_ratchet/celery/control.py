@@ -14,6 +14,7 @@ from celery.platforms import signals as platform_signals
 
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import exception_record
+from celery_ratchet.domain.job import REVOCATIONS_WAKEUP
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ class RatchetControl(Control):
             terminate_signal=sig,
             batches=touched,
         )
+        if running:  # their nodes check at once (PostgreSQL: the store notified already)
+            ratchet_state(self.app).published([REVOCATIONS_WAKEUP])
         if touched:  # a chord whose last pending children were revoked fails now
             from celery_ratchet.celery.batches import finish_ready
 

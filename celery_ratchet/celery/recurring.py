@@ -21,7 +21,7 @@ from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.options import HEADER
 from celery_ratchet.celery.sender import JobBatch
 from celery_ratchet.domain.cron import CronExpression
-from celery_ratchet.domain.job import ClaimedJob, Message, NewJob
+from celery_ratchet.domain.job import SCHEDULES_QUEUE, ClaimedJob, Message, NewJob
 from celery_ratchet.domain.schedule import DEFAULT_CATCH_UP, MasterSpec, MisfirePolicy
 from celery_ratchet.errors import ConfigurationError
 from celery_ratchet.runtime import recurring as masters
@@ -200,6 +200,9 @@ def schedule_recurring(
         priority=template.priority,
         message=template.message,
     )
+    # Workers sleep until the next due time they know of: tell them (PostgreSQL: the store
+    # notified already).
+    ratchet_state(app).published([SCHEDULES_QUEUE])
     logger.info("ratchet: recurring job %s %s (%s, %s)", business_key, outcome, spec.schedule, zone)
     return business_key
 
@@ -214,6 +217,7 @@ def pause_recurring(app: Celery, business_key: str) -> None:
 
 def resume_recurring(app: Celery, business_key: str) -> None:
     masters.resume(ratchet_state(app).store, business_key)
+    ratchet_state(app).published([SCHEDULES_QUEUE])
 
 
 def _template_job(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from celery_ratchet.cli.commands import CliContext, RatchetGroup, add_commands
-from celery_ratchet.settings import DEFAULT_URL
+from celery_ratchet.settings import DEFAULT_URL, RatchetSettings
 from celery_ratchet.store.jobstore import JobStore
 
 
@@ -20,7 +22,13 @@ from celery_ratchet.store.jobstore import JobStore
 @click.pass_context
 def cli(ctx: click.Context, url: str) -> None:
     """celery_ratchet operations."""
-    ctx.obj = CliContext(lambda: JobStore(url, create_schema=False))
+
+    def open_store() -> JobStore:
+        # Revokes, schedule changes and requeues wake idle workers (LISTEN/NOTIFY).
+        notify = RatchetSettings.from_sources({}, os.environ).listen_notify
+        return JobStore(url, create_schema=False, notify=notify)
+
+    ctx.obj = CliContext(open_store)
 
 
 add_commands(cli)

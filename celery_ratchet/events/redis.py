@@ -22,6 +22,13 @@ class RedisWakeups(ListenerThread):
     def __init__(self, url: str) -> None:
         super().__init__()
         self.url = url
+        self._publisher: RedisPublisher | None = None
+
+    def announce(self, words: Iterable[str]) -> None:
+        """Tell the other workers (queues of jobs handed back, say); never raises."""
+        if self._publisher is None:
+            self._publisher = RedisPublisher(self.url)
+        self._publisher.publish(words)
 
     def listen(self, wake: Wake) -> None:
         client = redis.Redis.from_url(self.url, socket_connect_timeout=10)
