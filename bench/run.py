@@ -5,8 +5,9 @@
 Measures on PostgreSQL: enqueue rate (``.delay()`` in a loop), bulk enqueue (a group of
 1,000), drain rate (N queued no-op tasks, one worker, ``-c 4``, timed from worker start),
 worker memory (peak RSS of the worker's processes while draining) and enqueue→start latency
-with an idle worker. Beside it: a raw psycopg autocommit INSERT of the same row, and Celery
-5.7 on Redis. Nothing here asserts anything; read the figures.
+with an idle worker, and what idle workers cost the database (transactions per second per
+worker, ``--only idle``; see bench/idle.py). Beside it: a raw psycopg autocommit INSERT of
+the same row, and Celery 5.7 on Redis. Nothing here asserts anything; read the figures.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ os.environ.setdefault("RATCHET_URL", f"postgresql://postgres@127.0.0.1/{PG_DB}")
 
 from bench.apps import REDIS_URL, ratchet_app, redis_app  # noqa: E402
 from bench.claim import bench_claim  # noqa: E402
+from bench.idle import bench_idle  # noqa: E402
 from celery_ratchet.celery.app import ratchet_state  # noqa: E402
 
 RESULTS: list[dict[str, Any]] = []
@@ -405,14 +407,17 @@ def main() -> None:
     parser.add_argument("--idle-samples", type=int, default=12)
     parser.add_argument("--quick", action="store_true", help="small numbers, for a smoke run")
     parser.add_argument(
-        "--only", choices=["enqueue", "bulk", "drain", "latency", "claim", "canvas"]
+        "--only", choices=["enqueue", "bulk", "drain", "latency", "claim", "canvas", "idle"]
     )
+    parser.add_argument("--idle-seconds", type=float, default=30.0, help="idle window")
+    parser.add_argument("--idle-workers", type=int, default=2)
     parser.add_argument("--backlog", type=int, default=20_000, help="pending rows to claim from")
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.enqueue, args.rounds = 500, 300, 1
         args.latency_samples, args.idle_samples = 20, 3
         args.backlog = 1_000
+        args.idle_seconds = 10.0
     prepare_database()
     sections = {
         "enqueue": lambda: bench_enqueue(args.enqueue, args.rounds),
@@ -421,6 +426,7 @@ def main() -> None:
         "latency": lambda: bench_latency(args.latency_samples, args.idle_samples),
         "claim": lambda: bench_claim(claim_urls(), args.backlog, args.backlog // 2, report),
         "canvas": lambda: bench_canvas(1000 if not args.quick else 100, 50, args.rounds),
+        "idle": lambda: bench_idle(args.idle_seconds, args.idle_workers, report),
     }
     for name, run in sections.items():
         if args.only in (None, name):
