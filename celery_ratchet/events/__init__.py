@@ -27,6 +27,9 @@ class ListenerThread:
         self._stop = threading.Event()
         self.thread: threading.Thread | None = None
         self._last_warning = 0.0
+        #: Subscribed, so that announcements arrive: set by ``listen`` once it is, cleared
+        #: when the subscription is lost. Meanwhile the worker polls at its poll interval.
+        self.live = False
 
     def start(self, wake: Wake) -> None:
         self.thread = threading.Thread(
@@ -48,8 +51,10 @@ class ListenerThread:
         while not self._stop.is_set():
             try:
                 self.listen(wake)
+                self.live = False
                 delay = 0.5
             except Exception as exc:
+                self.live = False
                 now = time.monotonic()
                 if now - self._last_warning > 60:
                     self._last_warning = now

@@ -19,6 +19,7 @@ class PostgresWakeups(ListenerThread):
     def listen(self, wake: Wake) -> None:
         with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10) as conn:
             conn.execute(f"LISTEN {CHANNEL}")
+            self.live = True
             while not self.stopping:
                 for note in conn.notifies(timeout=1.0):
                     wake(note.payload)

@@ -35,6 +35,7 @@ class RedisWakeups(ListenerThread):
         pubsub = client.pubsub(ignore_subscribe_messages=True)
         try:
             pubsub.subscribe(CHANNEL)
+            self.live = True
             while not self.stopping:
                 message = pubsub.get_message(timeout=1.0)
                 if message is not None and message.get("type") == "message":

@@ -52,7 +52,8 @@ OccurrenceFactory = Callable[[ClaimedJob, MasterSpec, datetime], NewJob]
 
 class WakeupSource(Protocol):
     """Something that calls ``wake(queue)`` when jobs of that queue were committed, and
-    ``wake(REVOCATIONS_WAKEUP)`` when running jobs were asked to stop."""
+    ``wake(REVOCATIONS_WAKEUP)`` when running jobs were asked to stop. While its ``live``
+    attribute (if it has one) is false, nothing is announced and the worker polls."""
 
     def start(self, wake: Callable[[str], None]) -> None: ...
 
@@ -143,9 +144,6 @@ class WorkerRuntime:
         self.on_revoke = on_revoke
         self.revoked_error = revoked_error
         self.wakeups = list(wakeups)
-        #: Longest idle wait between two looks at the store: with a wake-up channel, changes
-        #: are announced and this is only the safety net for a lost notification.
-        self._idle_look = settings.wakeup_poll_interval if self.wakeups else settings.poll_interval
         self._revoke_hint = threading.Event()  # a running job may have been asked to stop
         self._lock = threading.Lock()
         self._wake = threading.Event()  # something changed: a slot freed, or a hint
@@ -174,6 +172,18 @@ class WorkerRuntime:
             self._spawn(name, target)
         for source in self.wakeups:
             source.start(self._woken)
+
+    def _told(self) -> bool:
+        """Whether changes are announced to this node now (a wake-up channel is subscribed)."""
+        return any(getattr(source, "live", True) for source in self.wakeups)
+
+    @property
+    def _idle_look(self) -> float:
+        """Longest idle wait between two looks at the store: while changes are announced,
+        only the safety net for a lost notification."""
+        if self._told():
+            return self.settings.wakeup_poll_interval
+        return self.settings.poll_interval
 
     def _woken(self, queue: str) -> None:
         """A job of ``queue`` was committed (claim now if it is one of ours), a recurring
@@ -521,7 +531,7 @@ class WorkerRuntime:
                         else min(idle_wait * 2, settings.poll_interval)
                     )
                     next_claim = time.monotonic() + idle_wait
-                    if not claimed and self.wakeups:
+                    if not claimed and self._told():
                         next_claim = self._next_claim_when_told(next_claim)
                 # Sleep until a slot frees, a wake-up hint arrives, or the next claim is due.
                 timeout = (
