@@ -36,6 +36,8 @@ class RatchetState:
         self.runtime: Any = None
         self._publisher: Any = None
         self._event_sender: Any = None
+        #: Serializers of accept_content a worker refused (``ratchet_allow_pickle`` off).
+        self.refused_serializers: list[str] | None = None
 
     @property
     def settings(self) -> RatchetSettings:
@@ -210,6 +212,26 @@ def _on_worker_init(sender: Any = None, instance: Any = None, **_: Any) -> None:
     if app is not None and is_ratchet_app(app):
         install(app)
         forget_broker(app)
+        narrow_accept_content(app)
+
+
+def narrow_accept_content(app: Celery) -> None:
+    """Take the serializers that can run code out of the worker's accept lists unless
+    ``ratchet_allow_pickle`` is on; before the pool starts, so its processes never decode
+    them either. The worker warns about what it took out once logging is set up."""
+    from celery_ratchet.celery.message import safe_accept
+
+    allow = ratchet_state(app).settings.allow_pickle
+    refused: set[str] = set()
+    for key in ("accept_content", "result_accept_content"):
+        value = app.conf.get(key)
+        if value is None:
+            continue
+        kept, dropped = safe_accept(value, allow)
+        if dropped:
+            app.conf[key] = sorted(kept)
+            refused.update(dropped)
+    ratchet_state(app).refused_serializers = sorted(refused)
 
 
 def dlq(app: Celery) -> Any:
