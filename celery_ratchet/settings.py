@@ -50,6 +50,19 @@ def _to_capacities(value: Any) -> dict[str, int]:
     return capacities
 
 
+def _to_names(value: Any) -> tuple[str, ...]:
+    """``["shop", "billing.rules"]``, or ``"shop,billing.rules"`` from an environment variable."""
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, (list, tuple, set, frozenset)):
+        raise ValueError("expected a list of module names")
+    names = tuple(str(v).strip() for v in value if str(v).strip())
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ValueError(f"{name!r} is not a module name (e.g. shop.rules)")
+    return names
+
+
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "bool": _to_bool,
     "int": int,
@@ -59,6 +72,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "int | None": lambda v: None if v in (None, "") else int(v),
     "float | None": lambda v: None if v in (None, "") else float(v),
     "dict[str, int]": _to_capacities,
+    "tuple[str, ...]": _to_names,
 }
 
 
@@ -73,6 +87,9 @@ class RatchetSettings:
     claim_batch_size: int = 100
     max_payload_kb: int = 100
     allow_pickle: bool = False
+    #: Modules (and their submodules) whose functions may be workflow conditions without
+    #: ``@celery_ratchet.predicate``: your application's packages, e.g. ``["shop"]``.
+    predicate_modules: tuple[str, ...] = ()
     #: Priority of a job sent without one (Celery's 0-9, higher runs first).
     default_priority: int = 4
     node_heartbeat_interval_seconds: float = 10.0
