@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery, signals
+from celery.app import utils as celery_app_utils
 from celery.utils.imports import symbol_by_name
 
 from celery_ratchet.errors import ConfigurationError
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.redact import mask_url
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +155,7 @@ def install(app: Celery) -> Celery:
         app.events_cls = "celery_ratchet.celery.events:RatchetEvents"
         app.__dict__.pop("events", None)
         app.steps["consumer"].add(JobConsumer)
+        censor_ratchet_urls()
         retry.connect(app)
         housekeeping.register_tasks(app)
         batches.register_tasks(app)
@@ -161,6 +166,32 @@ def install(app: Celery) -> Celery:
         else:
             app.on_after_configure.connect(_on_configured, weak=False)
     return app
+
+
+#: Settings shown with their credentials masked by ``celery report`` and every listing of
+#: the configuration (``app.conf.humanize()``, ``app.conf.table()``).
+_RATCHET_URL_SETTING = re.compile(r"^ratchet_.*url", re.IGNORECASE)
+
+
+def censor_ratchet_urls() -> None:
+    """Teach Celery's censoring of settings (``filter_hidden_settings``, used by
+    ``celery report`` and ``app.conf.table()``) the ratchet URL settings: it masks only
+    settings named like its own secrets. Installed once per process; idempotent."""
+    current = celery_app_utils.filter_hidden_settings
+    if getattr(current, "_ratchet", False):
+        return
+
+    def filter_hidden_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
+        filtered = current(conf)
+        return {
+            key: mask_url(value)
+            if isinstance(key, str) and isinstance(value, str) and _RATCHET_URL_SETTING.match(key)
+            else value
+            for key, value in filtered.items()
+        }
+
+    filter_hidden_settings._ratchet = True  # type: ignore[attr-defined]
+    celery_app_utils.filter_hidden_settings = filter_hidden_settings
 
 
 def _on_configured(sender: Celery, **_: Any) -> None:
