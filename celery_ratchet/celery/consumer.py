@@ -261,8 +261,9 @@ def _warn_refused_serializers(app: Any, allow_pickle: bool) -> None:
         _, refused = safe_accept(app.conf.accept_content, allow_pickle)
     if refused:
         logger.warning(
-            "ratchet: accept_content lists %s, but ratchet_allow_pickle is off: this worker "
-            "refuses them, and a job stored with them is FAILED without running. Set "
+            "ratchet: accept_content (or result_accept_content) lists %s, but "
+            "ratchet_allow_pickle is off: this worker refuses them, and a job stored with "
+            "them is FAILED without running. Set "
             "ratchet_allow_pickle = True only if every process that can write to the job "
             "store is trusted",
             ", ".join(refused),

@@ -241,7 +241,7 @@ def advance(app: Celery, parent_id: str, result: Any, failed: bool) -> list[str]
         logger.warning("ratchet: workflow %s has no stored branches", parent_id)
         return []
     sent: list[str] = []
-    refused: list[tuple[Any, PredicateNotAllowed]] = []
+    refused: list[tuple[Any, RatchetError]] = []
     with batches.deciding(parent_id) as conn:
         if conn is None:
             return []  # decided by an earlier run of this job
@@ -252,7 +252,7 @@ def advance(app: Celery, parent_id: str, result: Any, failed: bool) -> list[str]
                 continue
             try:
                 fires = _fires(app, row, result, failed, parent_id)
-            except PredicateNotAllowed as exc:
+            except (PredicateNotAllowed, WorkflowError) as exc:
                 if decide(conn, parent_id, row.position, False, refused=True):
                     refused.append((row, exc))
                 continue
@@ -284,9 +284,9 @@ def advance(app: Celery, parent_id: str, result: Any, failed: bool) -> list[str]
     return sent
 
 
-def _fail_refused_branch(app: Celery, parent_id: str, row: Any, exc: PredicateNotAllowed) -> None:
-    """A stored condition names a function the application never allowed: the branch is
-    FAILED unrun, and its task's result says why."""
+def _fail_refused_branch(app: Celery, parent_id: str, row: Any, exc: RatchetError) -> None:
+    """A stored condition names a function the application never allowed (or none at all):
+    the branch is FAILED unrun, and its task's result says why."""
     logger.error("ratchet: workflow %s: branch %s not run: %s", parent_id, row.position, exc)
     try:
         stored = decode_signature(app, row.branch)
@@ -308,7 +308,7 @@ def _fires(app: Celery, row: Any, result: Any, failed: bool, parent_id: str) -> 
     if row.kind == FAILURE:
         return failed
     if row.kind == RESULT and not failed:
-        found = _load_predicate(app, row.predicate)  # PredicateNotAllowed: the branch fails
+        found = _load_predicate(app, row.predicate)  # refused: the branch fails
         try:
             return bool(found(result))
         except Exception as exc:
