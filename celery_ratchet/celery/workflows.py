@@ -30,7 +30,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, TypeVar
 
 from celery import Celery, chord
 from celery.canvas import Signature, maybe_signature
@@ -59,7 +60,7 @@ class WorkflowError(RatchetError, ValueError):
 #: Predicates the application allowed with :func:`predicate`, by ``"module:qualname"``.
 _PREDICATES: dict[str, Callable[[Any], Any]] = {}
 
-F = Any
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def predicate(fn: F) -> F:
@@ -94,18 +95,29 @@ def resolve_predicate(path: str, allowed_modules: Sequence[str]) -> Callable[[An
     registered = _PREDICATES.get(path)
     if registered is not None:
         return registered
-    if not any(module == m or module.startswith(m + ".") for m in allowed_modules if m):
+    if not _within(module, allowed_modules):
         raise PredicateNotAllowed(path)
     found: Any
     try:
         found = importlib.import_module(module)
         for part in name.split("."):
             found = getattr(found, part)
+            if isinstance(found, ModuleType):  # "shop.rules:os.system" reaches past shop
+                break
     except (ImportError, AttributeError, ValueError) as exc:
         raise WorkflowError(f"predicate {path!r} cannot be imported: {exc}") from exc
+    if isinstance(found, ModuleType):
+        raise PredicateNotAllowed(path)
     if not callable(found):
         raise WorkflowError(f"predicate {path!r} is not callable")
+    # Defined in the allowed packages, not imported into them ("from os import system").
+    if not _within(str(getattr(found, "__module__", None) or ""), allowed_modules):
+        raise PredicateNotAllowed(path)
     return found
+
+
+def _within(module: str, packages: Sequence[str]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages if p)
 
 
 @dataclass

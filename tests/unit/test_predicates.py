@@ -59,6 +59,19 @@ def test_allowed_modules_are_package_prefixes() -> None:
         resolve_predicate("_registered", ("tests",))
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "tests.unit.test_predicates:sys.exit",  # through a module it imported
+        "tests.unit.test_predicates:resolve_predicate",  # imported into it, defined elsewhere
+        "tests.unit.test_predicates:pytest.main",
+    ],
+)
+def test_an_allowed_package_does_not_lend_out_what_it_imports(path: str) -> None:
+    with pytest.raises(PredicateNotAllowed):
+        resolve_predicate(path, ("tests",))
+
+
 def test_a_predicate_of_a_script_is_also_known_by_the_module_name_workers_import(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
