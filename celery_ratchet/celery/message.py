@@ -56,7 +56,10 @@ def runs_code(content_type: str) -> bool:
     if name in _CODE_RUNNING_SERIALIZERS or content_type == _PICKLE_TYPE:
         return True
     if content_type == _YAML_TYPE:
-        decoder = registry._decoders.get(content_type)
+        decoders = getattr(registry, "_decoders", None)
+        if not isinstance(decoders, dict):
+            return True  # cannot tell which loader decodes it: assume the worst
+        decoder = decoders.get(content_type)
         return decoder is not None and getattr(decoder, "__module__", None) != (
             "kombu.serialization"
         )
