@@ -23,7 +23,7 @@ from kombu.utils import json as kjson
 
 from celery_ratchet.celery import batches
 from celery_ratchet.celery.app import ratchet_state
-from celery_ratchet.celery.message import CLAIM_HEADER, check_serializer
+from celery_ratchet.celery.message import CLAIM_HEADER, check_serializer, safe_accept
 from celery_ratchet.celery.sender import current_transaction
 from celery_ratchet.domain.job import JobStatus, ResultRecord, error_record
 from celery_ratchet.errors import StoreUnavailable
@@ -67,7 +67,11 @@ class RatchetBackend(BaseBackend):
 
     def __init__(self, app: Any = None, url: str | None = None, **kwargs: Any) -> None:
         super().__init__(app, url=url, **kwargs)
-        check_serializer(self.serializer, ratchet_state(self.app).settings.allow_pickle)
+        allow_pickle = ratchet_state(self.app).settings.allow_pickle
+        check_serializer(self.serializer, allow_pickle)
+        # Extended results decode a row's arguments with the row's own content type: never
+        # with a serializer that can run code unless ratchet_allow_pickle is on.
+        self.accept, _ = safe_accept(self.accept, allow_pickle)  # type: ignore[has-type]
 
     @property
     def store(self) -> JobStore:

@@ -50,7 +50,6 @@ from celery_ratchet.domain.job import (
 )
 from celery_ratchet.domain.priority import DEFAULT_BOOST_MINUTES, effective_priority
 from celery_ratchet.errors import ConfigurationError, DuplicateJob, StoreBusy
-from celery_ratchet.settings import mask_password
 from celery_ratchet.store.batches import (
     cancel_downstream,
     record_ended_parts,
@@ -77,6 +76,7 @@ from celery_ratchet.store.engine import (
     transaction,
     unavailable,
 )
+from celery_ratchet.store.redact import mask_url
 from celery_ratchet.store.schema import (
     UTCDateTime,
     metadata,
@@ -284,7 +284,7 @@ class JobStore:
         self.url = url
         #: Aging: a waiting job gains one priority level per this many minutes (0: never).
         self.priority_boost_minutes = max(float(priority_boost_minutes), 0.0)
-        self.display_url = mask_password(url)
+        self.display_url = mask_url(url)
         self.engine = engine or engine_for(url)
         self.family = family(self.engine.dialect.name)
         self._claim = strategy_for(self.engine.dialect)
@@ -568,9 +568,10 @@ class JobStore:
             mine.database,
         ) == (theirs.host, theirs.port, theirs.database)
         if not same:
+            shown = mask_url(theirs.render_as_string(hide_password=False))
             raise ConfigurationError(
                 f"transactional enqueue needs the job store's database: this connection is to "
-                f"{mask_password(theirs.render_as_string())}, ratchet_url is {self.display_url}"
+                f"{shown}, ratchet_url is {self.display_url}"
             )
 
     def _insert_many(

@@ -141,3 +141,8 @@ def chord_body(results: list[int], key: str) -> int:
 @app.task(name="acc.boom")
 def boom(message: str) -> None:
     raise RuntimeError(message)
+
+
+# The serializers the app accepts, set per test (RATCHET_ACCEPTANCE_ACCEPT_CONTENT=json,pickle).
+if os.environ.get("RATCHET_ACCEPTANCE_ACCEPT_CONTENT"):
+    app.conf.accept_content = os.environ["RATCHET_ACCEPTANCE_ACCEPT_CONTENT"].split(",")
