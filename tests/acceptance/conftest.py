@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.store.jobstore import JobStore
 from tests.acceptance.app import SIDE_EFFECTS, app
 from tests.conftest import Servers, empty_store
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -158,11 +158,3 @@ def group_members(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             found.append(int(stat.parent.name))
     return found
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
