@@ -62,3 +62,8 @@ class SerializerNotAllowed(RatchetError, ValueError):
 
 class UnsupportedRouting(RatchetError, ValueError):
     """A routing feature of AMQP brokers that a database queue cannot honour."""
+
+
+class RecoveryLimitExceeded(RatchetError):
+    """Orphan recovery took a job back from dead nodes more often than
+    ``ratchet_max_recoveries`` allows: it is FAILED, in the dead-letter queue."""

@@ -29,6 +29,7 @@ from celery_ratchet.celery.backend import exception_record
 from celery_ratchet.celery.batches import finish_stalled
 from celery_ratchet.celery.breaker import lookup as breaker_lookup
 from celery_ratchet.celery.breaker import parse as parse_breaker
+from celery_ratchet.celery.fencing import fence_tracers
 from celery_ratchet.celery.message import JobMessage
 from celery_ratchet.celery.options import resolve as resolve_options
 from celery_ratchet.celery.recurring import occurrence, register_all
@@ -36,6 +37,7 @@ from celery_ratchet.celery.request import ratchet_request_class
 from celery_ratchet.celery.retry import install_retries
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
 from celery_ratchet.errors import ConfigurationError, StoreBusy, StoreUnavailable
+from celery_ratchet.runtime.fence import current_fence
 from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
 from celery_ratchet.store.jobstore import REVOKE_ONLY
 
@@ -122,8 +124,16 @@ class JobConsumer(bootsteps.StartStopStep):
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)
         self.runtime: WorkerRuntime | None = None
+        # Made before the pool forks, so that its processes share it.
+        self.fence = current_fence()
+        app = c.app
+        signals.worker_process_init.connect(
+            lambda **_: fence_tracers(app), weak=False, dispatch_uid=f"ratchet-fence-{id(app)}"
+        )
 
     def start(self, c: Any) -> None:
+        # The Tasks step has just built the tracers again: each checks the claim first.
+        fence_tracers(c.app)
         if self.runtime is not None:  # the consumer restarted: keep the same node
             self.runtime.resume()
             return
@@ -133,6 +143,7 @@ class JobConsumer(bootsteps.StartStopStep):
         _check_task_options(app, state.settings)
         install_retries(app)
         c.update_strategies()
+        fence_tracers(app)
         _register_recurring(app)
         dispatcher = Dispatcher(c)
         runtime = WorkerRuntime(
@@ -149,6 +160,7 @@ class JobConsumer(bootsteps.StartStopStep):
             revoked_error=exception_record(TaskRevokedError("revoked")),
             wakeups=state.wakeup_sources(),
             housekeeping=functools.partial(finish_stalled, app),
+            fence=self.fence,
         )
         dispatcher.runtime = runtime
         self.runtime = state.runtime = runtime
