@@ -39,7 +39,7 @@ from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
 from celery_ratchet.errors import ConfigurationError, StoreBusy, StoreUnavailable
 from celery_ratchet.runtime.fence import current_fence
 from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
-from celery_ratchet.store.jobstore import REVOKE_ONLY
+from celery_ratchet.store.jobstore import REVOKE_ONLY, quiet_outages
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,9 @@ class JobConsumer(bootsteps.StartStopStep):
         self.fence = current_fence()
         app = c.app
         signals.worker_process_init.connect(
-            lambda **_: fence_tracers(app), weak=False, dispatch_uid=f"ratchet-fence-{id(app)}"
+            lambda **_: _in_pool_process(app),
+            weak=False,
+            dispatch_uid=f"ratchet-pool-process-{id(app)}",
         )
 
     def start(self, c: Any) -> None:
@@ -179,6 +181,13 @@ class JobConsumer(bootsteps.StartStopStep):
         signals.worker_shutdown.disconnect(self._on_worker_shutdown)
         if self.runtime is not None:
             self.runtime.close()
+
+
+def _in_pool_process(app: Any) -> None:
+    """A pool process starts: its tasks check their claims before running; the store's
+    outages are logged by the worker's main process, not again by each pool process."""
+    fence_tracers(app)
+    quiet_outages()
 
 
 def _revoke_started(consumer: Any, job_id: str, request: str) -> None:

@@ -78,13 +78,17 @@ class Capacity:
 
 
 class _Throttle:
-    """Logs a recurring problem once per interval instead of once per attempt."""
+    """Logs a recurring problem once per interval instead of once per attempt. The store
+    being unreachable is logged by the store itself, once per outage: here only at DEBUG."""
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
         self._last: dict[str, float] = {}
 
     def warn(self, key: str, msg: str, *args: object) -> None:
+        if any(isinstance(a, StoreUnavailable) for a in args):
+            logger.debug(msg, *args)
+            return
         now = time.monotonic()
         if now - self._last.get(key, -1e9) >= self.interval:
             self._last[key] = now

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -51,7 +52,7 @@ from celery_ratchet.domain.job import (
     error_record,
 )
 from celery_ratchet.domain.priority import DEFAULT_BOOST_MINUTES, effective_priority
-from celery_ratchet.errors import ConfigurationError, DuplicateJob, StoreBusy
+from celery_ratchet.errors import ConfigurationError, DuplicateJob, StoreBusy, StoreUnavailable
 from celery_ratchet.settings import mask_password
 from celery_ratchet.store.batches import (
     cancel_downstream,
@@ -129,6 +130,50 @@ def recovery_limit_record(claims: int, limit: int) -> str:
         " or celery_ratchet.dlq(app).retry(job_id)); or raise ratchet_max_recoveries"
     )
     return error_record("RecoveryLimitExceeded", [message], "celery_ratchet.errors")
+
+
+class Reachability:
+    """Logs the job store going away once, and its return once, per process: not one line
+    per failed statement. Processes whose outages another process reports (a worker's pool
+    processes, reported by the worker) log them at DEBUG only (:func:`quiet_outages`)."""
+
+    #: Level of the two lines; DEBUG where another process of the same worker logs them.
+    level = logging.WARNING
+
+    def __init__(self, display_url: str) -> None:
+        self.display_url = display_url
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+
+    @property
+    def down(self) -> bool:
+        return self._down_since is not None
+
+    def failed(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._down_since is not None:
+                return
+            self._down_since = time.monotonic()
+        logger.log(self.level, "ratchet: %s; retrying until it is back, nothing is lost", exc)
+
+    def succeeded(self) -> None:
+        if self._down_since is None:  # read without the lock: the common case stays cheap
+            return
+        with self._lock:
+            since, self._down_since = self._down_since, None
+        if since is not None:
+            logger.log(
+                self.level,
+                "ratchet: job store at %s reachable again after %.1fs",
+                self.display_url,
+                time.monotonic() - since,
+            )
+
+
+def quiet_outages() -> None:
+    """In this process, log the job store's outages at DEBUG: another process (the worker's
+    main process) reports them."""
+    Reachability.level = logging.DEBUG
 
 
 class _ClaimLost(Exception):
@@ -316,6 +361,8 @@ class JobStore:
         #: Aging: a waiting job gains one priority level per this many minutes (0: never).
         self.priority_boost_minutes = max(float(priority_boost_minutes), 0.0)
         self.display_url = mask_password(url)
+        #: Whether the database answers, as this process last found it.
+        self.reachability = Reachability(self.display_url)
         self.engine = engine or engine_for(url)
         self.family = family(self.engine.dialect.name)
         self._claim = strategy_for(self.engine.dialect)
@@ -405,6 +452,15 @@ class JobStore:
     def _attempt(self, work: Callable[[Connection], T], what: str) -> T:
         """Run ``work`` on a pooled connection: once more after a dropped connection, a few
         more times after a deadlock; :class:`StoreUnavailable` when the database is gone."""
+        try:
+            done = self._attempt_once(work, what)
+        except StoreUnavailable as exc:
+            self.reachability.failed(exc)
+            raise
+        self.reachability.succeeded()
+        return done
+
+    def _attempt_once(self, work: Callable[[Connection], T], what: str) -> T:
         reconnected = False
         conflicts = 0
         while True:
