@@ -1596,9 +1596,10 @@ class JobStore:
         registering, a forged row with no owner) count as orphaned once their claim is older
         than the grace period, or has no time at all.
 
-        A job taken back more than ``max_recoveries`` times (counted by ``claims``: hand-backs
-        of live nodes do not count) is not run again: it is FAILED, in the dead-letter queue,
-        with an error that says so. The others are PENDING again.
+        A job a dead node held after more than ``max_recoveries`` claims since it was last
+        scheduled (``claims``; hand-backs of live nodes count too) is not run again: it is
+        FAILED, in the dead-letter queue, with an error that says so. The others (and every
+        recurring master) are PENDING again.
         """
         n, p = scheduler_node, scheduler_resource_permit
         cutoff = db_now_minus(grace_seconds)
@@ -1626,11 +1627,14 @@ class JobStore:
                 running = job.c.status == JobStatus.RUNNING.value
                 where = and_(running, or_(owned_by, unowned) if dead else unowned)
                 params = {"dead": dead} if dead else {}
-                rows = conn.execute(select(job.c.job_id, job.c.claims).where(where), params).all()
+                found = select(job.c.job_id, job.c.claims, job.c.job_type).where(where)
                 given_up = defaultdict(list)
                 requeued = []
-                for r in rows:
-                    if max_recoveries is not None and r.claims > max_recoveries:
+                for r in conn.execute(found, params):
+                    # A recurring master is claimed at every fire time, and its firing is
+                    # ratchet's own: its schedule is never given up.
+                    master = r.job_type == JobType.RECURRING.value
+                    if max_recoveries is not None and r.claims > max_recoveries and not master:
                         given_up[r.claims].append(r.job_id)
                     else:
                         requeued.append(r.job_id)

@@ -131,3 +131,17 @@ def test_a_job_whose_nodes_keep_dying_goes_to_the_dead_letter_queue(store: JobSt
     assert "after 3 claims" in message and "ratchet_max_recoveries = 2" in message
     assert "ratchet dlq retry" in message
     assert store.claim("node-4", ["celery"], 1) == []
+
+
+def test_a_recurring_master_is_never_dead_lettered_however_often_it_was_claimed(
+    store: JobStore,
+) -> None:
+    store.register_node("dead", "h", 1, ["celery"], 1)
+    store.enqueue(new_job("master"))
+    store.claim("dead", ["celery"], 1)
+    _forge(store, "master", "job_type = 'RECURRING', claims = 500")
+    _silence(store, "dead")
+
+    recovered = store.recover_orphans(1.0, observed=store.node_heartbeats(), max_recoveries=2)
+
+    assert (recovered.requeued, recovered.dead_lettered) == (["master"], [])
