@@ -154,7 +154,7 @@ class Reachability:
             if self._down_since is not None:
                 return
             self._down_since = time.monotonic()
-        logger.log(self.level, "ratchet: %s; retrying until it is back, nothing is lost", exc)
+        logger.log(self.level, "ratchet: the job store is unreachable: %s", exc)
 
     def succeeded(self) -> None:
         if self._down_since is None:  # read without the lock: the common case stays cheap
@@ -164,7 +164,7 @@ class Reachability:
         if since is not None:
             logger.log(
                 self.level,
-                "ratchet: job store at %s reachable again after %.1fs",
+                "ratchet: the job store at %s is reachable again after %.1fs",
                 self.display_url,
                 time.monotonic() - since,
             )

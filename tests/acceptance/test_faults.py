@@ -33,8 +33,8 @@ SHORT_GRACE = {
     "RATCHET_ORPHAN_SCAN_INTERVAL_SECONDS": str(SCAN),
 }
 #: The store's two lines of an outage, each logged once per worker.
-OUTAGE_STARTS = "retrying until it is back, nothing is lost"
-OUTAGE_ENDS = "reachable again after"
+OUTAGE_STARTS = "ratchet: the job store is unreachable"
+OUTAGE_ENDS = "is reachable again after"
 
 
 def _runs(run_log: Path) -> Counter[str]:

@@ -38,7 +38,7 @@ SETTINGS = {
 #: Seconds the server stays down (at least).
 OUTAGE_SECONDS = 2.0
 #: What a worker logs when it finds the store down (once per outage).
-HEARTBEAT_FAILED = "retrying until it is back, nothing is lost"
+HEARTBEAT_FAILED = "ratchet: the job store is unreachable"
 
 
 def unfinished(store: JobStore) -> int:
