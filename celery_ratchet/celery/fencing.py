@@ -74,6 +74,7 @@ def check_claim(app: Celery, job_id: str, request: Any) -> None:
         return
     if current_fence().vouches(request.get(FENCE_HEADER), time.monotonic()):
         return
+    logger.debug("ratchet: job %s: reading its claim before starting it", job_id)
     try:
         held = ratchet_state(app).store.holds(job_id, token)
     except (StoreUnavailable, StoreBusy) as exc:
