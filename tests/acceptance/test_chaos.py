@@ -2,8 +2,8 @@
 
 A killed node takes nothing with it: the orphan scan of the survivors hands its RUNNING jobs
 back within scan interval + heartbeat interval + grace (a survivor must see the dead node's
-heartbeat stand still for the grace period), every job succeeds, and the only jobs that run twice are
-jobs the dead node had started.
+heartbeat stand still for the grace period), every job succeeds, and the only jobs that run
+twice are jobs the dead node had started.
 """
 
 from __future__ import annotations
