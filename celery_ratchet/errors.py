@@ -74,3 +74,8 @@ class PredicateNotAllowed(RatchetError, ValueError):
             f"@celery_ratchet.predicate (in a module the worker imports), or list its package "
             f"in ratchet_predicate_modules; a workflow condition never runs any other function"
         )
+
+
+class RecoveryLimitExceeded(RatchetError):
+    """Orphan recovery took a job back from dead nodes more often than
+    ``ratchet_max_recoveries`` allows: it is FAILED, in the dead-letter queue."""

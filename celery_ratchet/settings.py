@@ -95,6 +95,10 @@ class RatchetSettings:
     node_heartbeat_interval_seconds: float = 10.0
     node_orphan_grace_seconds: float = 60.0
     orphan_scan_interval_minutes: float = 5.0
+    #: A job whose node dies under it (or is declared dead) more often than this goes to the
+    #: dead-letter queue instead of running again; claims of a job handed back by a live
+    #: node count too. 0: never run again a job whose node died.
+    max_recoveries: int = 5
     #: Finer control of the orphan scan; wins over the minutes setting when set.
     orphan_scan_interval_seconds: float | None = None
     #: Aging: a waiting job rises one priority level per this many minutes; 0 disables.
@@ -176,6 +180,10 @@ class RatchetSettings:
             raise ConfigurationError(
                 "ratchet_priority_boost_interval_minutes must be 0 (no aging) or positive, "
                 f"got {self.priority_boost_interval_minutes!r}"
+            )
+        if self.max_recoveries < 0:
+            raise ConfigurationError(
+                f"ratchet_max_recoveries must be 0 or more, got {self.max_recoveries!r}"
             )
         if not 0 <= self.default_priority <= 9:
             raise ConfigurationError(

@@ -31,6 +31,21 @@ from celery_ratchet.store.jobstore import JobStore
 
 logger = logging.getLogger(__name__)
 
+
+class _QuietStoreRetries(logging.Filter):
+    """Celery logs each retry of a backend write with its traceback ("Failed operation
+    _store_result. Retrying …"): dozens per outage and process. The job store logs the
+    outage itself, once when it starts and once when it ends; these retries go unlogged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (
+            isinstance(exc, StoreUnavailable) and str(record.msg).startswith("Failed operation")
+        )
+
+
+logging.getLogger("celery.backends.base").addFilter(_QuietStoreRetries())
+
 #: First pause of AsyncResult.get() between two reads of the row; it doubles up to interval.
 _FIRST_NAP = 0.005
 

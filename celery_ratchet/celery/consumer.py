@@ -28,6 +28,7 @@ from celery_ratchet.celery.backend import exception_record
 from celery_ratchet.celery.batches import finish_stalled
 from celery_ratchet.celery.breaker import lookup as breaker_lookup
 from celery_ratchet.celery.breaker import parse as parse_breaker
+from celery_ratchet.celery.fencing import fence_tracers
 from celery_ratchet.celery.message import JobMessage, runs_code, safe_accept, serializer_name
 from celery_ratchet.celery.options import resolve as resolve_options
 from celery_ratchet.celery.recurring import occurrence, register_all
@@ -40,8 +41,9 @@ from celery_ratchet.errors import (
     StoreBusy,
     StoreUnavailable,
 )
+from celery_ratchet.runtime.fence import current_fence
 from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
-from celery_ratchet.store.jobstore import REVOKE_ONLY
+from celery_ratchet.store.jobstore import REVOKE_ONLY, quiet_outages
 
 logger = logging.getLogger(__name__)
 
@@ -138,8 +140,18 @@ class JobConsumer(bootsteps.StartStopStep):
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)
         self.runtime: WorkerRuntime | None = None
+        # Made before the pool forks, so that its processes share it.
+        self.fence = current_fence()
+        app = c.app
+        signals.worker_process_init.connect(
+            lambda **_: _in_pool_process(app),
+            weak=False,
+            dispatch_uid=f"ratchet-pool-process-{id(app)}",
+        )
 
     def start(self, c: Any) -> None:
+        # The Tasks step has just built the tracers again: each checks the claim first.
+        fence_tracers(c.app)
         if self.runtime is not None:  # the consumer restarted: keep the same node
             self.runtime.resume()
             return
@@ -150,6 +162,7 @@ class JobConsumer(bootsteps.StartStopStep):
         _warn_refused_serializers(app, state.settings.allow_pickle)
         install_retries(app)
         c.update_strategies()
+        fence_tracers(app)
         _register_recurring(app)
         dispatcher = Dispatcher(c)
         runtime = WorkerRuntime(
@@ -166,6 +179,7 @@ class JobConsumer(bootsteps.StartStopStep):
             revoked_error=exception_record(TaskRevokedError("revoked")),
             wakeups=state.wakeup_sources(),
             housekeeping=functools.partial(finish_stalled, app),
+            fence=self.fence,
         )
         dispatcher.runtime = runtime
         self.runtime = state.runtime = runtime
@@ -184,6 +198,13 @@ class JobConsumer(bootsteps.StartStopStep):
         signals.worker_shutdown.disconnect(self._on_worker_shutdown)
         if self.runtime is not None:
             self.runtime.close()
+
+
+def _in_pool_process(app: Any) -> None:
+    """A pool process starts: its tasks check their claims before running; the store's
+    outages are logged by the worker's main process, not again by each pool process."""
+    fence_tracers(app)
+    quiet_outages()
 
 
 def _revoke_started(consumer: Any, job_id: str, request: str) -> None:

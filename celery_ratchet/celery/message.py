@@ -30,6 +30,8 @@ from celery_ratchet.errors import PayloadTooLarge, SerializerNotAllowed
 
 #: Header carrying the claim token into ``self.request``; never stored with the job.
 CLAIM_HEADER = "ratchet_claim"
+#: Header carrying the claim's fence stamp to the process that runs the job.
+FENCE_HEADER = "ratchet_fence"
 
 #: Serializers whose decoder runs code named by the data: never read from a row unless
 #: ``ratchet_allow_pickle`` is on (anyone who can write a row could run anything).
@@ -116,6 +118,7 @@ def job_from_message(
         raise ValueError(f"task {name!r}: {exc}") from None
     properties["priority"] = priority
     headers.pop(CLAIM_HEADER, None)
+    headers.pop(FENCE_HEADER, None)
     return NewJob(
         job_id=headers["id"],
         task_name=name,
@@ -213,6 +216,7 @@ def retry_of(job: ClaimedJob, delay: float) -> NewJob:
     and ETA in the message move on with it."""
     headers = kjson.loads(job.message.headers)
     headers.pop(CLAIM_HEADER, None)
+    headers.pop(FENCE_HEADER, None)
     attempts = int(headers.get("retries") or 0) + 1
     due = datetime.now(timezone.utc) + timedelta(seconds=delay)
     headers["retries"], headers["eta"] = attempts, due.isoformat()
@@ -240,6 +244,8 @@ class JobMessage(KombuMessage):
     ) -> None:
         headers = kjson.loads(job.message.headers)
         headers[CLAIM_HEADER] = job.token
+        if job.fence is not None:
+            headers[FENCE_HEADER] = job.fence
         properties = kjson.loads(job.message.properties)
         properties["priority"] = job.priority
         super().__init__(

@@ -7,6 +7,7 @@ the job store URL (here from RATCHET_URL). Its broker_url points at a closed por
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 from celery import Celery
@@ -136,6 +137,13 @@ def until(n: int, moment: float) -> int:
 def chord_body(results: list[int], key: str) -> int:
     record_run(key)
     return sum(results)
+
+
+@app.task(name="acc.crash_worker")
+def crash_worker(key: str) -> None:
+    """Notes its run, then SIGKILLs its whole worker (main process and pool), every time."""
+    record_run(key)
+    os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 @app.task(name="acc.boom")

@@ -15,10 +15,12 @@ from celery import Celery
 from sqlalchemy import text
 
 from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.store.engine import engine_for
 from celery_ratchet.store.jobstore import JobStore
 from tests.acceptance.app import SIDE_EFFECTS, app
 from tests.conftest import Servers, empty_store
 from tests.helpers import wait_until
+from tests.private_postgres import PrivatePostgres, start_private_postgres
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -137,6 +139,34 @@ def cluster(ratchet_app: Celery, tmp_path: Path) -> Iterator[Cluster]:
 @pytest.fixture
 def server_cluster(server_app: Celery, tmp_path: Path) -> Iterator[Cluster]:
     found = Cluster(server_app.conf.ratchet_url, tmp_path)
+    yield found
+    found.stop_all()
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    """A private PostgreSQL cluster, for tests that stop, kill or restart the server."""
+    server = start_private_postgres()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+def private_app(private_postgres: PrivatePostgres) -> Iterator[Celery]:
+    """The acceptance app on the private server; its publish retry policy restored after."""
+    app = next(_app_on(private_postgres.url))
+    policy = app.conf.task_publish_retry_policy
+    yield app
+    app.conf.task_publish_retry_policy = policy
+    engine_for(private_postgres.url).dispose()
+    ratchet_state(app).reset()
+
+
+@pytest.fixture
+def private_cluster(private_app: Celery, tmp_path: Path) -> Iterator[Cluster]:
+    found = Cluster(private_app.conf.ratchet_url, tmp_path)
     yield found
     found.stop_all()
 
