@@ -138,6 +138,7 @@ class WorkerRuntime:
         #: that is again (a master created or changed elsewhere, without a wake-up).
         self._master_due = 0.0
         self._master_look = 0.0
+        self._masters_changed = threading.Event()  # told: read their due time again
         self.hostname = hostname or socket.gethostname()
         self._ready: deque[ClaimedJob] = deque()
         self._in_flight: dict[str, str] = {}  # job id → claim token
@@ -211,7 +212,7 @@ class WorkerRuntime:
             self._revoke_hint.set()
         elif queue == SCHEDULES_QUEUE:
             if self.occurrence is not None:
-                self._master_look = 0.0
+                self._masters_changed.set()
                 self._wake.set()
         elif queue in self.queues:
             self.wake()
@@ -586,6 +587,8 @@ class WorkerRuntime:
                 )
                 if self.occurrence is not None:
                     masters_at = min(self._master_due, self._master_look)
+                    if self._masters_changed.is_set():
+                        masters_at = 0.0
                     timeout = min(timeout, max(0.0, masters_at - time.monotonic()))
                 self._wake.wait(timeout)
             except Exception:  # keep claiming: a dead poller would strand this node
@@ -636,10 +639,12 @@ class WorkerRuntime:
         if self.occurrence is None:
             return
         now = time.monotonic()
-        due, look = now >= self._master_due, now >= self._master_look
+        due = now >= self._master_due
+        look = now >= self._master_look or self._masters_changed.is_set()
         if not (due or look):
             return
-        if self._heartbeat_stale():  # try again shortly, without a spin meanwhile
+        if self._heartbeat_stale():  # claim and read again shortly, without a spin meanwhile
+            self._masters_changed.clear()
             self._master_due = self._master_look = now + _MASTER_CHECK_SECONDS
             return
         fired = False
@@ -659,6 +664,8 @@ class WorkerRuntime:
         self._read_master_due(claimed_none=due and not fired)
 
     def _read_master_due(self, *, claimed_none: bool) -> None:
+        # Cleared before reading: a change announced meanwhile is read again next round.
+        self._masters_changed.clear()
         try:
             due_in = self.store.next_due_in([SCHEDULES_QUEUE])
         except Exception as exc:
