@@ -27,6 +27,8 @@ class JobStatus(str, enum.Enum):
 SCHEDULES_QUEUE = "ratchet.schedules"
 #: The wake-up word (in place of a queue name) that says a running job was asked to stop.
 REVOCATIONS_WAKEUP = "ratchet.revocations"
+#: The wake-up word a worker sends to find out whether announcements reach it at all.
+PROBE_WAKEUP = "ratchet.probe"
 
 ACTIVE_STATUSES = frozenset(
     {JobStatus.PENDING, JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.WAITING}

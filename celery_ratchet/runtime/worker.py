@@ -21,6 +21,7 @@ from typing import Protocol
 
 from celery_ratchet.domain.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from celery_ratchet.domain.job import (
+    PROBE_WAKEUP,
     REVOCATIONS_WAKEUP,
     SCHEDULES_QUEUE,
     ClaimedJob,
@@ -43,6 +44,8 @@ _SETTLE_BATCH = 500
 _MASTER_CHECK_SECONDS = 0.25
 #: Wake this much after a known due time, so the database's clock has passed it too.
 _DUE_MARGIN_SECONDS = 0.005
+#: While no announcement has reached this node, it asks for one this often.
+_PROBE_SECONDS = 30.0
 #: A recurring master that cannot be planned is retried this much later, not abandoned.
 _MASTER_RETRY_SECONDS = 60.0
 #: How often a worker looks for batches all of whose children ended but that nobody finished.
@@ -153,6 +156,10 @@ class WorkerRuntime:
         self.revoked_error = revoked_error
         self.wakeups = list(wakeups)
         self._revoke_hint = threading.Event()  # a running job may have been asked to stop
+        #: An announcement reached this node: the channel delivers (a LISTEN behind a
+        #: transaction-pooling PgBouncer subscribes, yet hears nothing).
+        self._heard = threading.Event()
+        self._next_probe = 0.0
         self._lock = threading.Lock()
         self._wake = threading.Event()  # something changed: a slot freed, or a hint
         self._hint = threading.Event()  # new work may be due
@@ -193,9 +200,26 @@ class WorkerRuntime:
         for source in self.wakeups:
             source.start(self._woken)
 
-    def _told(self) -> bool:
-        """Whether changes are announced to this node now (a wake-up channel is subscribed)."""
+    def _subscribed(self) -> bool:
         return any(getattr(source, "live", True) for source in self.wakeups)
+
+    def _told(self) -> bool:
+        """Whether changes are announced to this node now: a wake-up channel is subscribed
+        and has delivered (the node's own probe, or any announcement)."""
+        return self._heard.is_set() and self._subscribed()
+
+    def _probe(self) -> None:
+        """Subscribed but never told anything yet: send a probe on every channel (on
+        PostgreSQL from the store's connection, not the listening one), now and then."""
+        now = time.monotonic()
+        if self._heard.is_set() or now < self._next_probe or not self._subscribed():
+            return
+        self._next_probe = now + _PROBE_SECONDS
+        try:
+            self.store.announce(PROBE_WAKEUP)
+        except Exception as exc:
+            self._throttle.warn("announce", "ratchet: wake-up not sent: %s", exc)
+        self._announce([PROBE_WAKEUP])
 
     @property
     def _idle_look(self) -> float:
@@ -208,6 +232,7 @@ class WorkerRuntime:
     def _woken(self, queue: str) -> None:
         """A job of ``queue`` was committed (claim now if it is one of ours), a recurring
         master changed, or running jobs were asked to stop."""
+        self._heard.set()
         if queue == REVOCATIONS_WAKEUP:
             self._revoke_hint.set()
         elif queue == SCHEDULES_QUEUE:
@@ -552,6 +577,7 @@ class WorkerRuntime:
         while not self._stopping.is_set():
             try:
                 self._wake.clear()  # before looking: a change made after this wakes the wait below
+                self._probe()
                 self._fire_due_masters()
                 self._dispatch_ready()
                 room, low = self._room()

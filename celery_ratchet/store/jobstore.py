@@ -1216,6 +1216,11 @@ class JobStore:
 
         return self._run(work, "no job was revoked")
 
+    def announce(self, word: str) -> None:
+        """PostgreSQL with LISTEN/NOTIFY on: tell listening workers ``word`` now."""
+        if self.notify:
+            self._run(lambda conn: self._announce(conn, word), "no wake-up was sent")
+
     def _announce(self, conn: Connection, word: str) -> None:
         """PostgreSQL with LISTEN/NOTIFY on: tell listening workers ``word`` (a queue name,
         or a word such as ``REVOCATIONS_WAKEUP``), delivered when the transaction commits."""

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from celery_ratchet.domain.job import (
+    PROBE_WAKEUP,
     REVOCATIONS_WAKEUP,
     SCHEDULES_QUEUE,
     JobStatus,
@@ -142,3 +143,9 @@ def test_retries_hand_backs_and_requeues_are_announced(pg: tuple[JobStore, Liste
     [again] = store.claim("n1", ["h"], 1)
     store.settle([Settlement(again.job_id, again.token, JobStatus.SUCCEEDED)])
     assert "h" not in listener.marker(store)
+
+
+def test_a_probe_reaches_the_listeners(pg: tuple[JobStore, Listener]) -> None:
+    store, listener = pg
+    store.announce(PROBE_WAKEUP)  # a worker finding out whether it is told anything
+    assert PROBE_WAKEUP in listener.marker(store)
