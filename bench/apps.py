@@ -12,6 +12,8 @@ import time
 import redis
 from celery import Celery
 
+import celery_ratchet
+
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
 _redis = redis.Redis.from_url(REDIS_URL)
 
@@ -46,6 +48,14 @@ def _register(app: Celery, prefix: str) -> None:
     @app.task(name="bench.stamp", ignore_result=True, shared=False)
     def stamp(sent_at: float) -> None:
         _redis.rpush(f"{prefix}:latency", time.time() - sent_at)
+
+
+@celery_ratchet.recurring(
+    cron="* * * * * ?", id="bench-tick", enabled=os.environ.get("BENCH_TICK") == "1"
+)
+@ratchet_app.task(name="bench.tick", ignore_result=True)
+def tick() -> None:
+    """A per-second schedule (bench/idle.py): how late each tick is comes from its row."""
 
 
 _register(ratchet_app, "ratchet")

@@ -125,6 +125,31 @@ def measure(
     return (commits_after - commits) / per, (rollbacks_after - rollbacks) / per
 
 
+def tick_lag(dbname: str, env: dict[str, str], seconds: float, warmup: float) -> list[float]:
+    """One worker with a per-second schedule: how long after its fire time each tick's job
+    was claimed (milliseconds, by the database's clock), over ``seconds``."""
+    url = f"postgresql://postgres@127.0.0.1/{dbname}"
+    log = Path(tempfile.gettempdir()) / f"{dbname}-tick.log"
+    worker = start_worker(url, "tick", {**env, "BENCH_TICK": "1"}, log)
+    try:
+        time.sleep(warmup + seconds)
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM claimed_at - scheduled_time) * 1000 FROM scheduler_job "
+            "WHERE task_name = 'bench.tick' AND claimed_at > now() - make_interval(secs => %s) "
+            "ORDER BY 1",
+            (seconds,),
+        ).fetchall()
+        conn.execute("DELETE FROM scheduler_job")
+    return [float(r[0]) for r in rows]
+
+
 def bench_idle(seconds: float, workers: int, report: Report, warmup: float = 20.0) -> None:
     print(
         f"idle: {workers} workers -P ratchet -c 4 on PostgreSQL, no jobs, {seconds:.0f} s; "
@@ -135,6 +160,15 @@ def bench_idle(seconds: float, workers: int, report: Report, warmup: float = 20.
             commits, rollbacks = measure(dbname, env, workers, seconds, warmup)
             report("idle", f"idle worker, {label}", commits, "xact/s",
                    f"{commits:.2f} commits/s per worker, {rollbacks:.2f} rollbacks/s")  # fmt: skip
+        print(f"per-second schedule, one worker, {seconds:.0f} s: tick claimed after fire time")
+        for label, env in MODES.items():
+            lags = tick_lag(dbname, env, seconds, warmup)
+            if not lags:
+                print(f"  {label}: no tick ran")
+                continue
+            p50, p90 = lags[len(lags) // 2], lags[int(len(lags) * 0.9)]
+            report("idle", f"tick lag p50, {label}", p50, "ms", f"{len(lags)} ticks")
+            report("idle", f"tick lag p90, {label}", p90, "ms", f"max {lags[-1]:.1f} ms")
 
 
 def main(argv: list[str] | None = None) -> None:
