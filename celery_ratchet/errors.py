@@ -12,11 +12,21 @@ class ConfigurationError(RatchetError, ValueError):
 
 
 class StoreUnavailable(RatchetError, ConnectionError):
-    """The job store (the database) could not be reached; nothing was written."""
+    """The job store (the database) could not be reached.
+
+    ``outcome_unknown`` is False when nothing reached the database (nothing was written), True
+    when the connection was lost after a statement was sent: it may have been committed."""
+
+    outcome_unknown: bool = False
 
 
 class SchemaOutdated(RatchetError):
     """The job store's tables predate this version in a way that cannot be fixed in place."""
+
+
+class PreparedStatementConflict(ConfigurationError):
+    """PostgreSQL refused a server-side prepared statement: the connection goes through a
+    pooler in transaction mode (PgBouncer), which cannot keep them."""
 
 
 class StoreBusy(RatchetError):

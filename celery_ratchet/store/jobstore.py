@@ -66,13 +66,16 @@ from celery_ratchet.store.claim import (
 )
 from celery_ratchet.store.ddl import add_missing_columns, create_missing_tables, index_applies
 from celery_ratchet.store.engine import (
+    EngineOptions,
     db_now,
     db_now_minus,
     engine_for,
     family,
     insert_ignoring_conflicts,
+    is_prepared_statement_conflict,
     is_retryable_conflict,
     is_unavailable,
+    prepared_statement_conflict,
     savepoint,
     transaction,
     unavailable,
@@ -280,12 +283,13 @@ class JobStore:
         engine: Engine | None = None,
         priority_boost_minutes: float = DEFAULT_BOOST_MINUTES,
         notify: bool = False,
+        engine_options: EngineOptions | None = None,
     ):
         self.url = url
         #: Aging: a waiting job gains one priority level per this many minutes (0: never).
         self.priority_boost_minutes = max(float(priority_boost_minutes), 0.0)
         self.display_url = mask_password(url)
-        self.engine = engine or engine_for(url)
+        self.engine = engine or engine_for(url, engine_options)
         self.family = family(self.engine.dialect.name)
         self._claim = strategy_for(self.engine.dialect)
         self._create_schema = create_schema
@@ -293,6 +297,18 @@ class JobStore:
         #: PostgreSQL: inserts notify listening workers (LISTEN/NOTIFY wake-ups).
         self.notify = notify and self.family == "postgresql"
         self._insert = _insert_statement(self.engine.dialect, notify=self.notify)
+        released = _new_job_values()
+        released.pop("group_id")  # a step keeps the group its signature was frozen with
+        self._release_waiting_silently = (
+            update(job)
+            .where(job.c.job_id == bindparam("p_job_id"), job.c.status == JobStatus.WAITING.value)
+            .values(**released, created_at=db_now())
+        )
+        self._release_waiting = self._release_waiting_silently
+        if self.notify:
+            self._release_waiting = self._release_waiting.returning(
+                func.pg_notify(NOTIFY_CHANNEL, job.c.queue)
+            )
         self._select_claimed = text(
             f"SELECT {RETURNED} FROM scheduler_job "
             "WHERE claim_token = :token AND status = 'RUNNING'"
@@ -348,21 +364,25 @@ class JobStore:
         self._drop_stale_permits = delete(permit).where(
             permit.c.resource == bindparam("resource"), ~still_running.exists()
         )
-        released = _new_job_values()
-        released.pop("group_id")  # a step keeps the group its signature was frozen with
-        self._release_waiting = (
-            update(job)
-            .where(job.c.job_id == bindparam("p_job_id"), job.c.status == JobStatus.WAITING.value)
-            .values(**released, created_at=db_now())
-        )
-        if self.notify:
-            self._release_waiting = self._release_waiting.returning(
-                func.pg_notify(NOTIFY_CHANNEL, job.c.queue)
-            )
         self._reuse_finished = (
             update(job)
             .where(job.c.job_id == bindparam("p_job_id"), job.c.status.in_(_TERMINAL))
             .values(**_new_job_values(), **_CLEARED_CLAIM, **_CLEARED_RESULT, created_at=db_now())
+        )
+
+    def stop_notifying(self) -> None:
+        """No more ``pg_notify`` on inserts: nothing receives them (see ``send_probe``)."""
+        self.notify = False
+        self._insert = _insert_statement(self.engine.dialect, notify=False)
+        self._release_waiting = self._release_waiting_silently
+
+    def send_probe(self, payload: str) -> None:
+        """NOTIFY the wake-up channel through the store's own connections, the way inserts
+        do: a listener that never receives it listens where enqueues do not notify."""
+        statement = select(func.pg_notify(NOTIFY_CHANNEL, bindparam("payload")))
+        self._attempt(
+            lambda conn: conn.execute(statement, {"payload": payload}),
+            "the wake-up probe was not sent",
         )
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -376,11 +396,17 @@ class JobStore:
         more times after a deadlock; :class:`StoreUnavailable` when the database is gone."""
         reconnected = False
         conflicts = 0
+        #: A statement went out before the connection was lost: it may have been committed.
+        maybe_sent = False
         while True:
+            connected = False
             try:
                 with self.engine.connect() as conn:
+                    connected = True
                     return work(conn)
             except DBAPIError as exc:
+                if is_prepared_statement_conflict(exc):
+                    raise prepared_statement_conflict(exc, what) from exc
                 if is_retryable_conflict(exc):
                     if conflicts >= _CONFLICT_RETRIES:
                         raise StoreBusy(
@@ -390,14 +416,16 @@ class JobStore:
                     time.sleep(0.005 * conflicts)
                     continue
                 if is_unavailable(exc):
+                    maybe_sent = maybe_sent or connected
                     if exc.connection_invalidated and not reconnected:
                         reconnected = True
                         continue
-                    raise unavailable(self.url, exc, what) from exc
+                    raise unavailable(self.url, exc, what, sent=maybe_sent) from exc
                 raise
             except Exception as exc:
                 if is_unavailable(exc):
-                    raise unavailable(self.url, exc, what) from exc
+                    maybe_sent = maybe_sent or connected
+                    raise unavailable(self.url, exc, what, sent=maybe_sent) from exc
                 raise
 
     def ensure_schema(self) -> None:
