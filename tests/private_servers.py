@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import NoReturn
 
@@ -83,6 +84,14 @@ def children_of(pid: int) -> list[int]:
         if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
             found.append(int(stat.parent.name))
     return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
 
 
 class PrivatePostgres:
@@ -171,9 +180,19 @@ class PrivatePostgres:
         pid = self.postmaster_pid()
         if pid is None:
             return
-        for victim in [pid, *children_of(pid)]:
+        victims = [pid, *children_of(pid)]
+        for victim in victims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while any(_running(v) for v in victims) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # A killed postmaster may stay a zombie until its new parent reaps it, and PostgreSQL
+        # takes a zombie's lock files for a live server's: remove them, as a reboot would.
+        if not any(_running(v) for v in victims):
+            for lock in (self.data / "postmaster.pid", *self.dir.glob(".s.PGSQL.*")):
+                with contextlib.suppress(OSError):
+                    lock.unlink()
 
     def destroy(self) -> None:
         """Whatever state it is in: stop the server, remove its files."""
@@ -271,8 +290,6 @@ class PrivatePgBouncer:
         raise RuntimeError(f"PgBouncer did not start:\n{self.server_log()}")
 
     def _wait_listening(self, timeout: float = 30) -> bool:
-        import time
-
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.process is not None
