@@ -47,7 +47,8 @@ class PostgresWakeups(ListenerThread):
         self.heard_probe: bool | None = None
 
     def listen(self, wake: Wake) -> None:
-        with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10) as conn:
+        # The conninfo carries the job store's connect_timeout (per host of a list).
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
             conn.execute(f"LISTEN {CHANNEL}")
             token: str | None = None
             deadline = 0.0

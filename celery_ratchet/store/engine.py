@@ -139,8 +139,15 @@ def _prepare_threshold(value: Any) -> int | None:
         ) from None
 
 
+def _timeout(parsed: URL) -> dict[str, Any]:
+    """10 s to connect, unless the URL says otherwise (connect arguments win over the URL's:
+    a default here would hide ``?connect_timeout=2``, which a multi-host URL wants, as libpq
+    waits that long for each host that does not answer)."""
+    return {} if "connect_timeout" in parsed.query else {"connect_timeout": 10}
+
+
 def _postgres_connect_args(parsed: URL, options: EngineOptions) -> tuple[URL, dict[str, Any]]:
-    connect_args: dict[str, Any] = {"connect_timeout": 10, **options.connect_args}
+    connect_args: dict[str, Any] = {**_timeout(parsed), **options.connect_args}
     if "prepare_threshold" in parsed.query:
         connect_args["prepare_threshold"] = _prepare_threshold(parsed.query["prepare_threshold"])
         parsed = parsed.difference_update_query(["prepare_threshold"])
@@ -185,7 +192,7 @@ def build_engine(url: str, options: EngineOptions | None = None) -> Engine:
             parsed, engine_options["connect_args"] = _postgres_connect_args(parsed, options)
         elif kind == "mysql":
             engine_options["connect_args"] = {
-                "connect_timeout": 10,
+                **_timeout(parsed),
                 "charset": "utf8mb4",
                 **options.connect_args,
             }

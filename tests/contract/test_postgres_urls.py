@@ -76,3 +76,9 @@ def test_libpq_conninfo_keeps_the_host_list_and_drops_psycopg_arguments() -> Non
 def test_a_prepare_threshold_that_is_not_a_number_is_a_clear_error() -> None:
     with pytest.raises(ConfigurationError, match="prepare_threshold"):
         build_engine("postgresql://u@h/db?prepare_threshold=often")
+
+
+def test_a_connect_timeout_in_the_url_is_kept() -> None:
+    url = "postgresql://u@/db?host=a:5432&host=b:5433&connect_timeout=2"
+    assert "connect_timeout=2" in libpq_conninfo(url)
+    assert "connect_timeout=10" in libpq_conninfo("postgresql://u@/db?host=a:5432&host=b:5433")
