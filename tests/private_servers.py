@@ -1,6 +1,6 @@
-"""Private database servers and poolers for tests that restart, kill or put something in front
-of a server: each on 127.0.0.1:<free port>, in its own temporary directory, never the shared
-servers other test runs use.
+"""Private PgBouncer and MariaDB Galera servers for the tests of those deployments (private
+PostgreSQL clusters are in tests/private_postgres.py): each on 127.0.0.1:<free port>, in its
+own temporary directory, never the shared servers other test runs use, never a system service.
 
 Missing binaries skip the test, except under ``CI=true``, where they fail it.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
-import re
 import shutil
 import signal
 import socket
@@ -19,42 +18,9 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-import pytest
-
-from tests.conftest import IN_CI
-
-
-def unavailable(
-    reason: str, needed_for: str = "to restart a private PostgreSQL server"
-) -> NoReturn:
-    if IN_CI:
-        pytest.fail(f"{reason}: CI requires it {needed_for}")
-    pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _version(path: Path) -> tuple[int, ...]:
-    return tuple(int(n) for n in re.findall(r"\d+", path.parent.parent.name))
-
-
-def pg_bin() -> Path | None:
-    """The directory of initdb and pg_ctl: on PATH, else the newest Debian/Ubuntu install."""
-    found = shutil.which("pg_ctl")
-    if found and shutil.which("initdb"):
-        return Path(found).resolve().parent
-    installed = [
-        p.parent
-        for p in sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), key=_version)
-        if (p.parent / "initdb").exists()
-    ]
-    return installed[-1] if installed else None
+from tests.private_postgres import free_port, unavailable
 
 
 def as_user(directory: Path, user: str, needed_for: str) -> list[str]:
@@ -72,139 +38,6 @@ def as_user(directory: Path, user: str, needed_for: str) -> list[str]:
         unavailable("running as root and runuser is missing", needed_for)
     os.chown(directory, owner.pw_uid, owner.pw_gid)
     return ["runuser", "-u", user, "--"]
-
-
-def children_of(pid: int) -> list[int]:
-    """Live processes whose parent is ``pid``, from /proc."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
-            found.append(int(stat.parent.name))
-    return found
-
-
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
-class PrivatePostgres:
-    """A throwaway PostgreSQL cluster on 127.0.0.1:<free port>, with trust authentication.
-
-    initdb refuses to run as root: as root, every pg command runs as the ``postgres`` user,
-    which owns the temporary directory. ``settings`` are extra ``-c name=value`` server
-    options (e.g. ``synchronous_standby_names='*'`` on a primary).
-    """
-
-    def __init__(self, bin_dir: Path, settings: tuple[str, ...] = ()) -> None:
-        self.bin = bin_dir
-        self.settings = settings
-        self.dir = Path(tempfile.mkdtemp(prefix="ratchet-pg-"))
-        self.prefix = as_user(self.dir, "postgres", "to run a private PostgreSQL server")
-        self.data = self.dir / "data"
-        self.log = self.dir / "server.log"
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, tool: str, *args: str) -> None:
-        command = [*self.prefix, str(self.bin / tool), *args]
-        done = subprocess.run(
-            command, cwd=self.dir, capture_output=True, text=True, timeout=120, check=False
-        )
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}{done.stderr}"
-                f"\n{self.server_log()}"
-            )
-
-    def server_log(self) -> str:
-        try:
-            return self.log.read_text()[-4000:]
-        except OSError:
-            return ""
-
-    def init(self) -> None:
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
-                  "--no-sync")  # fmt: skip
-        self.start_on_a_free_port()
-
-    def init_standby_of(self, primary: PrivatePostgres) -> None:
-        """A streaming replica of ``primary`` (``pg_basebackup -R``), started on its own port."""
-        self._run("pg_basebackup", "-D", str(self.data), "-h", "127.0.0.1", "-p",
-                  str(primary.port), "-U", "postgres", "-R", "-X", "stream", "-c", "fast",
-                  "--no-sync")  # fmt: skip
-        self.start_on_a_free_port()
-
-    def start_on_a_free_port(self) -> None:
-        for _ in range(5):  # another process may take the free port before the server does
-            self.port = free_port()
-            try:
-                self.start()
-                return
-            except RuntimeError:
-                if f"{self.port}" not in self.server_log():
-                    raise
-        raise RuntimeError(f"no free port for PostgreSQL:\n{self.server_log()}")
-
-    def start(self) -> None:
-        options = (
-            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c full_page_writes=off"
-        )
-        options += "".join(f" -c {setting}" for setting in self.settings)
-        self._run("pg_ctl", "start", "-D", str(self.data), "-l", str(self.log), "-w", "-t",
-                  "60", "-o", options)  # fmt: skip
-
-    def stop(self, mode: str = "fast") -> None:
-        self._run("pg_ctl", "stop", "-D", str(self.data), "-m", mode, "-w", "-t", "60")
-
-    def promote(self) -> None:
-        self._run("pg_ctl", "promote", "-D", str(self.data), "-w", "-t", "60")
-
-    def postmaster_pid(self) -> int | None:
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            return int((self.data / "postmaster.pid").read_text().split()[0])
-        return None
-
-    def kill(self) -> None:
-        """SIGKILL the server and every one of its processes at once, as a crashed host."""
-        pid = self.postmaster_pid()
-        if pid is None:
-            return
-        victims = [pid, *children_of(pid)]
-        for victim in victims:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(victim, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while any(_running(v) for v in victims) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        # A killed postmaster may stay a zombie until its new parent reaps it, and PostgreSQL
-        # takes a zombie's lock files for a live server's: remove them, as a reboot would.
-        if not any(_running(v) for v in victims):
-            for lock in (self.data / "postmaster.pid", *self.dir.glob(".s.PGSQL.*")):
-                with contextlib.suppress(OSError):
-                    lock.unlink()
-
-    def destroy(self) -> None:
-        """Whatever state it is in: stop the server, remove its files."""
-        pid = self.postmaster_pid()
-        if pid is not None:
-            try:
-                self.stop("immediate")
-            except (RuntimeError, subprocess.TimeoutExpired):
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class PrivatePgBouncer:

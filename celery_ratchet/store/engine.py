@@ -25,7 +25,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from celery_ratchet.errors import ConfigurationError, PreparedStatementConflict, StoreUnavailable
-from celery_ratchet.settings import mask_password
+from celery_ratchet.store.redact import mask_secrets_of, mask_url
 from celery_ratchet.store.schema import UTCDateTime
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def normalize_url(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         raise ConfigurationError(
-            f"ratchet_url {mask_password(url)!r} is not a database URL; expected e.g. "
+            f"ratchet_url {mask_url(url)!r} is not a database URL; expected e.g. "
             "postgresql://user@host/db, mysql://user@host/db or sqlite:///path/ratchet.db"
         )
     driver = _DRIVERS.get(scheme, scheme)
@@ -164,7 +164,7 @@ def build_engine(url: str, options: EngineOptions | None = None) -> Engine:
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError) as exc:
-        raise ConfigurationError(f"ratchet_url {mask_password(url)!r}: {exc}") from exc
+        raise ConfigurationError(f"ratchet_url {mask_url(url)!r}: {exc}") from exc
     kind = family(parsed.get_backend_name())
     engine_options: dict[str, Any] = {
         "isolation_level": "AUTOCOMMIT",
@@ -224,7 +224,7 @@ def libpq_conninfo(url: str, options: EngineOptions | None = None) -> str:
     try:
         parsed = make_url(normalize_url(url))
     except (ArgumentError, ValueError) as exc:
-        raise ConfigurationError(f"ratchet_listen_url {mask_password(url)!r}: {exc}") from exc
+        raise ConfigurationError(f"ratchet_listen_url {mask_url(url)!r}: {exc}") from exc
     parsed, connect_args = _postgres_connect_args(parsed, options)
     _args, params = parsed.get_dialect()().create_connect_args(parsed)
     merged = {**params, **connect_args}
@@ -336,6 +336,7 @@ def unavailable(url: str, exc: BaseException, what: str, *, sent: bool = False) 
     statement went out, so the database may have committed it (a lost reply): say that the
     outcome is unknown instead of claiming ``what``."""
     reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+    reason = mask_secrets_of(url, reason)
     if sent:
         consequence = (
             "the connection was lost after the request was sent, so its outcome is unknown: "
@@ -344,7 +345,7 @@ def unavailable(url: str, exc: BaseException, what: str, *, sent: bool = False) 
     else:
         consequence = what
     error = StoreUnavailable(
-        f"cannot reach the job store at {mask_password(url)} ({reason}); {consequence}"
+        f"cannot reach the job store at {mask_url(url)} ({reason}); {consequence}"
     )
     error.outcome_unknown = sent
     return error

@@ -30,7 +30,7 @@ from celery_ratchet.store.engine import build_engine, engine_for
 from celery_ratchet.store.jobstore import JobStore
 from tests.acceptance.conftest import Cluster, _app_on, wait_until
 from tests.helpers import new_job
-from tests.private_servers import PrivatePostgres, pg_bin, unavailable
+from tests.private_postgres import PrivatePostgres, pg_bin, unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.infra]
 
@@ -259,7 +259,7 @@ def test_a_commit_whose_reply_is_lost_has_an_unknown_outcome() -> None:
         assert "outcome is unknown" in str(error)
         store.engine.dispose()
 
-        server.start()
+        server.restart_after_crash()
         rows = _admin(server, f"SELECT count(*) FROM scheduler_job WHERE job_id = '{job_id}'")
         assert rows == [(1,)], "the job was committed although its reply was lost"
     finally:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,10 +20,9 @@ from sqlalchemy import text
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.errors import StoreUnavailable
-from celery_ratchet.store.engine import engine_for
 from celery_ratchet.store.jobstore import JobStore
-from tests.acceptance.conftest import Cluster, _app_on, wait_until
-from tests.private_servers import PrivatePostgres, pg_bin, unavailable
+from tests.acceptance.conftest import Cluster, wait_until
+from tests.private_postgres import PrivatePostgres
 
 pytestmark = pytest.mark.slow
 
@@ -39,39 +37,8 @@ SETTINGS = {
 }
 #: Seconds the server stays down (at least).
 OUTAGE_SECONDS = 2.0
-#: What a worker logs when a heartbeat finds the store down (throttled: once per outage).
-HEARTBEAT_FAILED = "ratchet: heartbeat failed: cannot reach the job store"
-
-
-@pytest.fixture
-def private_postgres() -> Iterator[PrivatePostgres]:
-    bin_dir = pg_bin()
-    if bin_dir is None:
-        unavailable("PostgreSQL server binaries (initdb, pg_ctl) not found")
-    server = PrivatePostgres(bin_dir)
-    try:
-        server.init()
-        yield server
-    finally:
-        server.destroy()
-
-
-@pytest.fixture
-def private_app(private_postgres: PrivatePostgres) -> Iterator[Celery]:
-    """The acceptance app on the private server; its publish retry policy restored after."""
-    app = next(_app_on(private_postgres.url))
-    policy = app.conf.task_publish_retry_policy
-    yield app
-    app.conf.task_publish_retry_policy = policy
-    engine_for(private_postgres.url).dispose()
-    ratchet_state(app).reset()
-
-
-@pytest.fixture
-def private_cluster(private_app: Celery, tmp_path: Path) -> Iterator[Cluster]:
-    found = Cluster(private_app.conf.ratchet_url, tmp_path)
-    yield found
-    found.stop_all()
+#: What a worker logs when it finds the store down (once per outage).
+HEARTBEAT_FAILED = "ratchet: the job store is unreachable"
 
 
 def unfinished(store: JobStore) -> int:

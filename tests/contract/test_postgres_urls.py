@@ -15,7 +15,7 @@ from celery_ratchet.store.jobstore import JobStore
 from tests.acceptance.conftest import wait_until
 from tests.conftest import PG_HOST, Servers
 from tests.helpers import new_job
-from tests.private_servers import free_port
+from tests.private_postgres import free_port
 
 FORMS = {
     "repeated host parameters": "postgresql://{user}@/{db}?host={dead}&host={live}",
