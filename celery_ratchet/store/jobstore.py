@@ -457,15 +457,25 @@ class JobStore:
 
     # -- enqueue ----------------------------------------------------------------------------
 
-    def enqueue(self, new: NewJob) -> None:
+    def enqueue(self, new: NewJob, *, maybe_committed: bool = False) -> None:
         """Insert one job; a finished job with the same id is replaced, an active one is not."""
-        self.enqueue_many([new])
+        self.enqueue_many([new], maybe_committed=maybe_committed)
 
-    def enqueue_many(self, jobs: Sequence[NewJob], waiting: Sequence[NewJob] = ()) -> None:
+    def enqueue_many(
+        self,
+        jobs: Sequence[NewJob],
+        waiting: Sequence[NewJob] = (),
+        *,
+        maybe_committed: bool = False,
+    ) -> None:
         """Insert jobs with multi-row INSERTs in one transaction: all or nothing.
 
         ``waiting`` are chain steps stored ahead of time (WAITING, never claimed); one whose id
-        exists already is left alone. A job whose id is such a waiting step releases it."""
+        exists already is left alone. A job whose id is such a waiting step releases it.
+
+        ``maybe_committed``: an earlier call with these jobs failed in a way that may have
+        committed them (a lost reply). A row holding the same id and message is then ours:
+        success, whatever its state; a finished one is not run again."""
         if not jobs and not waiting:
             return
         params = [_params(j) for j in jobs]
@@ -476,7 +486,7 @@ class JobStore:
             tries += 1
             # After a broken connection the earlier try may have committed: finding our own
             # row then is success, not a duplicate.
-            retried = tries > 1
+            retried = maybe_committed or tries > 1
             # Sent from inside a task: most likely the next step of a chain, stored as WAITING
             # with the rest of its chain at submission. Releasing it is all there is to do.
             from_a_task = len(params) == 1 and params[0]["p_parent_id"] is not None
@@ -607,15 +617,28 @@ class JobStore:
                 # step before it (recovered from a dead node): the step runs once.
                 logger.info("ratchet: chain step %s was released already", params["p_job_id"])
                 return
+        # Before anything re-arms a finished row: one that holds this very message was
+        # written by an earlier try of this send whose reply was lost, and may have run.
+        if retried and self._holds_message(conn, params):
+            logger.info(
+                "ratchet: job %s was stored by an earlier try whose reply was lost",
+                params["p_job_id"],
+            )
+            return
         if conn.execute(self._reuse_finished, params).rowcount == 1:
             return
-        if retried:
-            stored = conn.execute(
-                select(job.c.headers).where(job.c.job_id == params["p_job_id"])
-            ).scalar()
-            if stored == params["p_headers"]:
-                return
         raise DuplicateJob(params["p_job_id"])
+
+    def _holds_message(self, conn: Connection, params: dict[str, Any]) -> bool:
+        """Whether the row of this job id holds this message (headers and payload)."""
+        stored = conn.execute(
+            select(job.c.headers, job.c.payload).where(job.c.job_id == params["p_job_id"])
+        ).first()
+        return (
+            stored is not None
+            and stored.headers == params["p_headers"]
+            and _bytes(stored.payload) == _bytes(params["p_payload"])
+        )
 
     def replace_running(self, token: str, new: NewJob) -> bool:
         """Reschedule the row this claim owns with a new message (a retry, a replace).
