@@ -62,3 +62,8 @@ class SerializerNotAllowed(RatchetError, ValueError):
 
 class UnsupportedRouting(RatchetError, ValueError):
     """A routing feature of AMQP brokers that a database queue cannot honour."""
+
+
+class MalformedJob(RatchetError):
+    """A stored job row that cannot be run as it is (written by hand or by another tool): it
+    was failed without running; the message says what is wrong with the row."""

@@ -13,7 +13,7 @@ import click
 
 from celery_ratchet.domain.batch import BatchState, BatchSummary
 from celery_ratchet.domain.cron import CronExpression
-from celery_ratchet.domain.job import JobStatus, error_record
+from celery_ratchet.domain.job import JobStatus, error_record, shown_status
 from celery_ratchet.errors import RatchetError
 from celery_ratchet.runtime import recurring
 from celery_ratchet.runtime.dlq import DeadLetterQueue
@@ -121,7 +121,7 @@ def jobs(
         limit=limit,
     )
     emit(
-        [vars(j) for j in found],
+        [{**vars(j), "status": shown_status(j.status)} for j in found],
         [
             "job_id",
             "task_name",
@@ -167,6 +167,7 @@ def jobs_show(cli: CliContext, job_id: str, as_json: bool) -> None:
         fail(f"no job {job_id!r}")
         return
     values = {k: v for k, v in vars(record).items() if k != "payload"}
+    values["status"] = shown_status(record.status)
     if record.payload is not None:
         values["payload"] = record.payload.decode("utf-8", "replace")
     log = cli.store.job_log(job_id)

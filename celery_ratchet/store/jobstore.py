@@ -47,9 +47,11 @@ from celery_ratchet.domain.job import (
     NewJob,
     ResultRecord,
     Settlement,
+    error_record,
+    parse_status,
 )
-from celery_ratchet.domain.priority import DEFAULT_BOOST_MINUTES, effective_priority
-from celery_ratchet.errors import ConfigurationError, DuplicateJob, StoreBusy
+from celery_ratchet.domain.priority import DEFAULT_BOOST_MINUTES, clamped, effective_priority
+from celery_ratchet.errors import ConfigurationError, DuplicateJob, RatchetError, StoreBusy
 from celery_ratchet.settings import mask_password
 from celery_ratchet.store.batches import (
     cancel_downstream,
@@ -59,10 +61,12 @@ from celery_ratchet.store.batches import (
 )
 from celery_ratchet.store.claim import (
     RETURNED,
+    Claimed,
     ClaimShape,
+    MalformedRow,
     claim_params,
+    decode,
     strategy_for,
-    to_claimed,
 )
 from celery_ratchet.store.ddl import add_missing_columns, create_missing_tables, index_applies
 from celery_ratchet.store.engine import (
@@ -249,7 +253,8 @@ def _params(new: NewJob) -> dict[str, Any]:
         "p_task_name": new.task_name,
         "p_queue": new.queue,
         "p_job_type": new.job_type.value,
-        "p_priority": new.priority,
+        # Kept to 0-9 whatever the caller built: the claim reads levels 0-9 one by one.
+        "p_priority": clamped(new.priority),
         "p_due": new.due,
         "p_expires_at": new.expires_at,
         "p_attempts": new.attempts,
@@ -667,7 +672,7 @@ class JobStore:
         token = uuid.uuid4().hex
         params = claim_params(node_id, token, queues, limit)
 
-        def claim(conn: Connection) -> list[ClaimedJob]:
+        def claim(conn: Connection) -> Claimed:
             if not self._claim.needs_transaction:
                 return self._claim.claim(conn, shape, params)
             with transaction(conn):
@@ -686,20 +691,20 @@ class JobStore:
         token = uuid.uuid4().hex
         self._ensure_resource_row(resource, capacity)
 
-        def claim(conn: Connection) -> list[ClaimedJob]:
+        def claim(conn: Connection) -> Claimed:
             with transaction(conn):
                 self._lock_resource(conn, resource, capacity)
                 conn.execute(self._drop_stale_permits, {"resource": resource})
                 held = conn.execute(self._count_permits, {"resource": resource}).scalar_one()
                 free = min(capacity - held, limit)
                 if free <= 0:
-                    return []
+                    return Claimed([], [])
                 params = claim_params(node_id, token, queues, free, resource)
                 claimed = self._claim.claim(conn, shape, params)
-                if claimed:
+                if claimed.jobs:  # a malformed row is failed at once: it needs no permit
                     permits = [
                         {"resource": resource, "job_id": j.job_id, "node_id": node_id}
-                        for j in claimed
+                        for j in claimed.jobs
                     ]
                     conn.execute(
                         insert(scheduler_resource_permit).values(
@@ -715,25 +720,39 @@ class JobStore:
         # Recurring masters fire strictly by due time; aging would only cost them.
         return 0.0 if list(queues) == [SCHEDULES_QUEUE] else self.priority_boost_minutes
 
-    def _claiming(
-        self, token: str, claim: Callable[[Connection], list[ClaimedJob]]
-    ) -> list[ClaimedJob]:
+    def _claiming(self, token: str, claim: Callable[[Connection], Claimed]) -> list[ClaimedJob]:
         tries = 0
 
-        def work(conn: Connection) -> list[ClaimedJob]:
+        def work(conn: Connection) -> Claimed:
             nonlocal tries
             tries += 1
             if tries > 1:
                 # The connection broke after an earlier try: that claim may have committed
                 # with its reply lost. Take its rows over rather than leave them RUNNING.
                 adopted = self._claimed_with(conn, token)
-                if adopted:
+                if adopted.jobs or adopted.malformed:
                     return adopted
             return claim(conn)
 
         claimed = self._run(work, "no job was claimed")
-        claimed.sort(key=lambda j: j.id)
-        return _best_first(claimed, self.priority_boost_minutes)
+        if claimed.malformed:
+            self._fail_malformed(token, claimed.malformed)
+        jobs = sorted(claimed.jobs, key=lambda j: j.id)
+        return _best_first(jobs, self.priority_boost_minutes)
+
+    def _fail_malformed(self, token: str, rows: Sequence[MalformedRow]) -> None:
+        """Fail claimed rows that cannot be run, with the reason; never their arguments.
+        Were this write lost, the rows stay claimed until orphan recovery, then fail again."""
+        settlements = []
+        for row in rows:
+            reason = f"job row {row.id} cannot be run: {row.reason}; it was failed unrun"
+            logger.error("ratchet: job %s: %s", row.job_id, reason)
+            error = error_record("MalformedJob", [reason], "celery_ratchet.errors")
+            settlements.append(Settlement(row.job_id, token, JobStatus.FAILED, error=error))
+        try:
+            self.settle(settlements)
+        except RatchetError as exc:
+            logger.warning("ratchet: malformed jobs were not failed yet: %s", exc)
 
     def _ensure_resource_row(self, resource: str, capacity: int) -> None:
         if resource in self._known_resources:
@@ -757,9 +776,9 @@ class JobStore:
             conn.execute(_insert_ignoring_duplicates(conn.dialect, r, values))
             conn.execute(lock)
 
-    def _claimed_with(self, conn: Connection, token: str) -> list[ClaimedJob]:
+    def _claimed_with(self, conn: Connection, token: str) -> Claimed:
         rows = conn.execute(self._select_claimed, {"token": token}).all()
-        return [to_claimed(row, token) for row in rows]
+        return decode(rows, token)
 
     def running_claims(self, node_id: str, *, older_than_seconds: float) -> list[tuple[str, str]]:
         """(job id, claim token) of every row ``node_id`` has held RUNNING for a while."""
@@ -1031,7 +1050,7 @@ class JobStore:
         if row is None:
             return None
         return ResultRecord(
-            **{**row._asdict(), "status": JobStatus(row.status), "payload": _bytes(row.payload)}
+            **{**row._asdict(), "status": parse_status(row.status), "payload": _bytes(row.payload)}
         )
 
     def forget(self, job_id: str) -> None:
@@ -1649,5 +1668,5 @@ def _bytes(value: Any) -> bytes | None:
 
 def _summary(row: Any) -> JobSummary:
     values = row._asdict()
-    values["status"] = JobStatus(values["status"])
+    values["status"] = parse_status(values["status"])
     return JobSummary(**values)
