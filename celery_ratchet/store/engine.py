@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
-from celery_ratchet.errors import ConfigurationError, StoreUnavailable
+from celery_ratchet.errors import ConfigurationError, StoreUnavailable, ValueRefused
 from celery_ratchet.settings import mask_password
 from celery_ratchet.store.schema import UTCDateTime
 
@@ -77,7 +78,8 @@ def build_engine(url: str) -> Engine:
     url = normalize_url(url)
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
+        parsed.port  # noqa: B018 - a port that is no number fails here, not at first use
+    except (ArgumentError, ValueError) as exc:
         raise ConfigurationError(f"ratchet_url {mask_password(url)!r}: {exc}") from exc
     kind = family(parsed.get_backend_name())
     options: dict[str, Any] = {
@@ -85,6 +87,8 @@ def build_engine(url: str) -> Engine:
         # Autocommit connections hold no transaction when returned; a reset ROLLBACK would
         # cost a round trip on every checkout.
         "pool_reset_on_return": None,
+        # A statement's parameters are job arguments: never in an error message or a log.
+        "hide_parameters": True,
     }
     if kind == "sqlite":
         database = parsed.database
@@ -215,6 +219,19 @@ def is_retryable_conflict(exc: BaseException) -> bool:
         return True
     code = getattr(exc.orig, "sqlstate", None)
     return code in {"40001", "40P01"}
+
+
+#: Where drivers quote a value in a message: ``value: '…'`` (MySQL), ``…: "…"`` (PostgreSQL),
+#: ``(column)=(…)`` (PostgreSQL's key details).
+_QUOTED_VALUE = re.compile(r"""(value:?\s*|:\s*)('[^']*'|"[^"]*")|(=\()[^)]*(\))""", re.I)
+
+
+def refused(exc: DBAPIError, what: str) -> ValueRefused:
+    """A value the database refused, as a :class:`ValueRefused` carrying its reason: the
+    first line of the driver's message, with any quoted value in it cut out."""
+    reason = str(exc.orig or "").strip().splitlines()[0] if exc.orig is not None else ""
+    reason = _QUOTED_VALUE.sub(lambda m: f"{m.group(1) or m.group(3)}…{m.group(4) or ''}", reason)
+    return ValueRefused(f"the job store refused a value ({reason or type(exc).__name__}); {what}")
 
 
 def unavailable(url: str, exc: BaseException, what: str) -> StoreUnavailable:

@@ -32,7 +32,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.sql.elements import BindParameter
 
 from celery_ratchet.domain.batch import BatchPart
@@ -51,7 +51,13 @@ from celery_ratchet.domain.job import (
     parse_status,
 )
 from celery_ratchet.domain.priority import DEFAULT_BOOST_MINUTES, clamped, effective_priority
-from celery_ratchet.errors import ConfigurationError, DuplicateJob, RatchetError, StoreBusy
+from celery_ratchet.errors import (
+    ConfigurationError,
+    DuplicateJob,
+    InvalidJob,
+    RatchetError,
+    StoreBusy,
+)
 from celery_ratchet.settings import mask_password
 from celery_ratchet.store.batches import (
     cancel_downstream,
@@ -77,6 +83,7 @@ from celery_ratchet.store.engine import (
     insert_ignoring_conflicts,
     is_retryable_conflict,
     is_unavailable,
+    refused,
     savepoint,
     transaction,
     unavailable,
@@ -246,7 +253,55 @@ def _held(job_id: Any, token: Any) -> tuple[Any, ...]:
     )
 
 
+#: Text fields of a job checked before any write: (name in messages, column).
+_CHECKED_FIELDS = (
+    ("task id", "job_id"), ("task name", "task_name"), ("queue", "queue"),
+    ("root id", "root_id"), ("parent id", "parent_id"), ("group id", "group_id"),
+    ("business key", "business_key"), ("resource", "resource"), ("depends on", "depends_on"),
+)  # fmt: skip
+
+
+def check_fields(new: NewJob) -> None:
+    """Refuse what the job store cannot hold as given, before anything is written: text
+    longer than its column (MySQL in a lax sql_mode would cut it short, so the job would sit
+    in a queue nobody consumes or under an id nobody asks for), NUL characters and lone
+    surrogates (refused by PostgreSQL and MySQL). The message names the field and the limit,
+    never the job's arguments."""
+    what = "a job" if len(new.task_name) > 200 else f"task {new.task_name[:80]!r}"
+    values = [(label, column, getattr(new, column)) for label, column in _CHECKED_FIELDS]
+    values += [
+        ("content type", "content_type", new.message.content_type),
+        ("content encoding", "content_encoding", new.message.content_encoding),
+    ]
+    values += [("tag", "tags", tag) for tag in new.tags]
+    for label, column, value in values:
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise InvalidJob(label, f"{what}: the {label} must be text, got {type(value).__name__}")
+        limit = getattr(job.c[column].type, "length", None)
+        if limit is not None and len(value) > limit:
+            raise InvalidJob(
+                label,
+                f"{what}: the {label} is {len(value)} characters, over the limit of {limit} "
+                f"(column scheduler_job.{column}); use a shorter {label}",
+            )
+        if "\x00" in value:
+            raise InvalidJob(
+                label,
+                f"{what}: the {label} contains a NUL character (\\x00), which the job store "
+                f"cannot hold; remove it",
+            )
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidJob(
+                label, f"{what}: the {label} is not valid Unicode text (a lone surrogate)"
+            ) from None
+
+
 def _params(new: NewJob) -> dict[str, Any]:
+    check_fields(new)
     m = new.message
     return {
         "p_job_id": new.job_id,
@@ -399,6 +454,8 @@ class JobStore:
                         reconnected = True
                         continue
                     raise unavailable(self.url, exc, what) from exc
+                if isinstance(exc, DataError):
+                    raise refused(exc, what) from exc
                 raise
             except Exception as exc:
                 if is_unavailable(exc):
