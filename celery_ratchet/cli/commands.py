@@ -26,14 +26,25 @@ from celery_ratchet.store.jobstore import JobStore
 class CliContext:
     """What every command needs: the store, opened on first use."""
 
-    def __init__(self, open_store: Callable[[], JobStore]) -> None:
+    def __init__(
+        self,
+        open_store: Callable[[], JobStore],
+        create_store: Callable[[], JobStore] | None = None,
+    ) -> None:
         self._open_store = open_store
+        self._create_store = create_store or open_store
         self._store: JobStore | None = None
 
     @property
     def store(self) -> JobStore:
         if self._store is None:
             self._store = self._open_store()
+        return self._store
+
+    def store_to_create(self) -> JobStore:
+        """The store for ``schema apply``: one whose database may not exist yet."""
+        if self._store is None:
+            self._store = self._create_store()
         return self._store
 
 
@@ -298,7 +309,7 @@ def schema_show(ctx: click.Context, dialect: str | None) -> None:
 @pass_cli
 def schema_apply(cli: CliContext) -> None:
     """Create missing tables and their indexes."""
-    created = cli.store.create_missing_tables()
+    created = cli.store_to_create().create_missing_tables()
     click.echo(f"created: {', '.join(created)}" if created else "schema up to date")
 
 

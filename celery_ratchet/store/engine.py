@@ -49,6 +49,17 @@ def normalize_url(url: str) -> str:
     return f"{_DRIVERS.get(scheme, scheme)}://{rest}"
 
 
+def sqlite_file(url: str) -> str | None:
+    """The file of a SQLite job-store URL; None for other databases and in-memory ones."""
+    try:
+        parsed = make_url(normalize_url(url))
+    except (ArgumentError, ValueError):
+        return None
+    if family(parsed.get_backend_name()) != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return parsed.database
+
+
 def family(dialect_name: str) -> str:
     """``mysql`` for MySQL and MariaDB, else the dialect name."""
     return "mysql" if dialect_name in ("mysql", "mariadb") else dialect_name
@@ -71,6 +82,12 @@ def _configure_mysql(engine: Engine) -> None:
         # Claims lock exact rows; gap locks under REPEATABLE READ would only add contention.
         cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         cursor.execute("SET SESSION time_zone = '+00:00'")
+        # Strict whatever the server's default: a lax sql_mode cuts an over-long id or queue
+        # to fit its column (the job would wait in a queue nobody consumes) instead of failing.
+        cursor.execute(
+            "SET SESSION sql_mode = "
+            "CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_TRANS_TABLES')"
+        )
         cursor.close()
 
 

@@ -1398,7 +1398,8 @@ class JobStore:
         if not include_schedules:
             conditions.append(_JOBS_ONLY)
         if tag is not None:
-            conditions.append(job.c.tags.like(f"%,{tag},%"))
+            # A tag is matched as written: % and _ in it are no wildcards.
+            conditions.append(job.c.tags.contains(f",{tag},", autoescape=True))
         if business_key is not None:
             conditions.append(job.c.business_key == business_key)
         if status is not None:
