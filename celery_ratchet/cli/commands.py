@@ -207,8 +207,13 @@ def stats(cli: CliContext, as_json: bool) -> None:
     per_status: dict[str, int] = {}
     for row in found["counts"]:
         per_status[row["status"]] = per_status.get(row["status"], 0) + row["count"]
-    emit([{"status": s, "count": per_status.get(s, 0)} for s in _STATUSES], ["status", "count"],
-         False)  # fmt: skip
+    listed = [{"status": s, "count": per_status.get(s, 0)} for s in _STATUSES]
+    listed += [
+        {"status": shown_status(s), "count": n}
+        for s, n in sorted(per_status.items())
+        if s not in _STATUSES
+    ]
+    emit(listed, ["status", "count"], False)
     click.echo("")
     queues = sorted({row["queue"] for row in found["counts"]})
     rows = []

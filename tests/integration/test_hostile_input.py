@@ -106,6 +106,9 @@ def test_an_unknown_status_is_shown_as_unknown_everywhere(client_app: Celery) ->
     shown = runner.invoke(cli, ["--url", store.url, "jobs", "show", result.id])
     assert shown.exit_code == 0, shown.output
     assert "UNKNOWN(BOGUS)" in shown.output
+    stats = runner.invoke(cli, ["--url", store.url, "stats"])
+    assert stats.exit_code == 0, stats.output
+    assert "UNKNOWN(BOGUS)" in stats.output
 
 
 def test_tag_filters_match_the_tag_as_written(client_app: Celery) -> None:
