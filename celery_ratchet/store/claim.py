@@ -194,6 +194,13 @@ def to_claimed(row: Row[Any], token: str, claims_offset: int = 0) -> ClaimedJob:
             f"its message is for task id {_shown(headers.get('id'))}, not for the row's "
             f"job_id {_shown(row.job_id)}",
         )
+    if headers.get("task") != row.task_name:
+        raise MalformedRow(
+            row.id,
+            row.job_id,
+            f"its message runs task {_shown(headers.get('task'))}, not the row's "
+            f"task_name {_shown(row.task_name)}",
+        )
     payload = row.payload
     return ClaimedJob(
         id=row.id,

@@ -33,13 +33,14 @@ def test_a_malformed_row_fails_alone_and_the_rest_of_its_batch_runs(store: JobSt
     _forge(store, "j2", job_type="LEGACY")
     _forge(store, "j4", headers=json.dumps({"id": "someone-else", "task": "tests.add"}))
     _forge(store, "j6", headers="not json at all")
+    _forge(store, "j7", task_name="tests.other")
 
     claimed = store.claim("n", ["celery"], 10)
 
-    assert sorted(j.job_id for j in claimed) == ["j0", "j1", "j3", "j5", "j7"]
+    assert sorted(j.job_id for j in claimed) == ["j0", "j1", "j3", "j5"]
     assert store.claim("n", ["celery"], 10) == []
     reasons = {}
-    for job_id in ("j2", "j4", "j6"):
+    for job_id in ("j2", "j4", "j6", "j7"):
         record = store.result(job_id)
         assert record is not None and record.status is JobStatus.FAILED, job_id
         assert record.finished_at is not None
@@ -50,7 +51,8 @@ def test_a_malformed_row_fails_alone_and_the_rest_of_its_batch_runs(store: JobSt
     assert "job_type 'LEGACY' is not one of SINGLE" in reasons["j2"]
     assert "'someone-else'" in reasons["j4"] and "'j4'" in reasons["j4"]
     assert "headers column is not a JSON object" in reasons["j6"]
-    assert store.count_by_status() == {"RUNNING": 5, "FAILED": 3}
+    assert "runs task 'tests.add', not the row's task_name 'tests.other'" in reasons["j7"]
+    assert store.count_by_status() == {"RUNNING": 4, "FAILED": 4}
 
 
 def test_a_malformed_row_needing_a_permit_takes_none(store: JobStore) -> None:
