@@ -81,3 +81,7 @@ class InvalidJob(RatchetError, ValueError):
 class ValueRefused(RatchetError, ValueError):
     """The database refused a value (too long, out of range, bad text); nothing was written.
     The message carries the database's reason, never the statement's parameters."""
+
+
+class SchemaMissing(RatchetError):
+    """The database has no job-store tables (or not all of them): nothing was read or written."""

@@ -218,9 +218,24 @@ def is_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, DBAPIError):
         if exc.connection_invalidated:
             return True
+        if is_missing_table(exc):
+            return False
         name = type(exc.orig).__name__ if exc.orig is not None else ""
         return name in {"OperationalError", "InterfaceError"} and not _is_lock_error(exc)
     return False
+
+
+def is_missing_table(exc: BaseException) -> bool:
+    """True when ``exc`` says a table does not exist (the schema was never created)."""
+    if not isinstance(exc, DBAPIError) or exc.orig is None:
+        return False
+    orig = exc.orig
+    if getattr(orig, "sqlstate", None) == "42P01":  # PostgreSQL: undefined_table
+        return True
+    args = getattr(orig, "args", ())
+    if args and args[0] == 1146:  # MySQL / MariaDB: ER_NO_SUCH_TABLE
+        return True
+    return type(orig).__name__ == "OperationalError" and "no such table" in str(orig)
 
 
 def _is_lock_error(exc: DBAPIError) -> bool:

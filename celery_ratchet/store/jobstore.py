@@ -56,6 +56,7 @@ from celery_ratchet.errors import (
     DuplicateJob,
     InvalidJob,
     RatchetError,
+    SchemaMissing,
     StoreBusy,
 )
 from celery_ratchet.settings import mask_password
@@ -81,6 +82,7 @@ from celery_ratchet.store.engine import (
     engine_for,
     family,
     insert_ignoring_conflicts,
+    is_missing_table,
     is_retryable_conflict,
     is_unavailable,
     refused,
@@ -482,6 +484,12 @@ class JobStore:
                     raise unavailable(self.url, exc, what) from exc
                 if isinstance(exc, DataError):
                     raise refused(exc, what) from exc
+                if is_missing_table(exc):
+                    raise SchemaMissing(
+                        f"the job store at {self.display_url} has no ratchet tables (or not all "
+                        f"of them); create them with `ratchet --url URL schema apply`, or start "
+                        f"a worker once; {what}"
+                    ) from exc
                 raise
             except Exception as exc:
                 if is_unavailable(exc):

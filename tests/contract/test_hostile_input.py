@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import create_engine, insert, select, text
 from sqlalchemy.exc import DBAPIError
 
-from celery_ratchet.errors import InvalidJob, ValueRefused
+from celery_ratchet.errors import InvalidJob, SchemaMissing, ValueRefused
 from celery_ratchet.store.engine import normalize_url
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.store.schema import scheduler_job
@@ -151,3 +151,8 @@ def test_mysql_connections_are_strict_whatever_the_server_default(servers: Serve
             store.enqueue(new_job("long", queue=LONG))
     finally:
         store.engine.dispose()
+
+
+def test_a_missing_table_is_schema_missing_not_an_outage(store: JobStore) -> None:
+    with pytest.raises(SchemaMissing, match=r"has no ratchet tables.*schema apply"):
+        store._run(lambda conn: conn.execute(text("SELECT job_id FROM scheduler_nothing")), "x")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +180,12 @@ def test_no_url_and_no_store_file_says_so_and_creates_nothing(tmp_path: Path) ->
         assert runner.invoke(cli, ["jobs"]).exit_code == 0
     finally:
         os.chdir(cwd)
+
+
+def test_a_store_without_tables_says_how_to_make_them(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    out = CliRunner().invoke(cli, ["--url", f"sqlite:///{empty}", "jobs"])
+    assert out.exit_code == 2, out.output
+    assert "has no ratchet tables" in out.output and "schema apply" in out.output
+    assert "cannot reach" not in out.output
