@@ -85,3 +85,20 @@ class ValueRefused(RatchetError, ValueError):
 
 class SchemaMissing(RatchetError):
     """The database has no job-store tables (or not all of them): nothing was read or written."""
+
+
+class PredicateNotAllowed(RatchetError, ValueError):
+    """A workflow condition names a function the application did not allow."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"predicate {path!r} is not allowed: decorate the function with "
+            f"@celery_ratchet.predicate (in a module the worker imports), or list its package "
+            f"in ratchet_predicate_modules; a workflow condition never runs any other function"
+        )
+
+
+class RecoveryLimitExceeded(RatchetError):
+    """Orphan recovery took a job back from dead nodes more often than
+    ``ratchet_max_recoveries`` allows: it is FAILED, in the dead-letter queue."""

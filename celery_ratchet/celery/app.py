@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery, signals
+from celery.app import utils as celery_app_utils
 from celery.utils.imports import symbol_by_name
 
 from celery_ratchet.errors import ConfigurationError
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.redact import mask_url
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +40,8 @@ class RatchetState:
         self.runtime: Any = None
         self._publisher: Any = None
         self._event_sender: Any = None
+        #: Serializers of accept_content a worker refused (``ratchet_allow_pickle`` off).
+        self.refused_serializers: list[str] | None = None
 
     @property
     def settings(self) -> RatchetSettings:
@@ -149,6 +155,7 @@ def install(app: Celery) -> Celery:
         app.events_cls = "celery_ratchet.celery.events:RatchetEvents"
         app.__dict__.pop("events", None)
         app.steps["consumer"].add(JobConsumer)
+        censor_ratchet_urls()
         retry.connect(app)
         housekeeping.register_tasks(app)
         batches.register_tasks(app)
@@ -159,6 +166,32 @@ def install(app: Celery) -> Celery:
         else:
             app.on_after_configure.connect(_on_configured, weak=False)
     return app
+
+
+#: Settings shown with their credentials masked by ``celery report`` and every listing of
+#: the configuration (``app.conf.humanize()``, ``app.conf.table()``).
+_RATCHET_URL_SETTING = re.compile(r"^ratchet_.*url", re.IGNORECASE)
+
+
+def censor_ratchet_urls() -> None:
+    """Teach Celery's censoring of settings (``filter_hidden_settings``, used by
+    ``celery report`` and ``app.conf.table()``) the ratchet URL settings: it masks only
+    settings named like its own secrets. Installed once per process; idempotent."""
+    current = celery_app_utils.filter_hidden_settings
+    if getattr(current, "_ratchet", False):
+        return
+
+    def filter_hidden_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
+        filtered = current(conf)
+        return {
+            key: mask_url(value)
+            if isinstance(key, str) and isinstance(value, str) and _RATCHET_URL_SETTING.match(key)
+            else value
+            for key, value in filtered.items()
+        }
+
+    filter_hidden_settings._ratchet = True  # type: ignore[attr-defined]
+    celery_app_utils.filter_hidden_settings = filter_hidden_settings
 
 
 def _on_configured(sender: Celery, **_: Any) -> None:
@@ -210,6 +243,26 @@ def _on_worker_init(sender: Any = None, instance: Any = None, **_: Any) -> None:
     if app is not None and is_ratchet_app(app):
         install(app)
         forget_broker(app)
+        narrow_accept_content(app)
+
+
+def narrow_accept_content(app: Celery) -> None:
+    """Take the serializers that can run code out of the worker's accept lists unless
+    ``ratchet_allow_pickle`` is on; before the pool starts, so its processes never decode
+    them either. The worker warns about what it took out once logging is set up."""
+    from celery_ratchet.celery.message import safe_accept
+
+    allow = ratchet_state(app).settings.allow_pickle
+    refused: set[str] = set()
+    for key in ("accept_content", "result_accept_content"):
+        value = app.conf.get(key)
+        if value is None:
+            continue
+        kept, dropped = safe_accept(value, allow)
+        if dropped:
+            app.conf[key] = sorted(kept)
+            refused.update(dropped)
+    ratchet_state(app).refused_serializers = sorted(refused)
 
 
 def dlq(app: Celery) -> Any:

@@ -114,6 +114,9 @@ class ClaimedJob:
     resource: str | None = None
     #: Set when the job was revoked while an earlier execution of it was running.
     revoke_requested: str | None = None
+    #: Which registration of the claiming node this claim belongs to: the executing process
+    #: checks it before the job starts (``runtime.fence``).
+    fence: str | None = None
 
 
 @dataclass(frozen=True)

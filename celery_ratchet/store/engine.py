@@ -24,7 +24,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from celery_ratchet.errors import ConfigurationError, StoreUnavailable, ValueRefused
-from celery_ratchet.settings import mask_password
+from celery_ratchet.store.redact import mask_secrets_of, mask_url
 from celery_ratchet.store.schema import UTCDateTime
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def normalize_url(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         raise ConfigurationError(
-            f"ratchet_url {mask_password(url)!r} is not a database URL; expected e.g. "
+            f"ratchet_url {mask_url(url)!r} is not a database URL; expected e.g. "
             "postgresql://user@host/db, mysql://user@host/db or sqlite:///path/ratchet.db"
         )
     return f"{_DRIVERS.get(scheme, scheme)}://{rest}"
@@ -97,7 +97,7 @@ def build_engine(url: str) -> Engine:
         parsed = make_url(url)
         parsed.port  # noqa: B018 - a port that is no number fails here, not at first use
     except (ArgumentError, ValueError) as exc:
-        raise ConfigurationError(f"ratchet_url {mask_password(url)!r}: {exc}") from exc
+        raise ConfigurationError(f"ratchet_url {mask_url(url)!r}: {exc}") from exc
     kind = family(parsed.get_backend_name())
     options: dict[str, Any] = {
         "isolation_level": "AUTOCOMMIT",
@@ -268,9 +268,8 @@ def refused(exc: DBAPIError, what: str) -> ValueRefused:
 
 def unavailable(url: str, exc: BaseException, what: str) -> StoreUnavailable:
     reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-    return StoreUnavailable(
-        f"cannot reach the job store at {mask_password(url)} ({reason}); {what}"
-    )
+    reason = mask_secrets_of(url, reason)
+    return StoreUnavailable(f"cannot reach the job store at {mask_url(url)} ({reason}); {what}")
 
 
 class db_now(FunctionElement[Any]):

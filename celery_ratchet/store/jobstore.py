@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
@@ -58,8 +60,8 @@ from celery_ratchet.errors import (
     RatchetError,
     SchemaMissing,
     StoreBusy,
+    StoreUnavailable,
 )
-from celery_ratchet.settings import mask_password
 from celery_ratchet.store.batches import (
     cancel_downstream,
     record_ended_parts,
@@ -90,6 +92,7 @@ from celery_ratchet.store.engine import (
     transaction,
     unavailable,
 )
+from celery_ratchet.store.redact import mask_url
 from celery_ratchet.store.schema import (
     UTCDateTime,
     metadata,
@@ -111,6 +114,79 @@ _TERMINAL = [s.value for s in TERMINAL_STATUSES]
 _JOBS_ONLY = job.c.job_type != JobType.RECURRING.value
 _ACTIVE = [s.value for s in ACTIVE_STATUSES]
 _CANCELS_DOWNSTREAM = frozenset({JobStatus.FAILED.value, JobStatus.REVOKED.value})
+
+
+@dataclass(frozen=True)
+class OrphanRecovery:
+    """What one orphan scan took back from dead nodes."""
+
+    #: Jobs due again (PENDING).
+    requeued: list[str]
+    #: Jobs past ``ratchet_max_recoveries``: FAILED, in the dead-letter queue.
+    dead_lettered: list[str]
+    #: The nodes declared dead (their rows deleted).
+    dead_nodes: list[str]
+
+    @property
+    def jobs(self) -> list[str]:
+        return sorted(self.requeued + self.dead_lettered)
+
+
+def recovery_limit_record(claims: int, limit: int) -> str:
+    """The error of a job dead-lettered by orphan recovery, as Celery stores exceptions."""
+    message = (
+        f"this job was taken back from a node that died or was declared dead while holding "
+        f"it, after {claims} claims that never finished (more than ratchet_max_recoveries = "
+        f"{limit}), so it is not run again: its task may crash or stall its worker (killed, "
+        "out of memory, os._exit, a long call holding the GIL under -P threads). Fix the "
+        "task, then requeue the job from the dead-letter queue (`ratchet dlq retry <job id>`"
+        " or celery_ratchet.dlq(app).retry(job_id)); or raise ratchet_max_recoveries"
+    )
+    return error_record("RecoveryLimitExceeded", [message], "celery_ratchet.errors")
+
+
+class Reachability:
+    """Logs the job store going away once, and its return once, per process: not one line
+    per failed statement. Processes whose outages another process reports (a worker's pool
+    processes, reported by the worker) log them at DEBUG only (:func:`quiet_outages`)."""
+
+    #: Level of the two lines; DEBUG where another process of the same worker logs them.
+    level = logging.WARNING
+
+    def __init__(self, display_url: str) -> None:
+        self.display_url = display_url
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+
+    @property
+    def down(self) -> bool:
+        return self._down_since is not None
+
+    def failed(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._down_since is not None:
+                return
+            self._down_since = time.monotonic()
+        logger.log(self.level, "ratchet: the job store is unreachable: %s", exc)
+
+    def succeeded(self) -> None:
+        if self._down_since is None:  # read without the lock: the common case stays cheap
+            return
+        with self._lock:
+            since, self._down_since = self._down_since, None
+        if since is not None:
+            logger.log(
+                self.level,
+                "ratchet: the job store at %s is reachable again after %.1fs",
+                self.display_url,
+                time.monotonic() - since,
+            )
+
+
+def quiet_outages() -> None:
+    """In this process, log the job store's outages at DEBUG: another process (the worker's
+    main process) reports them."""
+    Reachability.level = logging.DEBUG
 
 
 class _ClaimLost(Exception):
@@ -372,7 +448,9 @@ class JobStore:
         self.url = url
         #: Aging: a waiting job gains one priority level per this many minutes (0: never).
         self.priority_boost_minutes = max(float(priority_boost_minutes), 0.0)
-        self.display_url = mask_password(url)
+        self.display_url = mask_url(url)
+        #: Whether the database answers, as this process last found it.
+        self.reachability = Reachability(self.display_url)
         self.engine = engine or engine_for(url)
         self.family = family(self.engine.dialect.name)
         self._claim = strategy_for(self.engine.dialect)
@@ -462,6 +540,15 @@ class JobStore:
     def _attempt(self, work: Callable[[Connection], T], what: str) -> T:
         """Run ``work`` on a pooled connection: once more after a dropped connection, a few
         more times after a deadlock; :class:`StoreUnavailable` when the database is gone."""
+        try:
+            done = self._attempt_once(work, what)
+        except StoreUnavailable as exc:
+            self.reachability.failed(exc)
+            raise
+        self.reachability.succeeded()
+        return done
+
+    def _attempt_once(self, work: Callable[[Connection], T], what: str) -> T:
         reconnected = False
         conflicts = 0
         while True:
@@ -674,9 +761,10 @@ class JobStore:
             mine.database,
         ) == (theirs.host, theirs.port, theirs.database)
         if not same:
+            shown = mask_url(theirs.render_as_string(hide_password=False))
             raise ConfigurationError(
                 f"transactional enqueue needs the job store's database: this connection is to "
-                f"{mask_password(theirs.render_as_string())}, ratchet_url is {self.display_url}"
+                f"{shown}, ratchet_url is {self.display_url}"
             )
 
     def _insert_many(
@@ -876,7 +964,7 @@ class JobStore:
         stmt = select(job.c.job_id, job.c.claim_token).where(
             job.c.status == JobStatus.RUNNING.value,
             job.c.picked_by == node_id,
-            job.c.claimed_at < db_now_minus(older_than_seconds),
+            or_(job.c.claimed_at.is_(None), job.c.claimed_at < db_now_minus(older_than_seconds)),
         )
         rows = self._run(lambda conn: conn.execute(stmt).all(), "claims were not listed")
         return [(r.job_id, r.claim_token) for r in rows]
@@ -1616,40 +1704,106 @@ class JobStore:
             "the node was not removed",
         )
 
-    def recover_orphans(self, grace_seconds: float) -> list[str]:
-        """Hand RUNNING jobs of nodes silent for longer than ``grace_seconds`` back to PENDING,
-        release their permits and delete the dead nodes, atomically. Returns the job ids.
+    def node_heartbeats(self) -> dict[str, datetime]:
+        """The last heartbeat of every registered node (by the database clock)."""
+        n = scheduler_node
+        stmt = select(n.c.node_id, n.c.heartbeat_ts)
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "heartbeats were not read")
+        return {r.node_id: r.heartbeat_ts for r in rows}
 
-        Jobs owned by a node with no row at all (removed by hand, or a node that died while
-        registering) count as orphaned once their claim is older than the grace period.
+    def recover_orphans(
+        self,
+        grace_seconds: float,
+        *,
+        observed: Mapping[str, datetime] | None = None,
+        max_recoveries: int | None = None,
+    ) -> OrphanRecovery:
+        """Take the RUNNING jobs of dead nodes back, release their permits and delete the
+        dead nodes, atomically.
+
+        ``observed``: the nodes the caller watched stay silent for a full grace period, each
+        with the heartbeat it saw; a node counts as dead only if its heartbeat still has that
+        value (it did not beat since) and is older than ``grace_seconds`` by the database
+        clock. Without it, every node silent for ``grace_seconds`` by the database clock is
+        dead: only right for a caller that knows no node was cut off from the database.
+
+        Jobs owned by no registered node (a node row removed by hand, a node that died while
+        registering, a forged row with no owner) count as orphaned once their claim is older
+        than the grace period, or has no time at all.
+
+        A job a dead node held after more than ``max_recoveries`` claims since it was last
+        scheduled (``claims``; hand-backs of live nodes count too) is not run again: it is
+        FAILED, in the dead-letter queue, with an error that says so. The others (and every
+        recurring master) are PENDING again.
         """
         n, p = scheduler_node, scheduler_resource_permit
         cutoff = db_now_minus(grace_seconds)
-        silent = select(n.c.node_id).where(n.c.heartbeat_ts < cutoff)
+        silent = select(n.c.node_id, n.c.heartbeat_ts).where(n.c.heartbeat_ts < cutoff)
+        if observed is not None:
+            silent = silent.where(n.c.node_id.in_(list(observed)))
         if self.family != "sqlite":
             silent = silent.with_for_update(skip_locked=True)
         owned_by = job.c.picked_by.in_(bindparam("dead", expanding=True))
-        unowned = and_(job.c.picked_by.not_in(select(n.c.node_id)), job.c.claimed_at < cutoff)
+        unowned = and_(
+            or_(job.c.picked_by.is_(None), job.c.picked_by.not_in(select(n.c.node_id))),
+            or_(job.c.claimed_at.is_(None), job.c.claimed_at < cutoff),
+        )
 
-        def work(conn: Connection) -> list[str]:
+        def work(conn: Connection) -> OrphanRecovery:
             with transaction(conn):
-                dead = list(conn.execute(silent).scalars())
+                if observed is not None and not observed:
+                    dead: list[str] = []
+                else:
+                    dead = [
+                        r.node_id
+                        for r in conn.execute(silent)
+                        if observed is None or observed.get(r.node_id) == r.heartbeat_ts
+                    ]
                 running = job.c.status == JobStatus.RUNNING.value
                 where = and_(running, or_(owned_by, unowned) if dead else unowned)
                 params = {"dead": dead} if dead else {}
-                orphans = list(conn.execute(select(job.c.job_id).where(where), params).scalars())
-                if orphans:
+                found = select(job.c.job_id, job.c.claims, job.c.job_type).where(where)
+                given_up = defaultdict(list)
+                requeued = []
+                for r in conn.execute(found, params):
+                    # A recurring master is claimed at every fire time, and its firing is
+                    # ratchet's own: its schedule is never given up.
+                    master = r.job_type == JobType.RECURRING.value
+                    if max_recoveries is not None and r.claims > max_recoveries and not master:
+                        given_up[r.claims].append(r.job_id)
+                    else:
+                        requeued.append(r.job_id)
+                if requeued:
                     conn.execute(
                         update(job)
-                        .where(where, job.c.job_id.in_(orphans))
+                        .where(where, job.c.job_id.in_(requeued))
                         .values(status=JobStatus.PENDING.value, **_CLEARED_CLAIM),
                         params,
                     )
+                dead_lettered = []
+                for claims, ids in given_up.items():
+                    error = recovery_limit_record(claims, max_recoveries or 0)
+                    conn.execute(
+                        update(job)
+                        .where(where, job.c.job_id.in_(ids))
+                        .values(
+                            status=JobStatus.FAILED.value,
+                            finished_at=db_now(),
+                            last_error=error,
+                            error_traceback=None,
+                        ),
+                        params,
+                    )
+                    cancel_downstream(conn, ids, error)
+                    record_ended_parts(conn, ids, "FAILURE")
+                    dead_lettered += ids
+                orphans = requeued + dead_lettered
+                if orphans:
                     conn.execute(delete(p).where(p.c.job_id.in_(orphans)))
                 if dead:
                     conn.execute(delete(p).where(p.c.node_id.in_(dead)))
                     conn.execute(delete(n).where(n.c.node_id.in_(dead)))
-                return orphans
+                return OrphanRecovery(sorted(requeued), sorted(dead_lettered), sorted(dead))
 
         return self._run(work, "orphaned jobs were not recovered")
 

@@ -7,6 +7,7 @@ the job store URL (here from RATCHET_URL). Its broker_url points at a closed por
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 from celery import Celery
@@ -138,6 +139,18 @@ def chord_body(results: list[int], key: str) -> int:
     return sum(results)
 
 
+@app.task(name="acc.crash_worker")
+def crash_worker(key: str) -> None:
+    """Notes its run, then SIGKILLs its whole worker (main process and pool), every time."""
+    record_run(key)
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
 @app.task(name="acc.boom")
 def boom(message: str) -> None:
     raise RuntimeError(message)
+
+
+# The serializers the app accepts, set per test (RATCHET_ACCEPTANCE_ACCEPT_CONTENT=json,pickle).
+if os.environ.get("RATCHET_ACCEPTANCE_ACCEPT_CONTENT"):
+    app.conf.accept_content = os.environ["RATCHET_ACCEPTANCE_ACCEPT_CONTENT"].split(",")
