@@ -109,3 +109,23 @@ def test_with_a_worker_the_job_runs_once(
         assert after.finished_at == before.finished_at, "the finished job was armed again"
         assert len(tasks.RUNS[key]) == 1
     ratchet_state(client).store.engine.dispose()
+
+
+def test_a_bulk_send_whose_commit_reply_was_lost_is_stored_once(
+    proxied: tuple[LossyProxy, str], direct_store: JobStore, broker_trap: BrokerTrap
+) -> None:
+    import celery_ratchet
+
+    proxy, url = proxied
+    client = _client(url, broker_trap)
+    ids = [uuid.uuid4().hex for _ in range(5)]
+    proxy.lose_reply_to(b"COMMIT", refuse=3)
+    with celery_ratchet.bulk(client) as producer:
+        for task_id in ids:
+            client.tasks["t.mark"].apply_async(("bulk",), task_id=task_id, producer=producer)
+    assert proxy.dropped.is_set(), "the reply to the COMMIT was never lost"
+    for task_id in ids:
+        record = direct_store.result(task_id)
+        assert record is not None and record.status is JobStatus.PENDING
+    assert direct_store.count_by_status() == {"PENDING": 6}
+    ratchet_state(client).store.engine.dispose()
