@@ -74,6 +74,29 @@ class UnsupportedRouting(RatchetError, ValueError):
     """A routing feature of AMQP brokers that a database queue cannot honour."""
 
 
+class MalformedJob(RatchetError):
+    """A stored job row that cannot be run as it is (written by hand or by another tool): it
+    was failed without running; the message says what is wrong with the row."""
+
+
+class InvalidJob(RatchetError, ValueError):
+    """A job's field or option has a value the job store cannot hold or ratchet cannot
+    honour; nothing was written. ``field`` names it; the message gives the limit."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+
+class ValueRefused(RatchetError, ValueError):
+    """The database refused a value (too long, out of range, bad text); nothing was written.
+    The message carries the database's reason, never the statement's parameters."""
+
+
+class SchemaMissing(RatchetError):
+    """The database has no job-store tables (or not all of them): nothing was read or written."""
+
+
 class PredicateNotAllowed(RatchetError, ValueError):
     """A workflow condition names a function the application did not allow."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -24,7 +25,12 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
-from celery_ratchet.errors import ConfigurationError, PreparedStatementConflict, StoreUnavailable
+from celery_ratchet.errors import (
+    ConfigurationError,
+    PreparedStatementConflict,
+    StoreUnavailable,
+    ValueRefused,
+)
 from celery_ratchet.store.redact import mask_secrets_of, mask_url
 from celery_ratchet.store.schema import UTCDateTime
 
@@ -78,6 +84,17 @@ def _split_query_hosts(url: URL) -> URL:
     return url.update_query_dict({"host": split[0] if len(split) == 1 else split})
 
 
+def sqlite_file(url: str) -> str | None:
+    """The file of a SQLite job-store URL; None for other databases and in-memory ones."""
+    try:
+        parsed = make_url(normalize_url(url))
+    except (ArgumentError, ValueError):
+        return None
+    if family(parsed.get_backend_name()) != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return parsed.database
+
+
 def family(dialect_name: str) -> str:
     """``mysql`` for MySQL and MariaDB, else the dialect name."""
     return "mysql" if dialect_name in ("mysql", "mariadb") else dialect_name
@@ -100,6 +117,12 @@ def _configure_mysql(engine: Engine) -> None:
         # Claims lock exact rows; gap locks under REPEATABLE READ would only add contention.
         cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         cursor.execute("SET SESSION time_zone = '+00:00'")
+        # Strict whatever the server's default: a lax sql_mode cuts an over-long id or queue
+        # to fit its column (the job would wait in a queue nobody consumes) instead of failing.
+        cursor.execute(
+            "SET SESSION sql_mode = "
+            "CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_TRANS_TABLES')"
+        )
         cursor.close()
 
 
@@ -163,6 +186,7 @@ def build_engine(url: str, options: EngineOptions | None = None) -> Engine:
     url = normalize_url(url)
     try:
         parsed = make_url(url)
+        parsed.port  # noqa: B018 - a port that is no number fails here, not at first use
     except (ArgumentError, ValueError) as exc:
         raise ConfigurationError(f"ratchet_url {mask_url(url)!r}: {exc}") from exc
     kind = family(parsed.get_backend_name())
@@ -171,6 +195,8 @@ def build_engine(url: str, options: EngineOptions | None = None) -> Engine:
         # Autocommit connections hold no transaction when returned; a reset ROLLBACK would
         # cost a round trip on every checkout.
         "pool_reset_on_return": None,
+        # A statement's parameters are job arguments: never in an error message or a log.
+        "hide_parameters": True,
     }
     if kind == "sqlite":
         database = parsed.database
@@ -311,9 +337,24 @@ def is_unavailable(exc: BaseException) -> bool:
             return False
         if exc.connection_invalidated:
             return True
+        if is_missing_table(exc):
+            return False
         name = type(exc.orig).__name__ if exc.orig is not None else ""
         return name in {"OperationalError", "InterfaceError"} and not _is_lock_error(exc)
     return False
+
+
+def is_missing_table(exc: BaseException) -> bool:
+    """True when ``exc`` says a table does not exist (the schema was never created)."""
+    if not isinstance(exc, DBAPIError) or exc.orig is None:
+        return False
+    orig = exc.orig
+    if getattr(orig, "sqlstate", None) == "42P01":  # PostgreSQL: undefined_table
+        return True
+    args = getattr(orig, "args", ())
+    if args and args[0] == 1146:  # MySQL / MariaDB: ER_NO_SUCH_TABLE
+        return True
+    return type(orig).__name__ == "OperationalError" and "no such table" in str(orig)
 
 
 def _is_lock_error(exc: DBAPIError) -> bool:
@@ -329,6 +370,19 @@ def is_retryable_conflict(exc: BaseException) -> bool:
         return True
     code = getattr(exc.orig, "sqlstate", None)
     return code in {"40001", "40P01"}
+
+
+#: Where drivers quote a value in a message: ``value: '…'`` (MySQL), ``…: "…"`` (PostgreSQL),
+#: ``(column)=(…)`` (PostgreSQL's key details).
+_QUOTED_VALUE = re.compile(r"""(value:?\s*|:\s*)('[^']*'|"[^"]*")|(=\()[^)]*(\))""", re.I)
+
+
+def refused(exc: DBAPIError, what: str) -> ValueRefused:
+    """A value the database refused, as a :class:`ValueRefused` carrying its reason: the
+    first line of the driver's message, with any quoted value in it cut out."""
+    reason = str(exc.orig or "").strip().splitlines()[0] if exc.orig is not None else ""
+    reason = _QUOTED_VALUE.sub(lambda m: f"{m.group(1) or m.group(3)}…{m.group(4) or ''}", reason)
+    return ValueRefused(f"the job store refused a value ({reason or type(exc).__name__}); {what}")
 
 
 def unavailable(url: str, exc: BaseException, what: str, *, sent: bool = False) -> StoreUnavailable:
