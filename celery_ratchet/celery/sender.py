@@ -19,8 +19,8 @@ from typing import Any
 
 from celery import Celery, signals
 from celery.app.amqp import AMQP
-from kombu import Connection
 from kombu.common import Broadcast
+from kombu.connection import Connection
 
 from celery_ratchet.celery import options as options_
 from celery_ratchet.celery.app import NO_BROKER, ratchet_state

@@ -286,7 +286,10 @@ def _insert_statement(
     ``notify`` (PostgreSQL): each inserted row notifies its queue to listening workers, in
     the same statement (no extra round trip) and only once the row is committed."""
     now = str(db_now().compile(dialect=dialect))
-    suffix = (lambda i: "") if rows == 1 else (lambda i: f"_{i}")
+
+    def suffix(i: int) -> str:
+        return "" if rows == 1 else f"_{i}"
+
     values = ", ".join(
         f"(:p_job_id{suffix(i)}, :p_task_name{suffix(i)}, :p_queue{suffix(i)}, 'PENDING', "
         f":p_job_type{suffix(i)}, :p_priority{suffix(i)}, COALESCE(:p_due{suffix(i)}, {now}), "
