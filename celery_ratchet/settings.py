@@ -6,6 +6,7 @@ passes the Celery configuration mapping and the environment.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -50,6 +51,15 @@ def _to_capacities(value: Any) -> dict[str, int]:
     return capacities
 
 
+def _to_mapping(value: Any) -> dict[str, Any]:
+    """A mapping, or a JSON object from an environment variable."""
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip() else {}
+    if not isinstance(value, Mapping):
+        raise ValueError("expected a mapping (a JSON object in an environment variable)")
+    return {str(k): v for k, v in value.items()}
+
+
 def _to_names(value: Any) -> tuple[str, ...]:
     """``["shop", "billing.rules"]``, or ``"shop,billing.rules"`` from an environment variable."""
     if isinstance(value, str):
@@ -72,6 +82,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "int | None": lambda v: None if v in (None, "") else int(v),
     "float | None": lambda v: None if v in (None, "") else float(v),
     "dict[str, int]": _to_capacities,
+    "dict[str, Any]": _to_mapping,
     "tuple[str, ...]": _to_names,
 }
 
@@ -110,6 +121,17 @@ class RatchetSettings:
     #: PostgreSQL: enqueues notify idle workers, which claim at once instead of at the next
     #: poll (LISTEN/NOTIFY). No effect on other databases.
     listen_notify: bool = True
+    #: PostgreSQL: a direct URL (not through PgBouncer) for the LISTEN connection; default:
+    #: ``url``. LISTEN through a pooler in transaction mode never receives anything.
+    listen_url: str | None = None
+    #: PostgreSQL: ``url`` goes through PgBouncer (transaction or statement pooling): no
+    #: server-side prepared statements, and LISTEN/NOTIFY only with ``listen_url``.
+    pgbouncer: bool = False
+    #: Connections each process keeps open to the job store, and how many more at a peak.
+    pool_size: int = 5
+    max_overflow: int = 10
+    #: Extra keyword arguments of the driver's connect() (a JSON object in the environment).
+    connect_args: dict[str, Any] = field(default_factory=dict)
     #: Redis URL for wake-ups on any database (``redis://host:6379/0``); optional.
     events_url: str | None = None
     #: With a wake-up channel on (LISTEN/NOTIFY or ``events_url``), an idle worker is told of
@@ -124,6 +146,11 @@ class RatchetSettings:
     job_archive_enabled: bool = True
     #: Job log lines older than this are deleted by the archiver.
     log_retention_days: float = 30.0
+
+    @property
+    def wakeups_by_notify(self) -> bool:
+        """Enqueues notify and workers LISTEN: on, unless behind PgBouncer with no direct URL."""
+        return self.listen_notify and (not self.pgbouncer or self.listen_url is not None)
 
     @property
     def orphan_scan_interval(self) -> float:
@@ -174,6 +201,11 @@ class RatchetSettings:
             "job_archive_batch_size": self.job_archive_batch_size,
             "log_retention_days": self.log_retention_days,
         }
+        if self.pool_size < 1 or self.max_overflow < 0:
+            raise ConfigurationError(
+                f"ratchet_pool_size ({self.pool_size}) must be at least 1 and "
+                f"ratchet_max_overflow ({self.max_overflow}) at least 0"
+            )
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigurationError(f"ratchet_{name} must be positive, got {value!r}")

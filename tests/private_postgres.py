@@ -41,9 +41,11 @@ def pg_bin() -> Path | None:
     return installed[-1] if installed else None
 
 
-def unavailable(reason: str) -> NoReturn:
+def unavailable(
+    reason: str, needed_for: str = "to restart a private PostgreSQL server"
+) -> NoReturn:
     if IN_CI:
-        pytest.fail(f"{reason}: CI requires it to restart a private PostgreSQL server")
+        pytest.fail(f"{reason}: CI requires it {needed_for}")
     pytest.skip(reason)
 
 
@@ -103,6 +105,20 @@ class PrivatePostgres:
     def init(self) -> None:
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
                   "--no-sync")  # fmt: skip
+        self._start_on_a_free_port()
+
+    def init_standby_of(self, primary: PrivatePostgres) -> None:
+        """A streaming replica of ``primary`` (``pg_basebackup -R``), started on its own port."""
+        self._run("pg_basebackup", "-D", str(self.data), "-h", "127.0.0.1", "-p",
+                  str(primary.port), "-U", "postgres", "-R", "-X", "stream", "-c", "fast",
+                  "--no-sync")  # fmt: skip
+        self._start_on_a_free_port()
+
+    def promote(self) -> None:
+        """A standby becomes a primary (``pg_ctl promote``), once it accepts writes."""
+        self._run("pg_ctl", "promote", "-D", str(self.data), "-w", "-t", "60")
+
+    def _start_on_a_free_port(self) -> None:
         for _ in range(5):  # another process may take the free port before the server does
             self.port = free_port()
             try:

@@ -16,6 +16,7 @@ from celery.utils.imports import symbol_by_name
 from celery_ratchet.errors import ConfigurationError
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.batches import BatchStore
+from celery_ratchet.store.engine import EngineOptions
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.store.redact import mask_url
 
@@ -59,7 +60,8 @@ class RatchetState:
                     settings.url,
                     create_schema=settings.create_schema,
                     priority_boost_minutes=settings.priority_boost_interval_minutes,
-                    notify=settings.listen_notify,
+                    notify=settings.wakeups_by_notify,
+                    engine_options=engine_options(settings),
                 )
                 self._store_pid = os.getpid()
             return self._store
@@ -107,12 +109,34 @@ class RatchetState:
             from celery_ratchet.events.postgres import PostgresWakeups
             from celery_ratchet.store.engine import libpq_conninfo
 
-            sources.append(PostgresWakeups(libpq_conninfo(store.url)))
+            listen_url = settings.listen_url or store.url
+            sources.append(
+                PostgresWakeups(
+                    libpq_conninfo(listen_url, engine_options(settings)),
+                    probe=store.send_probe,
+                    on_silent=store.stop_notifying,
+                )
+            )
+        elif settings.listen_notify and settings.pgbouncer and store.family == "postgresql":
+            logger.info(
+                "ratchet: no LISTEN/NOTIFY wake-ups through PgBouncer (ratchet_pgbouncer): "
+                "workers find jobs by polling; set ratchet_listen_url to a direct PostgreSQL "
+                "URL for wake-ups"
+            )
         if settings.events_url:
             from celery_ratchet.events.redis import RedisWakeups
 
             sources.append(RedisWakeups(settings.events_url))
         return sources
+
+
+def engine_options(settings: RatchetSettings) -> EngineOptions:
+    return EngineOptions(
+        pool_size=settings.pool_size,
+        max_overflow=settings.max_overflow,
+        pgbouncer=settings.pgbouncer,
+        connect_args=settings.connect_args,
+    )
 
 
 def ratchet_state(app: Celery) -> RatchetState:

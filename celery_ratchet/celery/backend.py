@@ -54,6 +54,8 @@ _FINAL = {
     states.FAILURE: JobStatus.FAILED,
     states.REVOKED: JobStatus.REVOKED,
 }
+#: The Celery state of a row whose status this version does not know.
+UNKNOWN_STATE = "UNKNOWN"
 _CELERY_STATE = {
     JobStatus.SUCCEEDED: states.SUCCESS,
     JobStatus.FAILED: states.FAILURE,
@@ -205,6 +207,10 @@ class RatchetBackend(BaseBackend):
 
     def _state_and_result(self, record: ResultRecord, extra: dict[str, Any]) -> tuple[str, Any]:
         status = record.status
+        if not isinstance(status, JobStatus):
+            # A status this version does not know (a row written by hand or by a newer
+            # version): not ready, not an error; the job's own text stays in the store.
+            return UNKNOWN_STATE, None
         if status is JobStatus.SUCCEEDED:
             value = self.decode(record.job_result) if record.job_result is not None else None
             return states.SUCCESS, value

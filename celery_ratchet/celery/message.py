@@ -26,7 +26,7 @@ from celery_ratchet.domain.job import (
     error_record,
 )
 from celery_ratchet.domain.priority import to_numeric
-from celery_ratchet.errors import PayloadTooLarge, SerializerNotAllowed
+from celery_ratchet.errors import InvalidJob, PayloadTooLarge, SerializerNotAllowed
 
 #: Header carrying the claim token into ``self.request``; never stored with the job.
 CLAIM_HEADER = "ratchet_claim"
@@ -115,7 +115,7 @@ def job_from_message(
     try:
         priority = default_priority if priority is None else to_numeric(priority)
     except ValueError as exc:
-        raise ValueError(f"task {name!r}: {exc}") from None
+        raise InvalidJob("priority", f"task {name!r}: {exc}") from None
     properties["priority"] = priority
     headers.pop(CLAIM_HEADER, None)
     headers.pop(FENCE_HEADER, None)

@@ -108,6 +108,10 @@ class _Throttle:
         if self._last.pop(key, None) is not None:
             logger.warning(msg)
 
+    def forget(self, key: str) -> None:
+        """The problem ended; nothing worth saying about it."""
+        self._last.pop(key, None)
+
 
 class WorkerRuntime:
     def __init__(
@@ -561,13 +565,19 @@ class WorkerRuntime:
     ) -> list[ClaimedJob]:
         try:
             claimed = claim(*args)
-        except (StoreUnavailable, StoreBusy) as exc:
+        except StoreUnavailable as exc:
             self._throttle.warn("claim", "ratchet: %s; retrying", exc)
+            return []
+        except StoreBusy as exc:
+            # Lock conflicts (certification conflicts on Galera): the store was reachable
+            # all along, so their end is no "reachable again".
+            self._throttle.warn("claim-busy", "ratchet: claim deferred: %s; retrying", exc)
             return []
         except Exception:
             logger.exception("ratchet: claim failed")
             return []
         self._throttle.clear("claim", "ratchet: job store reachable again")
+        self._throttle.forget("claim-busy")
         return claimed
 
     def _poll_loop(self) -> None:

@@ -15,7 +15,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import text
 
 import celery_ratchet
-from celery_ratchet.store.engine import engine_for
+from celery_ratchet.celery.app import ratchet_state
 
 app = Celery("acceptance", task_cls="celery_ratchet:RatchetTask")
 app.conf.broker_url = "amqp://guest:guest@127.0.0.1:1//"
@@ -27,7 +27,8 @@ SIDE_EFFECTS = "acceptance_run"
 
 def record_run(key: str) -> None:
     """One row per execution: which pool process ran it (pid), under which worker (ppid)."""
-    with engine_for(os.environ["RATCHET_URL"]).connect() as conn:
+    # The worker's own engine: its pool sizes, and no prepared statements behind PgBouncer.
+    with ratchet_state(app).store.engine.connect() as conn:
         conn.execute(
             text(f"INSERT INTO {SIDE_EFFECTS} (run_key, pid, ppid) VALUES (:k, :p, :pp)"),
             {"k": key, "p": os.getpid(), "pp": os.getppid()},
