@@ -31,9 +31,11 @@ from celery_ratchet.celery.breaker import lookup as breaker_lookup
 from celery_ratchet.celery.breaker import parse as parse_breaker
 from celery_ratchet.celery.message import JobMessage
 from celery_ratchet.celery.options import resolve as resolve_options
+from celery_ratchet.celery.pool import guard, request_stop, reset_stop
 from celery_ratchet.celery.recurring import occurrence, register_all
 from celery_ratchet.celery.request import ratchet_request_class
 from celery_ratchet.celery.retry import install_retries
+from celery_ratchet.celery.transport import wake as wake_main_loop
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
 from celery_ratchet.errors import ConfigurationError, StoreBusy, StoreUnavailable
 from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
@@ -122,6 +124,13 @@ class JobConsumer(bootsteps.StartStopStep):
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)
         self.runtime: WorkerRuntime | None = None
+        reset_stop()
+
+    def _on_shutting_down(self, sender: Any = None, how: str = "Warm", **_: Any) -> None:
+        request_stop(cold=how == "Cold")
+        wake_main_loop()
+        if self.runtime is not None:
+            self.runtime.request_stop()
 
     def start(self, c: Any) -> None:
         if self.runtime is not None:  # the consumer restarted: keep the same node
@@ -133,6 +142,10 @@ class JobConsumer(bootsteps.StartStopStep):
         _check_task_options(app, state.settings)
         install_retries(app)
         c.update_strategies()
+        guard(c.pool)  # a job still waiting for its turn when the worker stops does not start
+        # Sent from the stop signal's handler: from then on no job starts, whatever the
+        # worker's main loop is doing (it notices the stop only between two waits).
+        signals.worker_shutting_down.connect(self._on_shutting_down, weak=False)
         _register_recurring(app)
         dispatcher = Dispatcher(c)
         runtime = WorkerRuntime(
@@ -161,10 +174,14 @@ class JobConsumer(bootsteps.StartStopStep):
             self.runtime.stop_claiming()
 
     def shutdown(self, c: Any) -> None:
+        # After the pool stopped (warm or cold): every outcome it will report is in.
         self.stop(c)
+        if self.runtime is not None:
+            self.runtime.close()
 
     def _on_worker_shutdown(self, sender: Any = None, **_: Any) -> None:
         signals.worker_shutdown.disconnect(self._on_worker_shutdown)
+        signals.worker_shutting_down.disconnect(self._on_shutting_down)
         if self.runtime is not None:
             self.runtime.close()
 
@@ -196,15 +213,20 @@ def _revoke_started(consumer: Any, job_id: str, request: str) -> None:
 
 def _register_recurring(app: Any) -> None:
     """Register the app's recurring jobs (``@recurring``, ``beat_schedule``) before claiming;
-    waits for an unreachable store instead of starting without its schedules."""
+    waits for an unreachable store instead of starting without its schedules, unless the
+    worker is told to stop meanwhile (then it stops, having claimed nothing)."""
     delay = 1.0
     while True:
+        worker_state.maybe_shutdown()
         try:
             keys = register_all(app)
             break
         except (StoreUnavailable, StoreBusy) as exc:
             logger.warning("ratchet: recurring jobs not registered yet (%s); retrying", exc)
-            time.sleep(delay)
+            deadline = time.monotonic() + delay
+            while time.monotonic() < deadline:
+                worker_state.maybe_shutdown()
+                time.sleep(0.1)
             delay = min(delay * 2, 30.0)
     if keys:
         logger.info("ratchet: %d recurring jobs registered: %s", len(keys), ", ".join(keys))
