@@ -142,7 +142,6 @@ class JobConsumer(bootsteps.StartStopStep):
         _check_task_options(app, state.settings)
         install_retries(app)
         c.update_strategies()
-        guard(c.pool)  # a job still waiting for its turn when the worker stops does not start
         # Sent from the stop signal's handler: from then on no job starts, whatever the
         # worker's main loop is doing (it notices the stop only between two waits).
         signals.worker_shutting_down.connect(self._on_shutting_down, weak=False)
@@ -165,6 +164,8 @@ class JobConsumer(bootsteps.StartStopStep):
         )
         dispatcher.runtime = runtime
         self.runtime = state.runtime = runtime
+        # A job still waiting for its turn when the worker stops does not start.
+        guard(c.pool, refused=runtime.hand_back)
         # Outcomes keep arriving while the pool drains; leave the cluster only after that.
         signals.worker_shutdown.connect(self._on_worker_shutdown, weak=False)
         runtime.start()

@@ -84,17 +84,30 @@ def guarded(trace: Callable[..., Any], *args: Any) -> Any:
         _busy = False
 
 
-def guard(pool: Any) -> None:
+def guard(pool: Any, refused: Callable[[str], None]) -> None:
     """Every job this worker's pool (any pool: prefork, threads, solo) starts goes in
     through :func:`guarded`. Celery's requests call the pool's ``apply_async``, which calls
-    ``on_apply``: that is where the job is wrapped."""
+    ``on_apply``: that is where the job is wrapped. A job the pool refuses because it is
+    closing is passed to ``refused`` (its task id)."""
     apply = pool.on_apply
     if getattr(apply, "ratchet_guarded", False):
         return
 
     def on_apply(target: Callable[..., Any], args: Any = None, kwargs: Any = None,
                  **options: Any) -> Any:  # fmt: skip
-        return apply(guarded, (target, *(args or ())), kwargs, **options)
+        args = tuple(args or ())
+        try:
+            result = apply(guarded, (target, *args), kwargs, **options)
+        except RuntimeError:  # a thread pool shut down already
+            if _STOP.value == RUNNING:
+                raise
+            result = None
+        if _STOP.value != RUNNING and len(args) > 1:
+            # Handed over as the pool closed: it may never reach a process, and if it does
+            # it will not start (the stop is set). Its row goes back now; a second report
+            # of the same claim, when a process skips it, changes nothing.
+            refused(str(args[1]))  # Celery's trace arguments: (type, task id, ...)
+        return result
 
     on_apply.ratchet_guarded = True  # type: ignore[attr-defined]
     pool.on_apply = on_apply

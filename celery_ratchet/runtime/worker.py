@@ -237,6 +237,15 @@ class WorkerRuntime:
             logger.info("ratchet: handing back %d unstarted jobs", len(unstarted))
         return unstarted
 
+    def hand_back(self, job_id: str) -> None:
+        """A job handed to the executor that will never start it (it was closing): back to
+        PENDING now."""
+        with self._lock:
+            token = self._in_flight.pop(job_id, None)
+        if token is not None:
+            self._report(self._with_permit(Settlement(job_id, token, JobStatus.PENDING)))
+            logger.info("ratchet: handing back job %s, which the executor refused", job_id)
+
     def close(self, timeout: float = SHUTDOWN_WRITE_SECONDS) -> None:
         """After the executor has stopped: hand back what it never finished (jobs queued
         inside it that never started, or cut off by a cold stop), write the last outcomes,
