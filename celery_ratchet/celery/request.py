@@ -21,6 +21,7 @@ from celery.worker.state import task_ready
 
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import RatchetBackend, exception_record
+from celery_ratchet.celery.fencing import ClaimGone, ClaimUnconfirmed
 from celery_ratchet.celery.message import JobMessage, retry_of
 from celery_ratchet.celery.pool import RUNNING, HandedBack, stop_mode
 from celery_ratchet.celery.retry import decision_for
@@ -109,6 +110,10 @@ class RatchetRequest(Request):
         finally:
             if isinstance(exc, Retry):
                 self._end(None, failed=True)  # the retry already rescheduled the row
+            elif isinstance(exc, ClaimGone):
+                self._end(None)  # not started: the job is another node's now
+            elif isinstance(exc, ClaimUnconfirmed):
+                self._end(JobStatus.PENDING)  # not started: handed back
             elif isinstance(exc, Ignore):
                 self._end(JobStatus.IGNORED)
             elif isinstance(exc, Terminated):

@@ -32,12 +32,10 @@ from tests.acceptance.conftest import (
     side_effects,
     wait_until,
 )
-from tests.acceptance.test_store_restart import PrivatePostgres, private_app, private_postgres
 from tests.conftest import Servers
+from tests.private_postgres import PrivatePostgres
 
 pytestmark = pytest.mark.slow
-
-__all__ = ["private_app", "private_postgres"]  # fixtures of the private PostgreSQL server
 
 JOBS = 24
 #: Long enough that a stop always lands while jobs run, short enough to finish them.
