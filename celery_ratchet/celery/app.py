@@ -244,6 +244,8 @@ def apply_defaults(app: Celery) -> None:
 def forget_broker(app: Celery) -> None:
     conf = app.conf
     conf.broker_url = NO_BROKER
+    # The in-memory transport, with a main-loop wait that a stop signal ends at once.
+    conf.broker_transport = "celery_ratchet.celery.transport:Transport"
     conf.broker_read_url = None
     conf.broker_write_url = None
     # Remote control travels over the broker; ratchet workers are managed through the store.

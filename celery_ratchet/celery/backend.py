@@ -24,6 +24,7 @@ from kombu.utils import json as kjson
 from celery_ratchet.celery import batches
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.message import CLAIM_HEADER, check_serializer, safe_accept
+from celery_ratchet.celery.pool import RUNNING, stop_mode
 from celery_ratchet.celery.sender import current_transaction
 from celery_ratchet.domain.job import JobStatus, ResultRecord, error_record
 from celery_ratchet.errors import StoreUnavailable
@@ -98,7 +99,14 @@ class RatchetBackend(BaseBackend):
         return f"ratchet://{self.store.url if include_password else self.store.display_url}"
 
     def exception_safe_to_retry(self, exc: BaseException) -> bool:
-        return isinstance(exc, StoreUnavailable)
+        # Retried while the worker runs; once it stops, the outcome is left to orphan
+        # recovery rather than hold the stop until the database returns.
+        return isinstance(exc, StoreUnavailable) and stop_mode() == RUNNING
+
+    def _sleep(self, amount: float) -> None:
+        deadline = time.monotonic() + amount
+        while stop_mode() == RUNNING and time.monotonic() < deadline:
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
     # -- writing ----------------------------------------------------------------------------
 

@@ -31,9 +31,11 @@ from celery_ratchet.celery.breaker import parse as parse_breaker
 from celery_ratchet.celery.fencing import fence_tracers
 from celery_ratchet.celery.message import JobMessage, runs_code, safe_accept, serializer_name
 from celery_ratchet.celery.options import resolve as resolve_options
+from celery_ratchet.celery.pool import guard, request_stop, reset_stop
 from celery_ratchet.celery.recurring import occurrence, register_all
 from celery_ratchet.celery.request import ratchet_request_class
 from celery_ratchet.celery.retry import install_retries
+from celery_ratchet.celery.transport import wake as wake_main_loop
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
 from celery_ratchet.errors import (
     ConfigurationError,
@@ -148,6 +150,13 @@ class JobConsumer(bootsteps.StartStopStep):
             weak=False,
             dispatch_uid=f"ratchet-pool-process-{id(app)}",
         )
+        reset_stop()
+
+    def _on_shutting_down(self, sender: Any = None, how: str = "Warm", **_: Any) -> None:
+        request_stop(cold=how == "Cold")
+        wake_main_loop()
+        if self.runtime is not None:
+            self.runtime.request_stop()
 
     def start(self, c: Any) -> None:
         # The Tasks step has just built the tracers again: each checks the claim first.
@@ -163,6 +172,9 @@ class JobConsumer(bootsteps.StartStopStep):
         install_retries(app)
         c.update_strategies()
         fence_tracers(app)
+        # Sent from the stop signal's handler: from then on no job starts, whatever the
+        # worker's main loop is doing (it notices the stop only between two waits).
+        signals.worker_shutting_down.connect(self._on_shutting_down, weak=False)
         _register_recurring(app)
         dispatcher = Dispatcher(c)
         runtime = WorkerRuntime(
@@ -183,6 +195,8 @@ class JobConsumer(bootsteps.StartStopStep):
         )
         dispatcher.runtime = runtime
         self.runtime = state.runtime = runtime
+        # A job still waiting for its turn when the worker stops does not start.
+        guard(c.pool, refused=runtime.hand_back)
         # Outcomes keep arriving while the pool drains; leave the cluster only after that.
         signals.worker_shutdown.connect(self._on_worker_shutdown, weak=False)
         runtime.start()
@@ -192,10 +206,14 @@ class JobConsumer(bootsteps.StartStopStep):
             self.runtime.stop_claiming()
 
     def shutdown(self, c: Any) -> None:
+        # After the pool stopped (warm or cold): every outcome it will report is in.
         self.stop(c)
+        if self.runtime is not None:
+            self.runtime.close()
 
     def _on_worker_shutdown(self, sender: Any = None, **_: Any) -> None:
         signals.worker_shutdown.disconnect(self._on_worker_shutdown)
+        signals.worker_shutting_down.disconnect(self._on_shutting_down)
         if self.runtime is not None:
             self.runtime.close()
 
@@ -234,15 +252,20 @@ def _revoke_started(consumer: Any, job_id: str, request: str) -> None:
 
 def _register_recurring(app: Any) -> None:
     """Register the app's recurring jobs (``@recurring``, ``beat_schedule``) before claiming;
-    waits for an unreachable store instead of starting without its schedules."""
+    waits for an unreachable store instead of starting without its schedules, unless the
+    worker is told to stop meanwhile (then it stops, having claimed nothing)."""
     delay = 1.0
     while True:
+        worker_state.maybe_shutdown()
         try:
             keys = register_all(app)
             break
         except (StoreUnavailable, StoreBusy) as exc:
             logger.warning("ratchet: recurring jobs not registered yet (%s); retrying", exc)
-            time.sleep(delay)
+            deadline = time.monotonic() + delay
+            while time.monotonic() < deadline:
+                worker_state.maybe_shutdown()
+                time.sleep(0.1)
             delay = min(delay * 2, 30.0)
     if keys:
         logger.info("ratchet: %d recurring jobs registered: %s", len(keys), ", ".join(keys))

@@ -3,12 +3,253 @@
 Execution stays Celery's (child processes, soft and hard time limits); what makes the worker a
 ratchet worker is the ``JobConsumer`` step every ratchet app registers. ``-P threads`` and
 ``-P solo`` work on a ratchet app too.
+
+Stopping is this module's own: the jobs waiting inside the pool for a free process are handed
+back instead of run, the jobs running finish (a warm stop) or are cut off (a cold one), and the
+pool never waits on a process that is gone. A stop signal sent to the whole process group
+(``systemctl stop``, supervisord's ``stopasgroup``) is a warm stop for the pool's processes
+too: they finish the job in hand rather than die with it.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from billiard import pool as billiard_pool
+from billiard.common import _shutdown_cleanup
+from billiard.einfo import ExceptionInfo
+from billiard.sharedctypes import RawValue
 from celery.concurrency.prefork import TaskPool
+
+from celery_ratchet.celery.app import ratchet_state
+
+logger = logging.getLogger(__name__)
+
+#: The worker's stop, as every process of it sees it: 0 running, then WARM or COLD. Shared
+#: memory made before the pool forks, so its processes read what the main process writes.
+RUNNING, WARM, COLD = 0, 1, 2
+_STOP: Any = RawValue(ctypes.c_int, RUNNING)
+#: How long a pool process that gets SIGTERM waits to learn whether the worker is stopping
+#: (the same signal reached the main process) before it takes the signal as meant for itself.
+_SIGTERM_SETTLE_SECONDS = 0.3
+#: A process that dies while it waits for work takes the pool's input lock with it; the
+#: last clean-up waits this long for the lock, then leaves the queue as it is.
+_INPUT_LOCK_SECONDS = 1.0
+
+#: How long a pool process told to exit is given to do so before it is terminated.
+_CHILD_EXIT_SECONDS = 2.0
+
+_busy = False  # in a pool process: a job is running
+
+
+class HandedBack(Exception):
+    """The job was still waiting for a free execution slot when the worker began to stop:
+    it did not run, and goes back to PENDING at once."""
+
+
+def stop_mode() -> int:
+    return int(_STOP.value)
+
+
+def request_stop(cold: bool = False) -> None:
+    """The worker is stopping: jobs not started yet will not start. Safe in a signal
+    handler. A cold stop also lets the pool's processes die with their jobs."""
+    _STOP.value = max(int(_STOP.value), COLD if cold else WARM)
+
+
+def reset_stop() -> None:
+    """A new worker in this process (tests start several in turn)."""
+    _STOP.value = RUNNING
+
+
+def guarded(trace: Callable[..., Any], *args: Any) -> Any:
+    """Runs in the executing process or thread: starts the job, unless the worker began to
+    stop while the job waited for its turn. Returns what Celery's trace returns: (failed,
+    result or exception info, runtime)."""
+    global _busy
+    if _STOP.value != RUNNING:
+        try:
+            raise HandedBack("the worker is stopping; the job did not start")
+        except HandedBack:
+            return 1, ExceptionInfo(internal=True), 0.0
+    _busy = True
+    try:
+        return trace(*args)
+    finally:
+        _busy = False
+
+
+def guard(pool: Any, refused: Callable[[str], None]) -> None:
+    """Every job this worker's pool (any pool: prefork, threads, solo) starts goes in
+    through :func:`guarded`. Celery's requests call the pool's ``apply_async``, which calls
+    ``on_apply``: that is where the job is wrapped. A job the pool refuses because it is
+    closing is passed to ``refused`` (its task id)."""
+    apply = pool.on_apply
+    if getattr(apply, "ratchet_guarded", False):
+        return
+
+    def on_apply(target: Callable[..., Any], args: Any = None, kwargs: Any = None,
+                 **options: Any) -> Any:  # fmt: skip
+        args = tuple(args or ())
+        try:
+            result = apply(guarded, (target, *args), kwargs, **options)
+        except RuntimeError:  # a thread pool shut down already
+            if _STOP.value == RUNNING:
+                raise
+            result = None
+        if _STOP.value != RUNNING and len(args) > 1:
+            # Handed over as the pool closed: it may never reach a process, and if it does
+            # it will not start (the stop is set). Its row goes back now; a second report
+            # of the same claim, when a process skips it, changes nothing.
+            refused(str(args[1]))  # Celery's trace arguments: (type, task id, ...)
+        return result
+
+    on_apply.ratchet_guarded = True  # type: ignore[attr-defined]
+    pool.on_apply = on_apply
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM in a pool process. Meant for this process alone (a revoke with terminate, a
+    hard time limit, a cold stop): it dies as before. Sent to the whole group while the
+    worker stops warm: it finishes its job, then exits when the pool tells it to; dying
+    now would lose the job, or, idle, take the pool's input lock with it."""
+    deadline = time.monotonic() + _SIGTERM_SETTLE_SECONDS
+    while _STOP.value == RUNNING and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if _STOP.value == WARM:
+        return
+    _shutdown_cleanup(signum, frame)  # billiard's own: exits through the finally blocks
+
+
+class _Worker(billiard_pool.Worker):
+    def after_fork(self) -> None:
+        super().after_fork()
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+class _BlockingPool(billiard_pool.Pool):
+    Worker = _Worker
+
+    @staticmethod
+    def _help_stuff_finish(inqueue: Any, task_handler: Any, _pool: Any) -> None:
+        # The input lock is held by whichever process waits for the next job; a process
+        # killed while it waited never releases it. Without it there is nothing to drain.
+        if not inqueue._rlock.acquire(timeout=_INPUT_LOCK_SECONDS):
+            return
+        while task_handler.is_alive() and inqueue._reader.poll():
+            inqueue._reader.recv()
+
+    def close(self) -> None:
+        # As billiard's, without waiting for the supervisor thread to notice (it sleeps
+        # most of a second between two looks): it is stopped with the others at the end.
+        if self._state == billiard_pool.RUN:  # type: ignore[has-type]
+            self._state = billiard_pool.CLOSE
+            if self._putlock:
+                self._putlock.clear()
+            self._worker_handler.close()
+            self._taskqueue.put(None)
+
+    def finish(self) -> None:
+        """After :meth:`close`: the running jobs finish, those still queued are skipped
+        (the worker is stopping) and the processes exit on the end-of-work marker; a
+        process gone, or the input lock gone with it, is not waited for."""
+        _wait_for_running(self)
+        logger.debug("ratchet: pool: no job running; waiting for the processes to exit")
+        # A process that got the marker exits about a second later (billiard's own pause).
+        deadline = time.monotonic() + _CHILD_EXIT_SECONDS
+        for process in list(self._pool):
+            if process._popen is not None:
+                process.join(max(0.0, deadline - time.monotonic()))
+        request_stop(cold=True)  # a process still there is idle, or stuck: it may die
+        for process in list(self._pool):
+            if process.exitcode is None:
+                process.terminate()
+        for process in list(self._pool):
+            if process._popen is not None:
+                process.join(_INPUT_LOCK_SECONDS)
+        # Nothing is left for the pool's threads (daemons) to do; billiard's own clean-up
+        # would join each of them, each asleep for up to a second.
+        logger.debug("ratchet: pool: processes ended")
+        self._terminate.cancel()
+        self._state = billiard_pool.TERMINATE
+        for thread in (self._worker_handler, self._task_handler, self._result_handler):
+            thread.terminate()
+        if self._timeout_handler is not None:
+            self._timeout_handler.terminate()
 
 
 class RatchetPool(TaskPool):
-    pass
+    BlockingPool = _BlockingPool
+
+    def on_start(self) -> None:
+        reset_stop()
+        super().on_start()
+
+    def on_close(self) -> None:
+        # The first of the worker's steps to hear of the stop: feed the pool no more.
+        request_stop()
+        _quiesce(self.app, wait=False)
+        super().on_close()
+        _quiesce(self.app)
+
+    def on_stop(self) -> None:
+        """Warm: jobs waiting in the pool are handed back, running ones finish; then the
+        pool ends without waiting on processes that are gone or jobs that cannot end."""
+        pool: Any = self._pool  # type: ignore[has-type]
+        if pool is None or pool._state not in (billiard_pool.RUN, billiard_pool.CLOSE):
+            return
+        request_stop()
+        _quiesce(self.app, wait=False)
+        pool.close()
+        _quiesce(self.app)
+        if isinstance(pool, _BlockingPool):
+            pool.finish()
+        else:
+            pool.terminate()
+        self._pool = None
+
+    def on_terminate(self) -> None:
+        request_stop(cold=True)
+        _quiesce(self.app, wait=False)
+        super().on_terminate()
+        _quiesce(self.app)
+
+
+def _quiesce(app: Any, wait: bool = True) -> None:
+    """Start no more jobs; with ``wait``, also wait for the claim loop to end and hand its
+    buffer back (after the pool closed: the loop may be waiting for room in it)."""
+    runtime = ratchet_state(app).runtime if app is not None else None
+    if runtime is not None:
+        if wait:
+            runtime.stop_claiming()
+        else:
+            runtime.request_stop()
+
+
+def _wait_for_running(pool: Any) -> None:
+    """Until no live process runs a job. Jobs still queued are skipped by the processes in
+    a few milliseconds each; jobs that nothing will take any more (queued after the pool
+    closed, or behind an input lock a dead process took with it) are left to the
+    hand-back."""
+    quiet_since = time.monotonic()
+    pending = -1
+    while True:
+        alive = {p.pid for p in list(pool._pool) if p.exitcode is None}
+        jobs = [job for job in list(pool._cache.values()) if not job.ready()]
+        if not any(pid in alive for job in jobs for pid in job.worker_pids()):
+            queued = [job for job in jobs if not job.worker_pids()]
+            if not queued or not alive:
+                return
+            handed_over = pool._task_handler.is_alive() or pool._inqueue._reader.poll()
+            if not handed_over:
+                return
+            if len(queued) != pending:
+                pending, quiet_since = len(queued), time.monotonic()
+            elif time.monotonic() - quiet_since > _INPUT_LOCK_SECONDS:
+                return
+        time.sleep(0.02)

@@ -14,15 +14,19 @@ from types import SimpleNamespace
 from typing import Any
 
 from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
+from billiard.exceptions import WorkerLostError
 from celery.exceptions import Ignore, Retry, TaskRevokedError, Terminated, TimeLimitExceeded
 from celery.worker.request import Request
+from celery.worker.state import task_ready
 
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import RatchetBackend, exception_record
 from celery_ratchet.celery.fencing import ClaimGone, ClaimUnconfirmed
 from celery_ratchet.celery.message import JobMessage, retry_of
+from celery_ratchet.celery.pool import RUNNING, HandedBack, stop_mode
 from celery_ratchet.celery.retry import decision_for
 from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.errors import StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +80,26 @@ class RatchetRequest(Request):
         self, exc_info: ExceptionInfo, send_failed_event: bool = True, return_ok: bool = False
     ) -> Any:
         exc = _unwrap(exc_info.exception)
+        stopping = stop_mode() != RUNNING
+        if isinstance(exc, HandedBack) or (
+            stopping and isinstance(exc, (Terminated, WorkerLostError))
+        ):
+            # Not started before the stop, or cut off by it (its process was terminated
+            # or killed as the worker stopped): back to PENDING at once, not failed.
+            task_ready(self)
+            self._end(JobStatus.PENDING)
+            return None
+        if isinstance(exc, StoreUnavailable) and stopping:
+            # Its outcome could not be written before the stop: the row stays RUNNING and
+            # comes back through orphan recovery, as if this worker had died.
+            logger.error(
+                "ratchet: job %s ended while the job store was unreachable and the worker "
+                "is stopping; it stays RUNNING until orphan recovery hands it back",
+                self.id,
+            )
+            task_ready(self)
+            self._end(None)
+            return None
         # The pool reports a hard time limit here, before on_timeout: decide the retry first.
         if isinstance(exc, TimeLimitExceeded) and self._retry_after(exc):
             return None

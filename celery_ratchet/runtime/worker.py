@@ -48,6 +48,10 @@ _DUE_MARGIN_SECONDS = 0.005
 _PROBE_SECONDS = 30.0
 #: A recurring master that cannot be planned is retried this much later, not abandoned.
 _MASTER_RETRY_SECONDS = 60.0
+#: Put in the settler's queue when the runtime closes: nothing to write, just wake up.
+_CLOSED = Settlement("", "", JobStatus.PENDING)
+#: How long a stopping worker waits to write its last outcomes while the store answers.
+SHUTDOWN_WRITE_SECONDS = 5.0
 #: How often a worker looks for batches all of whose children ended but that nobody finished.
 HOUSEKEEPING_INTERVAL = 10.0
 
@@ -176,6 +180,8 @@ class WorkerRuntime:
         self._throttle = _Throttle(max(settings.poll_interval, 5.0))
         #: When the last heartbeat that went through was sent (monotonic).
         self._last_heartbeat = time.monotonic()
+        #: When a write of outcomes last failed (the store unreachable or busy).
+        self._write_failed_at = 0.0
         #: Where the executing processes read whether this node's claims are still its own.
         self.fence = fence
         self._fence_tag = new_tag()
@@ -192,6 +198,8 @@ class WorkerRuntime:
 
     def start(self) -> None:
         self._register()
+        if self._stopping.is_set():  # told to stop before it could register: claim nothing
+            return
         for name, target in (
             ("poller", self._poll_loop),
             ("settler", self._settle_loop),
@@ -286,6 +294,12 @@ class WorkerRuntime:
                 self._throttle.warn("register", "ratchet: node not registered: %s; retrying", exc)
                 self._stopping.wait(self.settings.poll_interval)
 
+    def request_stop(self) -> None:
+        """Start no more jobs, from now on (safe in a signal handler: it only sets flags);
+        :meth:`stop_claiming` then waits for the claim loop and hands the buffer back."""
+        self._stopping.set()
+        self._wake.set()
+
     def stop_claiming(self) -> list[ClaimedJob]:
         """Stop taking work and hand claimed-but-unstarted jobs back at once."""
         self._stopping.set()
@@ -304,12 +318,25 @@ class WorkerRuntime:
             logger.info("ratchet: handing back %d unstarted jobs", len(unstarted))
         return unstarted
 
-    def close(self, timeout: float = 30.0) -> None:
+    def hand_back(self, job_id: str) -> None:
+        """A job handed to the executor that will never start it (it was closing): back to
+        PENDING now."""
+        with self._lock:
+            token = self._in_flight.pop(job_id, None)
+        if token is not None:
+            self._report(self._with_permit(Settlement(job_id, token, JobStatus.PENDING)))
+            logger.info("ratchet: handing back job %s, which the executor refused", job_id)
+
+    def close(self, timeout: float = SHUTDOWN_WRITE_SECONDS) -> None:
         """After the executor has stopped: hand back what it never finished (jobs queued
         inside it that never started, or cut off by a cold stop), write the last outcomes,
-        leave the cluster."""
-        if not self._stopping.is_set():
-            self.stop_claiming()
+        leave the cluster. Waits for those writes ``timeout`` seconds at most, and not at
+        all once the store has refused one (unreachable): what is not written then stays
+        RUNNING and comes back through orphan recovery."""
+        if self._closed.is_set():
+            return
+        self.stop_claiming()
+        closing = time.monotonic()
         with self._lock:
             unfinished = list(self._in_flight.items())
             self._in_flight.clear()
@@ -321,8 +348,12 @@ class WorkerRuntime:
             )
         deadline = time.monotonic() + timeout
         while self._unwritten_count() and time.monotonic() < deadline:
+            if self._write_failed_at > closing + 1.0:  # unreachable, not a passing lock
+                deadline = time.monotonic() + 0.5
+                break
             time.sleep(0.05)
         self._closed.set()
+        self._settlements.put(_CLOSED)  # wakes the settler now
         for source in self.wakeups:
             source.stop()
         for thread in self._threads:
@@ -458,6 +489,8 @@ class WorkerRuntime:
     def _dispatch_until_full(self, deferred: list[tuple[ClaimedJob, datetime]]) -> None:
         while True:
             with self._lock:
+                if self._stopping.is_set():  # stopping: the buffer is handed back instead
+                    return
                 if not self._ready or len(self._in_flight) >= self.capacity.running:
                     return
                 job = self._ready.popleft()
@@ -781,10 +814,15 @@ class WorkerRuntime:
                     pending.append(self._settlements.get_nowait())
                 except queue.Empty:
                     break
+            pending = [s for s in pending if s is not _CLOSED]
+            if not pending:
+                continue
             if self._write(pending):
                 self._written(pending)
                 pending = []
-            elif self._closed.wait(self.settings.poll_interval_min * 10):
+                continue
+            self._write_failed_at = time.monotonic()
+            if self._closed.wait(self.settings.poll_interval_min * 10):
                 time.sleep(self.settings.poll_interval_min)  # closing: keep trying
 
     def _write(self, settlements: list[Settlement]) -> bool:
