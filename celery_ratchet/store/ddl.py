@@ -46,8 +46,17 @@ def _clean(sql: str) -> str:
     return "\n".join(line.rstrip() for line in sql.strip().splitlines())
 
 
+def _storage_parameters(table: Table, dialect: Dialect) -> str:
+    """PostgreSQL's ``WITH (name = value, ...)`` after CREATE TABLE, from ``table.info``."""
+    options = table.info.get("postgresql_with")
+    if not options or dialect.name != "postgresql":
+        return ""
+    return "\n WITH (" + ", ".join(f"{name} = {value}" for name, value in options.items()) + ")"
+
+
 def table_statements(table: Table, dialect: Dialect) -> list[str]:
-    statements = [_clean(str(CreateTable(table).compile(dialect=dialect)))]
+    create = str(CreateTable(table).compile(dialect=dialect))
+    statements = [_clean(create) + _storage_parameters(table, dialect)]
     for index in sorted(table.indexes, key=lambda ix: str(ix.name)):
         if index_applies(index, dialect.name):
             statements.append(_clean(str(CreateIndex(index).compile(dialect=dialect))))

@@ -126,11 +126,14 @@ scheduler_job = Table(
     implicit_returning=False,
     **_MYSQL_OPTIONS,
     # Every job is inserted and updated a few times: vacuum early, so claims do not wade
-    # through dead index entries.
-    postgresql_with={
-        "autovacuum_vacuum_scale_factor": "0.02",
-        "autovacuum_vacuum_insert_scale_factor": "0.05",
-        "autovacuum_analyze_scale_factor": "0.02",
+    # through dead index entries. Rendered by ddl.table_statements (SQLAlchemy 2.0 has no
+    # ``postgresql_with`` table option; 2.1 does).
+    info={
+        "postgresql_with": {
+            "autovacuum_vacuum_scale_factor": "0.02",
+            "autovacuum_vacuum_insert_scale_factor": "0.05",
+            "autovacuum_analyze_scale_factor": "0.02",
+        }
     },
 )
 
