@@ -19,6 +19,10 @@ class SchemaOutdated(RatchetError):
     """The job store's tables predate this version in a way that cannot be fixed in place."""
 
 
+class SchemaNotCreated(RatchetError):
+    """The database user may not create celery_ratchet's tables, and they are not there."""
+
+
 class StoreBusy(RatchetError):
     """The database kept refusing a statement for lock conflicts (deadlocks, lock timeouts)."""
 
