@@ -3,10 +3,11 @@ an error in any of them (what every fresh deployment does on its first start).""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,9 @@ print(add.delay(int(sys.argv[1]), 1).id)
 
 
 @pytest.fixture
-def fresh_database(servers: Servers, dialect: str, tmp_path: Path) -> Iterator[object]:
+def fresh_database(
+    servers: Servers, dialect: str, tmp_path: Path
+) -> Iterator[Callable[[int], str]]:
     """Makes an empty database per call (a new file, or a new database on the server)."""
     made: list[str] = []
 
@@ -94,7 +97,7 @@ def _start_together(url: str, tmp: Path) -> tuple[list[Worker], list[subprocess.
             concurrency=1,
             app_module="tests.acceptance.gated_app",
             **env,
-        )  # fmt: skip
+        )
         for i in range(WORKERS)
     ]
     clients = [
@@ -117,9 +120,21 @@ def _start_together(url: str, tmp: Path) -> tuple[list[Worker], list[subprocess.
     return workers, clients
 
 
+def _ran(store: JobStore, workers: list[Worker], sent: list[str], round_number: int) -> bool:
+    dead = [w for w in workers if w.process.poll() is not None]
+    assert not dead, f"round {round_number}:\n{dead[0].log.read_text()[-3000:]}"
+    records = [store.result(job_id) for job_id in sent]
+    return all(r is not None and r.status is JobStatus.SUCCEEDED for r in records)
+
+
+def _nodes(store: JobStore) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(text("SELECT COUNT(*) FROM scheduler_node")).scalar_one())
+
+
 def test_workers_and_clients_starting_at_once_create_one_schema(
-    fresh_database, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+    fresh_database: Callable[[int], str], tmp_path: Path
+) -> None:
     for round_number in range(ROUNDS):
         url = fresh_database(round_number)
         tmp = tmp_path / f"round{round_number}"
@@ -133,17 +148,13 @@ def test_workers_and_clients_starting_at_once_create_one_schema(
                 assert "Traceback" not in err and "Error" not in err, err
                 sent.append(out.strip())
             store = JobStore(url, create_schema=False)
-
-            def ran() -> bool:
-                dead = [w for w in workers if w.process.poll() is not None]
-                assert not dead, f"round {round_number}:\n{dead[0].log.read_text()[-3000:]}"
-                records = [store.result(job_id) for job_id in sent]
-                return all(r is not None and r.status is JobStatus.SUCCEEDED for r in records)
-
+            ran = functools.partial(_ran, store, workers, sent, round_number)
             wait_until(ran, 120, f"round {round_number}: the clients' jobs to run")
-            with store.engine.connect() as conn:
-                nodes = conn.execute(text("SELECT COUNT(*) FROM scheduler_node")).scalar()
-            assert nodes == WORKERS, f"round {round_number}: {nodes} of {WORKERS} nodes"
+            wait_until(
+                lambda s=store: _nodes(s) == WORKERS,
+                120,
+                f"round {round_number}: each worker's node",
+            )
             _one_schema(url)
         finally:
             for worker in workers:
