@@ -50,8 +50,11 @@ def _clean(sql: str) -> str:
     return "\n".join(line.rstrip() for line in sql.strip().splitlines())
 
 
-def _storage_parameters(table: Table, dialect: Dialect) -> str:
-    """PostgreSQL's ``WITH (name = value, ...)`` after CREATE TABLE, from ``table.info``."""
+def _table_options(table: Table, dialect: Dialect) -> str:
+    """What follows CREATE TABLE's closing parenthesis, from ``table.info``: MySQL's engine,
+    charset and collation; PostgreSQL's ``WITH (name = value, ...)`` storage parameters."""
+    if family(dialect.name) == "mysql":
+        return str(table.info.get("mysql_options", ""))
     options = table.info.get("postgresql_with")
     if not options or dialect.name != "postgresql":
         return ""
@@ -60,7 +63,7 @@ def _storage_parameters(table: Table, dialect: Dialect) -> str:
 
 def table_statements(table: Table, dialect: Dialect) -> list[str]:
     create = str(CreateTable(table).compile(dialect=dialect))
-    statements = [_clean(create) + _storage_parameters(table, dialect)]
+    statements = [_clean(create) + _table_options(table, dialect)]
     for index in sorted(table.indexes, key=lambda ix: str(ix.name)):
         if index_applies(index, dialect.name):
             statements.append(_clean(str(CreateIndex(index).compile(dialect=dialect))))
