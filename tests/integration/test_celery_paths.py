@@ -104,6 +104,12 @@ def test_signals_fire_for_success_and_failure(
     ok.get(timeout=TIMEOUT)
     with pytest.raises(ValueError, match="nope"):
         bad.get(timeout=TIMEOUT)
+    # task_postrun fires after the outcome is stored, so after get() may return.
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline and not all(
+        ("task_postrun", task_id) in signal_log for task_id in (ok.id, bad.id)
+    ):
+        time.sleep(0.05)
     names_ok = {name for name, task_id in signal_log if task_id == ok.id}
     names_bad = {name for name, task_id in signal_log if task_id == bad.id}
     assert {"task_received", "task_prerun", "task_postrun", "task_success"} <= names_ok
