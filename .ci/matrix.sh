@@ -40,7 +40,7 @@ make_venv() {  # name python [pip args...]: a venv with celery_ratchet[all,test]
       cat "$venv.install.log" >&2
       return 1
     fi
-    "$venv/bin/python" -m pip check
+    "$venv/bin/python" -m pip check >&2
     echo "$stamp" >"$venv/.stamp"
   fi
   echo "$venv"
