@@ -22,6 +22,7 @@ _EXPORTS = {
     "job_logger": "celery_ratchet.celery.housekeeping",
     "batch": "celery_ratchet.celery.batches",
     "workflow": "celery_ratchet.celery.workflows",
+    "predicate": "celery_ratchet.celery.workflows",
     "recurring": "celery_ratchet.celery.recurring",
     "schedule_recurring": "celery_ratchet.celery.recurring",
     "cancel_recurring": "celery_ratchet.celery.recurring",
@@ -40,6 +41,7 @@ _EXPORTS = {
     "PayloadTooLarge": "celery_ratchet.errors",
     "DuplicateJob": "celery_ratchet.errors",
     "SerializerNotAllowed": "celery_ratchet.errors",
+    "PredicateNotAllowed": "celery_ratchet.errors",
     "ConfigurationError": "celery_ratchet.errors",
 }
 

@@ -12,7 +12,12 @@ class ConfigurationError(RatchetError, ValueError):
 
 
 class StoreUnavailable(RatchetError, ConnectionError):
-    """The job store (the database) could not be reached; nothing was written."""
+    """The job store (the database) could not be reached.
+
+    ``outcome_unknown`` is False when nothing reached the database (nothing was written), True
+    when the connection was lost after a statement was sent: it may have been committed."""
+
+    outcome_unknown: bool = False
 
 
 class SchemaOutdated(RatchetError):
@@ -21,6 +26,11 @@ class SchemaOutdated(RatchetError):
 
 class SchemaNotCreated(RatchetError):
     """The database user may not create celery_ratchet's tables, and they are not there."""
+
+
+class PreparedStatementConflict(ConfigurationError):
+    """PostgreSQL refused a server-side prepared statement: the connection goes through a
+    pooler in transaction mode (PgBouncer), which cannot keep them."""
 
 
 class StoreBusy(RatchetError):
@@ -66,3 +76,43 @@ class SerializerNotAllowed(RatchetError, ValueError):
 
 class UnsupportedRouting(RatchetError, ValueError):
     """A routing feature of AMQP brokers that a database queue cannot honour."""
+
+
+class MalformedJob(RatchetError):
+    """A stored job row that cannot be run as it is (written by hand or by another tool): it
+    was failed without running; the message says what is wrong with the row."""
+
+
+class InvalidJob(RatchetError, ValueError):
+    """A job's field or option has a value the job store cannot hold or ratchet cannot
+    honour; nothing was written. ``field`` names it; the message gives the limit."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+
+class ValueRefused(RatchetError, ValueError):
+    """The database refused a value (too long, out of range, bad text); nothing was written.
+    The message carries the database's reason, never the statement's parameters."""
+
+
+class SchemaMissing(RatchetError):
+    """The database has no job-store tables (or not all of them): nothing was read or written."""
+
+
+class PredicateNotAllowed(RatchetError, ValueError):
+    """A workflow condition names a function the application did not allow."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"predicate {path!r} is not allowed: decorate the function with "
+            f"@celery_ratchet.predicate (in a module the worker imports), or list its package "
+            f"in ratchet_predicate_modules; a workflow condition never runs any other function"
+        )
+
+
+class RecoveryLimitExceeded(RatchetError):
+    """Orphan recovery took a job back from dead nodes more often than
+    ``ratchet_max_recoveries`` allows: it is FAILED, in the dead-letter queue."""

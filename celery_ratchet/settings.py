@@ -6,6 +6,7 @@ passes the Celery configuration mapping and the environment.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -50,6 +51,28 @@ def _to_capacities(value: Any) -> dict[str, int]:
     return capacities
 
 
+def _to_mapping(value: Any) -> dict[str, Any]:
+    """A mapping, or a JSON object from an environment variable."""
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip() else {}
+    if not isinstance(value, Mapping):
+        raise ValueError("expected a mapping (a JSON object in an environment variable)")
+    return {str(k): v for k, v in value.items()}
+
+
+def _to_names(value: Any) -> tuple[str, ...]:
+    """``["shop", "billing.rules"]``, or ``"shop,billing.rules"`` from an environment variable."""
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, (list, tuple, set, frozenset)):
+        raise ValueError("expected a list of module names")
+    names = tuple(str(v).strip() for v in value if str(v).strip())
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ValueError(f"{name!r} is not a module name (e.g. shop.rules)")
+    return names
+
+
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "bool": _to_bool,
     "int": int,
@@ -59,6 +82,8 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "int | None": lambda v: None if v in (None, "") else int(v),
     "float | None": lambda v: None if v in (None, "") else float(v),
     "dict[str, int]": _to_capacities,
+    "dict[str, Any]": _to_mapping,
+    "tuple[str, ...]": _to_names,
 }
 
 
@@ -73,11 +98,18 @@ class RatchetSettings:
     claim_batch_size: int = 100
     max_payload_kb: int = 100
     allow_pickle: bool = False
+    #: Modules (and their submodules) whose functions may be workflow conditions without
+    #: ``@celery_ratchet.predicate``: your application's packages, e.g. ``["shop"]``.
+    predicate_modules: tuple[str, ...] = ()
     #: Priority of a job sent without one (Celery's 0-9, higher runs first).
     default_priority: int = 4
     node_heartbeat_interval_seconds: float = 10.0
     node_orphan_grace_seconds: float = 60.0
     orphan_scan_interval_minutes: float = 5.0
+    #: A job whose node dies under it (or is declared dead) more often than this goes to the
+    #: dead-letter queue instead of running again; claims of a job handed back by a live
+    #: node count too. 0: never run again a job whose node died.
+    max_recoveries: int = 5
     #: Finer control of the orphan scan; wins over the minutes setting when set.
     orphan_scan_interval_seconds: float | None = None
     #: Aging: a waiting job rises one priority level per this many minutes; 0 disables.
@@ -89,6 +121,17 @@ class RatchetSettings:
     #: PostgreSQL: enqueues notify idle workers, which claim at once instead of at the next
     #: poll (LISTEN/NOTIFY). No effect on other databases.
     listen_notify: bool = True
+    #: PostgreSQL: a direct URL (not through PgBouncer) for the LISTEN connection; default:
+    #: ``url``. LISTEN through a pooler in transaction mode never receives anything.
+    listen_url: str | None = None
+    #: PostgreSQL: ``url`` goes through PgBouncer (transaction or statement pooling): no
+    #: server-side prepared statements, and LISTEN/NOTIFY only with ``listen_url``.
+    pgbouncer: bool = False
+    #: Connections each process keeps open to the job store, and how many more at a peak.
+    pool_size: int = 5
+    max_overflow: int = 10
+    #: Extra keyword arguments of the driver's connect() (a JSON object in the environment).
+    connect_args: dict[str, Any] = field(default_factory=dict)
     #: Redis URL for wake-ups on any database (``redis://host:6379/0``); optional.
     events_url: str | None = None
     #: Finished jobs older than this move to scheduler_job_archive.
@@ -99,6 +142,11 @@ class RatchetSettings:
     job_archive_enabled: bool = True
     #: Job log lines older than this are deleted by the archiver.
     log_retention_days: float = 30.0
+
+    @property
+    def wakeups_by_notify(self) -> bool:
+        """Enqueues notify and workers LISTEN: on, unless behind PgBouncer with no direct URL."""
+        return self.listen_notify and (not self.pgbouncer or self.listen_url is not None)
 
     @property
     def orphan_scan_interval(self) -> float:
@@ -148,6 +196,11 @@ class RatchetSettings:
             "job_archive_batch_size": self.job_archive_batch_size,
             "log_retention_days": self.log_retention_days,
         }
+        if self.pool_size < 1 or self.max_overflow < 0:
+            raise ConfigurationError(
+                f"ratchet_pool_size ({self.pool_size}) must be at least 1 and "
+                f"ratchet_max_overflow ({self.max_overflow}) at least 0"
+            )
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigurationError(f"ratchet_{name} must be positive, got {value!r}")
@@ -159,6 +212,10 @@ class RatchetSettings:
             raise ConfigurationError(
                 "ratchet_priority_boost_interval_minutes must be 0 (no aging) or positive, "
                 f"got {self.priority_boost_interval_minutes!r}"
+            )
+        if self.max_recoveries < 0:
+            raise ConfigurationError(
+                f"ratchet_max_recoveries must be 0 or more, got {self.max_recoveries!r}"
             )
         if not 0 <= self.default_priority <= 9:
             raise ConfigurationError(
@@ -180,9 +237,48 @@ def _conf_get(conf: Mapping[str, Any], key: str) -> Any:
         return None
 
 
-_PASSWORD_IN_URL = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.\-]*://[^:/@\s]*:)[^@\s]*(?P<at>@)")
+MASK = "***"
+_SECRET_KEY = re.compile(r"pass|pwd|secret|token|credential|auth|api_?key", re.IGNORECASE)
+_URL_START = r"[A-Za-z][A-Za-z0-9+.\-]*://"
+#: ``scheme://user:password@``: the password runs to the last ``@`` of the line before the
+#: next URL (it may hold spaces, ``/``, ``:`` or an unencoded ``@``).
+_USERINFO = re.compile(rf"(?P<head>{_URL_START}[^\s:/@]*:)(?:(?!{_URL_START})[^\n])*@")
+#: ``key=value`` of a credential, in a URL's query or a ``key=value`` connection string.
+_SECRET_PAIR = re.compile(
+    r"(?P<head>(?:^|(?<=[\s?&;,(]))(?P<key>[\w.\-]+)\s*=\s*)"
+    r"(?P<value>'[^']*'|\"[^\"]*\"|[^&\s;,)]*)"
+)
+_NO_SCHEME_USERINFO = re.compile(r"^(?P<head>\s*(?:[A-Za-z][\w+.\-]*:/+)?[^\s:/@]*:)[^\n]*@")
 
 
-def mask_password(text: str) -> str:
-    """Replace the password of every URL in ``text`` with ``***``."""
-    return _PASSWORD_IN_URL.sub(r"\g<head>***\g<at>", text)
+def is_secret_key(key: str) -> bool:
+    """Whether a setting, query or connection parameter named ``key`` holds a credential."""
+    return bool(_SECRET_KEY.search(key))
+
+
+def _mask_pair(match: re.Match[str]) -> str:
+    if not is_secret_key(match["key"]):
+        return match[0]
+    return f"{match['head']}{MASK}"
+
+
+def mask_password(text: str, *, whole: bool = False) -> str:
+    """Replace every credential in ``text`` with ``***``: the password of each URL, and each
+    credential parameter (``password=``, ``sslpassword=``, ``token=``...).
+
+    Conservative, for text that may not be a well-formed URL: a password is taken to run to
+    the last ``@`` of its line (before the next URL). ``whole``: ``text`` is a single URL,
+    maybe without a scheme, whose query values may hold spaces (they run to the next ``&``).
+    """
+    text = str(text)
+    masked = _USERINFO.sub(rf"\g<head>{MASK}@", text)
+    if whole and masked == text and "://" not in text:
+        masked = _NO_SCHEME_USERINFO.sub(rf"\g<head>{MASK}@", text)
+    if whole and "?" in masked:
+        base, _, query = masked.partition("?")
+        pairs = [
+            f"{k}={MASK}" if sep and is_secret_key(k) else f"{k}{sep}{v}"
+            for k, sep, v in (p.partition("=") for p in query.split("&"))
+        ]
+        return f"{base}?{'&'.join(pairs)}"
+    return _SECRET_PAIR.sub(_mask_pair, masked)

@@ -66,8 +66,9 @@ def score(order_id: int) -> float:
     return 0.93
 
 
+@celery_ratchet.predicate
 def is_high(value: float) -> bool:
-    """A workflow condition: an importable function, referenced by its path."""
+    """A workflow condition: a function allowed by the decorator, referenced by its path."""
     return value > 0.8
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 
 from celery_ratchet.domain.job import Message, NewJob
@@ -35,3 +37,12 @@ def new_job(
         attempts=attempts,
         resource=resource,
     )
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    """Return once ``predicate()`` is true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery, signals
+from celery.app import utils as celery_app_utils
 from celery.utils.imports import symbol_by_name
 
 from celery_ratchet.errors import ConfigurationError
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.batches import BatchStore
+from celery_ratchet.store.engine import EngineOptions
 from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.redact import mask_url
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +41,8 @@ class RatchetState:
         self.runtime: Any = None
         self._publisher: Any = None
         self._event_sender: Any = None
+        #: Serializers of accept_content a worker refused (``ratchet_allow_pickle`` off).
+        self.refused_serializers: list[str] | None = None
 
     @property
     def settings(self) -> RatchetSettings:
@@ -53,7 +60,8 @@ class RatchetState:
                     settings.url,
                     create_schema=settings.create_schema,
                     priority_boost_minutes=settings.priority_boost_interval_minutes,
-                    notify=settings.listen_notify,
+                    notify=settings.wakeups_by_notify,
+                    engine_options=engine_options(settings),
                 )
                 self._store_pid = os.getpid()
             return self._store
@@ -101,12 +109,34 @@ class RatchetState:
             from celery_ratchet.events.postgres import PostgresWakeups
             from celery_ratchet.store.engine import libpq_conninfo
 
-            sources.append(PostgresWakeups(libpq_conninfo(store.url)))
+            listen_url = settings.listen_url or store.url
+            sources.append(
+                PostgresWakeups(
+                    libpq_conninfo(listen_url, engine_options(settings)),
+                    probe=store.send_probe,
+                    on_silent=store.stop_notifying,
+                )
+            )
+        elif settings.listen_notify and settings.pgbouncer and store.family == "postgresql":
+            logger.info(
+                "ratchet: no LISTEN/NOTIFY wake-ups through PgBouncer (ratchet_pgbouncer): "
+                "workers find jobs by polling; set ratchet_listen_url to a direct PostgreSQL "
+                "URL for wake-ups"
+            )
         if settings.events_url:
             from celery_ratchet.events.redis import RedisWakeups
 
             sources.append(RedisWakeups(settings.events_url))
         return sources
+
+
+def engine_options(settings: RatchetSettings) -> EngineOptions:
+    return EngineOptions(
+        pool_size=settings.pool_size,
+        max_overflow=settings.max_overflow,
+        pgbouncer=settings.pgbouncer,
+        connect_args=settings.connect_args,
+    )
 
 
 def ratchet_state(app: Celery) -> RatchetState:
@@ -149,6 +179,7 @@ def install(app: Celery) -> Celery:
         app.events_cls = "celery_ratchet.celery.events:RatchetEvents"
         app.__dict__.pop("events", None)
         app.steps["consumer"].add(JobConsumer)
+        censor_ratchet_urls()
         retry.connect(app)
         housekeeping.register_tasks(app)
         batches.register_tasks(app)
@@ -159,6 +190,32 @@ def install(app: Celery) -> Celery:
         else:
             app.on_after_configure.connect(_on_configured, weak=False)
     return app
+
+
+#: Settings shown with their credentials masked by ``celery report`` and every listing of
+#: the configuration (``app.conf.humanize()``, ``app.conf.table()``).
+_RATCHET_URL_SETTING = re.compile(r"^ratchet_.*url", re.IGNORECASE)
+
+
+def censor_ratchet_urls() -> None:
+    """Teach Celery's censoring of settings (``filter_hidden_settings``, used by
+    ``celery report`` and ``app.conf.table()``) the ratchet URL settings: it masks only
+    settings named like its own secrets. Installed once per process; idempotent."""
+    current = celery_app_utils.filter_hidden_settings
+    if getattr(current, "_ratchet", False):
+        return
+
+    def filter_hidden_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
+        filtered = current(conf)
+        return {
+            key: mask_url(value)
+            if isinstance(key, str) and isinstance(value, str) and _RATCHET_URL_SETTING.match(key)
+            else value
+            for key, value in filtered.items()
+        }
+
+    filter_hidden_settings._ratchet = True  # type: ignore[attr-defined]
+    celery_app_utils.filter_hidden_settings = filter_hidden_settings
 
 
 def _on_configured(sender: Celery, **_: Any) -> None:
@@ -210,6 +267,26 @@ def _on_worker_init(sender: Any = None, instance: Any = None, **_: Any) -> None:
     if app is not None and is_ratchet_app(app):
         install(app)
         forget_broker(app)
+        narrow_accept_content(app)
+
+
+def narrow_accept_content(app: Celery) -> None:
+    """Take the serializers that can run code out of the worker's accept lists unless
+    ``ratchet_allow_pickle`` is on; before the pool starts, so its processes never decode
+    them either. The worker warns about what it took out once logging is set up."""
+    from celery_ratchet.celery.message import safe_accept
+
+    allow = ratchet_state(app).settings.allow_pickle
+    refused: set[str] = set()
+    for key in ("accept_content", "result_accept_content"):
+        value = app.conf.get(key)
+        if value is None:
+            continue
+        kept, dropped = safe_accept(value, allow)
+        if dropped:
+            app.conf[key] = sorted(kept)
+            refused.update(dropped)
+    ratchet_state(app).refused_serializers = sorted(refused)
 
 
 def dlq(app: Celery) -> Any:

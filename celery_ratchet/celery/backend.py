@@ -23,13 +23,28 @@ from kombu.utils import json as kjson
 
 from celery_ratchet.celery import batches
 from celery_ratchet.celery.app import ratchet_state
-from celery_ratchet.celery.message import CLAIM_HEADER, check_serializer
+from celery_ratchet.celery.message import CLAIM_HEADER, check_serializer, safe_accept
 from celery_ratchet.celery.sender import current_transaction
 from celery_ratchet.domain.job import JobStatus, ResultRecord, error_record
 from celery_ratchet.errors import StoreUnavailable
 from celery_ratchet.store.jobstore import JobStore
 
 logger = logging.getLogger(__name__)
+
+
+class _QuietStoreRetries(logging.Filter):
+    """Celery logs each retry of a backend write with its traceback ("Failed operation
+    _store_result. Retrying …"): dozens per outage and process. The job store logs the
+    outage itself, once when it starts and once when it ends; these retries go unlogged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (
+            isinstance(exc, StoreUnavailable) and str(record.msg).startswith("Failed operation")
+        )
+
+
+logging.getLogger("celery.backends.base").addFilter(_QuietStoreRetries())
 
 #: First pause of AsyncResult.get() between two reads of the row; it doubles up to interval.
 _FIRST_NAP = 0.005
@@ -39,6 +54,8 @@ _FINAL = {
     states.FAILURE: JobStatus.FAILED,
     states.REVOKED: JobStatus.REVOKED,
 }
+#: The Celery state of a row whose status this version does not know.
+UNKNOWN_STATE = "UNKNOWN"
 _CELERY_STATE = {
     JobStatus.SUCCEEDED: states.SUCCESS,
     JobStatus.FAILED: states.FAILURE,
@@ -67,7 +84,11 @@ class RatchetBackend(BaseBackend):
 
     def __init__(self, app: Any = None, url: str | None = None, **kwargs: Any) -> None:
         super().__init__(app, url=url, **kwargs)
-        check_serializer(self.serializer, ratchet_state(self.app).settings.allow_pickle)
+        allow_pickle = ratchet_state(self.app).settings.allow_pickle
+        check_serializer(self.serializer, allow_pickle)
+        # Extended results decode a row's arguments with the row's own content type: never
+        # with a serializer that can run code unless ratchet_allow_pickle is on.
+        self.accept, _ = safe_accept(self.accept, allow_pickle)  # type: ignore[has-type]
 
     @property
     def store(self) -> JobStore:
@@ -186,6 +207,10 @@ class RatchetBackend(BaseBackend):
 
     def _state_and_result(self, record: ResultRecord, extra: dict[str, Any]) -> tuple[str, Any]:
         status = record.status
+        if not isinstance(status, JobStatus):
+            # A status this version does not know (a row written by hand or by a newer
+            # version): not ready, not an error; the job's own text stays in the store.
+            return UNKNOWN_STATE, None
         if status is JobStatus.SUCCEEDED:
             value = self.decode(record.job_result) if record.job_result is not None else None
             return states.SUCCESS, value

@@ -10,7 +10,9 @@ swap rolls back, and the orphan scan of any node finishes the batch). No polling
 
 from __future__ import annotations
 
+import itertools
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +37,7 @@ from celery_ratchet.domain.batch import (
     progress_step,
 )
 from celery_ratchet.store.batches import BatchRecord, Progress
+from celery_ratchet.store.engine import is_retryable_conflict
 
 logger = logging.getLogger(__name__)
 
@@ -141,16 +144,40 @@ def finish(backend: Any, record: BatchRecord) -> None:
             logger.error("ratchet: chord %s failed: %s", record.batch_id, exc)
             backend.chord_error_from_stack(callback, exc)
         return
-    try:
+
+    def send_body() -> None:
         with batches.finishing(record.batch_id, BatchState.SUCCEEDED) as conn:
             if conn is not None:
                 send_within(conn, lambda: callback.delay(results))
+
+    try:
+        retrying_conflicts(send_body, f"body of chord {record.batch_id}")
     except Exception as exc:
         logger.exception("ratchet: body of chord %s not sent: %r", record.batch_id, exc)
         with batches.finishing(record.batch_id, BatchState.FAILED) as conn:
             won = conn is not None
         if won:
             backend.chord_error_from_stack(callback, ChordError(f"Callback error: {exc!r}"))
+
+
+#: Tries of a completion that lost a lock conflict: a deadlock, or a certification conflict
+#: on Galera (error 1213 at COMMIT, whose transaction is rolled back whole).
+CONFLICT_TRIES = 6
+
+
+def retrying_conflicts(attempt: Callable[[], None], what: str) -> None:
+    """Run ``attempt`` (a whole transaction: decide and send) again when the database rolled
+    it back for a lock conflict. Once a concurrent finisher won, the decision finds the batch
+    complete and sends nothing; any other conflict must not fail a healthy batch."""
+    for tries in itertools.count(1):
+        try:
+            attempt()
+            return
+        except Exception as exc:
+            if tries >= CONFLICT_TRIES or not is_retryable_conflict(exc):
+                raise
+            logger.info("ratchet: %s lost a lock conflict; trying again (%d)", what, tries)
+            time.sleep(0.01 * tries)
 
 
 def send_within(conn: Any, send: Callable[[], Any]) -> None:
@@ -243,7 +270,10 @@ def _finish_batch(app: Celery, record: BatchRecord, parts: Sequence[BatchPart]) 
     progress = Progress(done=len(parts), failed=len(failed))
     summary = _summary_payload(record, progress, record.expected or len(parts))
     try:
-        _send_batch_outcome(app, record, parts, failed, summary, state)
+        retrying_conflicts(
+            lambda: _send_batch_outcome(app, record, parts, failed, summary, state),
+            f"outcome of batch {record.batch_id}",
+        )
     except Exception as exc:
         logger.exception("ratchet: outcome of batch %s not sent: %r", record.batch_id, exc)
         summary["failed_ids"] = [p.job_id for p in failed]

@@ -22,22 +22,28 @@ from celery.platforms import signals as platform_signals
 from celery.utils.imports import symbol_by_name
 from celery.worker import state as worker_state
 from kombu.exceptions import ContentDisallowed, DecodeError
-from kombu.serialization import prepare_accept_content
 
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import exception_record
 from celery_ratchet.celery.batches import finish_stalled
 from celery_ratchet.celery.breaker import lookup as breaker_lookup
 from celery_ratchet.celery.breaker import parse as parse_breaker
-from celery_ratchet.celery.message import JobMessage
+from celery_ratchet.celery.fencing import fence_tracers
+from celery_ratchet.celery.message import JobMessage, runs_code, safe_accept, serializer_name
 from celery_ratchet.celery.options import resolve as resolve_options
 from celery_ratchet.celery.recurring import occurrence, register_all
 from celery_ratchet.celery.request import ratchet_request_class
 from celery_ratchet.celery.retry import install_retries
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
-from celery_ratchet.errors import ConfigurationError, StoreBusy, StoreUnavailable
+from celery_ratchet.errors import (
+    ConfigurationError,
+    SerializerNotAllowed,
+    StoreBusy,
+    StoreUnavailable,
+)
+from celery_ratchet.runtime.fence import current_fence
 from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
-from celery_ratchet.store.jobstore import REVOKE_ONLY
+from celery_ratchet.store.jobstore import REVOKE_ONLY, quiet_outages
 
 logger = logging.getLogger(__name__)
 
@@ -64,10 +70,17 @@ class Dispatcher:
 
     def __init__(self, consumer: Any) -> None:
         self.consumer = consumer
-        self.accept = prepare_accept_content(consumer.app.conf.accept_content)
+        # Whatever accept_content says, a row is never decoded with a serializer that can
+        # run code unless ratchet_allow_pickle is on: anyone who can write a row could.
+        settings = ratchet_state(consumer.app).settings
+        self.accept, _ = safe_accept(consumer.app.conf.accept_content, settings.allow_pickle)
         self.runtime: WorkerRuntime | None = None
 
     def __call__(self, job: ClaimedJob) -> None:
+        content_type = job.message.content_type
+        if content_type not in self.accept and runs_code(content_type):
+            self._refused(job, serializer_name(content_type))
+            return
         strategy = self.consumer.strategies.get(job.task_name)
         if strategy is None:
             self._unknown(job)
@@ -100,6 +113,11 @@ class Dispatcher:
         else:
             self.runtime.settle(Settlement(job.job_id, job.token, status, error, traceback))
 
+    def _refused(self, job: ClaimedJob, serializer: str) -> None:
+        exc = SerializerNotAllowed(serializer)
+        logger.error("ratchet: job %s failed unrun: %s", job.job_id, exc)
+        self._on_end(job, JobStatus.FAILED, exception_record(exc), None)
+
     def _unknown(self, job: ClaimedJob) -> None:
         exc = NotRegistered(
             f"task {job.task_name!r} is not registered on worker {self.consumer.hostname}; "
@@ -122,8 +140,18 @@ class JobConsumer(bootsteps.StartStopStep):
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)
         self.runtime: WorkerRuntime | None = None
+        # Made before the pool forks, so that its processes share it.
+        self.fence = current_fence()
+        app = c.app
+        signals.worker_process_init.connect(
+            lambda **_: _in_pool_process(app),
+            weak=False,
+            dispatch_uid=f"ratchet-pool-process-{id(app)}",
+        )
 
     def start(self, c: Any) -> None:
+        # The Tasks step has just built the tracers again: each checks the claim first.
+        fence_tracers(c.app)
         if self.runtime is not None:  # the consumer restarted: keep the same node
             self.runtime.resume()
             return
@@ -131,8 +159,10 @@ class JobConsumer(bootsteps.StartStopStep):
         state = ratchet_state(app)
         _report_outcomes_to_store(app)
         _check_task_options(app, state.settings)
+        _warn_refused_serializers(app, state.settings.allow_pickle)
         install_retries(app)
         c.update_strategies()
+        fence_tracers(app)
         _register_recurring(app)
         dispatcher = Dispatcher(c)
         runtime = WorkerRuntime(
@@ -149,6 +179,7 @@ class JobConsumer(bootsteps.StartStopStep):
             revoked_error=exception_record(TaskRevokedError("revoked")),
             wakeups=state.wakeup_sources(),
             housekeeping=functools.partial(finish_stalled, app),
+            fence=self.fence,
         )
         dispatcher.runtime = runtime
         self.runtime = state.runtime = runtime
@@ -167,6 +198,13 @@ class JobConsumer(bootsteps.StartStopStep):
         signals.worker_shutdown.disconnect(self._on_worker_shutdown)
         if self.runtime is not None:
             self.runtime.close()
+
+
+def _in_pool_process(app: Any) -> None:
+    """A pool process starts: its tasks check their claims before running; the store's
+    outages are logged by the worker's main process, not again by each pool process."""
+    fence_tracers(app)
+    quiet_outages()
 
 
 def _revoke_started(consumer: Any, job_id: str, request: str) -> None:
@@ -235,6 +273,21 @@ def _check_task_options(app: Any, settings: Any) -> None:
     if problems:
         raise ConfigurationError(
             "ratchet options of tasks are invalid:\n  " + "\n  ".join(problems)
+        )
+
+
+def _warn_refused_serializers(app: Any, allow_pickle: bool) -> None:
+    refused = getattr(ratchet_state(app), "refused_serializers", None)
+    if refused is None:  # the worker was not started by `celery worker` (no celeryd_init)
+        _, refused = safe_accept(app.conf.accept_content, allow_pickle)
+    if refused:
+        logger.warning(
+            "ratchet: accept_content (or result_accept_content) lists %s, but "
+            "ratchet_allow_pickle is off: this worker refuses them, and a job stored with "
+            "them is FAILED without running. Set "
+            "ratchet_allow_pickle = True only if every process that can write to the job "
+            "store is trusted",
+            ", ".join(refused),
         )
 
 

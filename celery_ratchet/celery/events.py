@@ -16,7 +16,7 @@ from typing import Any
 from celery.app.events import Events
 from celery.events.dispatcher import EventDispatcher
 from celery.events.receiver import EventReceiver
-from kombu import Connection
+from kombu.connection import Connection
 
 from celery_ratchet.celery.app import ratchet_state
 

@@ -7,14 +7,14 @@ strategy and request classes accept as if a broker had delivered it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 
 from kombu.compression import compress
 from kombu.message import Message as KombuMessage
-from kombu.serialization import dumps
+from kombu.serialization import dumps, prepare_accept_content, registry
 from kombu.utils import json as kjson
 
 from celery_ratchet.domain.job import (
@@ -26,12 +26,18 @@ from celery_ratchet.domain.job import (
     error_record,
 )
 from celery_ratchet.domain.priority import to_numeric
-from celery_ratchet.errors import PayloadTooLarge, SerializerNotAllowed
+from celery_ratchet.errors import InvalidJob, PayloadTooLarge, SerializerNotAllowed
 
 #: Header carrying the claim token into ``self.request``; never stored with the job.
 CLAIM_HEADER = "ratchet_claim"
+#: Header carrying the claim's fence stamp to the process that runs the job.
+FENCE_HEADER = "ratchet_fence"
 
-_UNSAFE_SERIALIZERS = frozenset({"pickle"})
+#: Serializers whose decoder runs code named by the data: never read from a row unless
+#: ``ratchet_allow_pickle`` is on (anyone who can write a row could run anything).
+_CODE_RUNNING_SERIALIZERS = frozenset({"pickle", "dill", "cloudpickle"})
+_PICKLE_TYPE = "application/x-python-serialize"
+_YAML_TYPE = "application/x-yaml"
 
 
 def parse_time(value: Any, default_tz: tzinfo) -> datetime | None:
@@ -44,8 +50,40 @@ def parse_time(value: Any, default_tz: tzinfo) -> datetime | None:
     return moment.astimezone(timezone.utc)
 
 
+def runs_code(content_type: str) -> bool:
+    """Whether decoding ``content_type`` (a content type or a serializer name) can run code:
+    pickle and its kin, and yaml when its decoder is not kombu's own (``yaml.safe_load``)."""
+    name = registry.type_to_name.get(content_type, content_type)
+    content_type = registry.name_to_type.get(name, content_type)
+    if name in _CODE_RUNNING_SERIALIZERS or content_type == _PICKLE_TYPE:
+        return True
+    if content_type == _YAML_TYPE:
+        decoders = getattr(registry, "_decoders", None)
+        if not isinstance(decoders, dict):
+            return True  # cannot tell which loader decodes it: assume the worst
+        decoder = decoders.get(content_type)
+        return decoder is not None and getattr(decoder, "__module__", None) != (
+            "kombu.serialization"
+        )
+    return False
+
+
+def serializer_name(content_type: str) -> str:
+    return str(registry.type_to_name.get(content_type, content_type))
+
+
+def safe_accept(accept: Any, allow_pickle: bool) -> tuple[set[str], list[str]]:
+    """The content types to decode, from an ``accept_content`` list (names or types), and
+    the names refused: every code-running serializer unless ``ratchet_allow_pickle``."""
+    prepared = set(prepare_accept_content(accept if accept is not None else ["json"]))
+    if allow_pickle:
+        return prepared, []
+    refused = {t for t in prepared if runs_code(t)}
+    return prepared - refused, sorted(serializer_name(t) for t in refused)
+
+
 def check_serializer(serializer: str, allow_pickle: bool) -> None:
-    if serializer in _UNSAFE_SERIALIZERS and not allow_pickle:
+    if not allow_pickle and runs_code(serializer):
         raise SerializerNotAllowed(serializer)
 
 
@@ -77,9 +115,10 @@ def job_from_message(
     try:
         priority = default_priority if priority is None else to_numeric(priority)
     except ValueError as exc:
-        raise ValueError(f"task {name!r}: {exc}") from None
+        raise InvalidJob("priority", f"task {name!r}: {exc}") from None
     properties["priority"] = priority
     headers.pop(CLAIM_HEADER, None)
+    headers.pop(FENCE_HEADER, None)
     return NewJob(
         job_id=headers["id"],
         task_name=name,
@@ -177,6 +216,7 @@ def retry_of(job: ClaimedJob, delay: float) -> NewJob:
     and ETA in the message move on with it."""
     headers = kjson.loads(job.message.headers)
     headers.pop(CLAIM_HEADER, None)
+    headers.pop(FENCE_HEADER, None)
     attempts = int(headers.get("retries") or 0) + 1
     due = datetime.now(timezone.utc) + timedelta(seconds=delay)
     headers["retries"], headers["eta"] = attempts, due.isoformat()
@@ -200,10 +240,12 @@ class JobMessage(KombuMessage):
     """
 
     def __init__(
-        self, job: ClaimedJob, *, accept: Sequence[str] | None, on_end: EndCallback
+        self, job: ClaimedJob, *, accept: Collection[str] | None, on_end: EndCallback
     ) -> None:
         headers = kjson.loads(job.message.headers)
         headers[CLAIM_HEADER] = job.token
+        if job.fence is not None:
+            headers[FENCE_HEADER] = job.fence
         properties = kjson.loads(job.message.properties)
         properties["priority"] = job.priority
         super().__init__(

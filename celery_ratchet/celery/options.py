@@ -9,12 +9,13 @@ message header ``ratchet``; what the claim needs (resource, priority) goes on th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from celery_ratchet.domain.priority import to_numeric
 from celery_ratchet.domain.retry import Backoff
-from celery_ratchet.errors import ConfigurationError
+from celery_ratchet.errors import ConfigurationError, InvalidJob
 from celery_ratchet.settings import RatchetSettings
 
 HEADER = "ratchet"
@@ -47,25 +48,30 @@ def resolve(
         raise TypeError(f"ratchet= takes a dict of options, got {type(given).__name__}")
     unknown = set(given or {}) - OPTIONS
     if unknown:
-        raise ValueError(
+        raise InvalidJob(
+            "ratchet",
             f"unknown ratchet option(s) {', '.join(sorted(unknown))} for task {task_name!r}; "
-            f"known: {', '.join(sorted(OPTIONS))}"
+            f"known: {', '.join(sorted(OPTIONS))}",
         )
     options = {**task_defaults(task), **dict(given or {})}
+    where = f"task {task_name!r}"
     if "backoff" in options:
-        options["backoff"] = Backoff.parse(options["backoff"]).value
+        try:
+            options["backoff"] = Backoff.parse(options["backoff"]).value
+        except ValueError as exc:
+            raise InvalidJob("backoff", f"{where}: {exc}") from None
     for name in ("backoff_param", "timeout"):
         if name in options:
-            value = float(options[name])
-            if value < 0 or (name == "timeout" and value == 0):
-                raise ValueError(f"ratchet option {name} must be positive, got {value!r}")
-            options[name] = value
+            options[name] = _seconds(where, name, options[name], zero_ok=name != "timeout")
     if options.get("max_retries") is not None:
-        options["max_retries"] = int(options["max_retries"])
+        options["max_retries"] = _count(where, "max_retries", options["max_retries"])
     if "priority" in options:
-        options["priority"] = to_numeric(options["priority"])
+        try:
+            options["priority"] = to_numeric(options["priority"])
+        except ValueError as exc:
+            raise InvalidJob("priority", f"{where}: {exc}") from None
     if "tags" in options:
-        options["tags"] = [str(tag) for tag in options["tags"]]
+        options["tags"] = _tags(where, options["tags"])
     resource = options.get("resource")
     if require_capacity and resource is not None and resource not in settings.resources:
         configured = ", ".join(sorted(settings.resources)) or "none"
@@ -75,6 +81,52 @@ def resolve(
             "(env RATCHET_RESOURCES) on clients and workers"
         )
     return options
+
+
+def _seconds(where: str, name: str, value: Any, *, zero_ok: bool) -> float:
+    """A number of seconds: finite, and positive (or zero where ``zero_ok``)."""
+    bound = "0 or more" if zero_ok else "more than 0"
+    try:
+        seconds = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero_ok):
+        raise InvalidJob(
+            name,
+            f"{where}: ratchet option {name} must be a finite number of seconds, {bound}; "
+            f"got {value!r}",
+        )
+    return seconds
+
+
+def _count(where: str, name: str, value: Any) -> int:
+    """A whole number, 0 or more."""
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        whole, value = True, int(value)
+    if not whole or value < 0:
+        raise InvalidJob(
+            name, f"{where}: ratchet option {name} must be a whole number, 0 or more; got {value!r}"
+        )
+    return int(value)
+
+
+def _tags(where: str, value: Any) -> list[str]:
+    """A list of tags. A lone string is refused: iterating it would store its letters."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidJob(
+            "tags",
+            f"{where}: ratchet option tags must be a list of strings, got "
+            f"{type(value).__name__} {value!r}; write tags=[{value!r}] for one tag",
+        )
+    tags = []
+    for tag in value:
+        if not isinstance(tag, str) or not tag or "," in tag:
+            raise InvalidJob(
+                "tags", f"{where}: each tag must be a non-empty string with no comma, got {tag!r}"
+            )
+        tags.append(tag)
+    return tags
 
 
 def apply_to_message(

@@ -19,6 +19,7 @@ from celery.worker.request import Request
 
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import RatchetBackend, exception_record
+from celery_ratchet.celery.fencing import ClaimGone, ClaimUnconfirmed
 from celery_ratchet.celery.message import JobMessage, retry_of
 from celery_ratchet.celery.retry import decision_for
 from celery_ratchet.domain.job import JobStatus
@@ -85,6 +86,10 @@ class RatchetRequest(Request):
         finally:
             if isinstance(exc, Retry):
                 self._end(None, failed=True)  # the retry already rescheduled the row
+            elif isinstance(exc, ClaimGone):
+                self._end(None)  # not started: the job is another node's now
+            elif isinstance(exc, ClaimUnconfirmed):
+                self._end(JobStatus.PENDING)  # not started: handed back
             elif isinstance(exc, Ignore):
                 self._end(JobStatus.IGNORED)
             elif isinstance(exc, Terminated):

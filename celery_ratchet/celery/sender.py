@@ -19,8 +19,8 @@ from typing import Any
 
 from celery import Celery, signals
 from celery.app.amqp import AMQP
-from kombu import Connection
 from kombu.common import Broadcast
+from kombu.connection import Connection
 
 from celery_ratchet.celery import options as options_
 from celery_ratchet.celery.app import NO_BROKER, ratchet_state
@@ -104,7 +104,7 @@ class JobBatch:
                 stored()
             return
         _with_retry(
-            lambda: store.enqueue_many(jobs, waiting),
+            lambda again: store.enqueue_many(jobs, waiting, maybe_committed=again),
             conf.task_publish_retry,
             dict(conf.task_publish_retry_policy or {}),
         )
@@ -256,7 +256,9 @@ class RatchetAMQP(AMQP):
 
             if claim is not None:
                 # A retry or a replace of the running job: the same row, rescheduled.
-                _with_retry(lambda: _reschedule(state.store, claim, job), retries, policy)
+                _with_retry(
+                    lambda again: _reschedule(state.store, claim, job, again), retries, policy
+                )
                 state.published([job.queue])
                 published()
                 return
@@ -270,7 +272,11 @@ class RatchetAMQP(AMQP):
             if within is not None:
                 state.store.enqueue_within(within, [job], waiting)
             else:
-                _with_retry(lambda: state.store.enqueue_many([job], waiting), retries, policy)
+                _with_retry(
+                    lambda again: state.store.enqueue_many([job], waiting, maybe_committed=again),
+                    retries,
+                    policy,
+                )
                 state.published([job.queue])
             published()
 
@@ -308,13 +314,14 @@ def _claim_of_current_job(app: Celery, task_id: str | None) -> str | None:
     return token
 
 
-def _reschedule(store: Any, token: str, job: NewJob) -> None:
+def _reschedule(store: Any, token: str, job: NewJob, maybe_committed: bool) -> None:
     if store.replace_running(token, job):
         return
-    # Not (or no longer) the row this claim holds: a new id sent from a request's copy, or a
-    # claim taken over by orphan recovery, in which case the row's new owner decides.
+    # Not (or no longer) the row this claim holds: a new id sent from a request's copy, a
+    # claim taken over by orphan recovery, in which case the row's new owner decides, or an
+    # earlier try that rescheduled the row and lost its reply (then the row is ours).
     try:
-        store.enqueue(job)
+        store.enqueue(job, maybe_committed=maybe_committed)
     except DuplicateJob:
         logger.warning(
             "ratchet: job %s was not rescheduled: its claim was taken over (the node was "
@@ -323,11 +330,14 @@ def _reschedule(store: Any, token: str, job: NewJob) -> None:
         )
 
 
-def _with_retry(action: Any, retry: bool, policy: dict[str, Any]) -> None:
+def _with_retry(action: Callable[[bool], None], retry: bool, policy: dict[str, Any]) -> None:
     """Run ``action``; on :class:`StoreUnavailable` retry as ``task_publish_retry_policy``
-    says (max_retries, interval_start, interval_step, interval_max), then raise."""
+    says (max_retries, interval_start, interval_step, interval_max), then raise.
+
+    ``action`` is told whether an earlier try failed: that try may have committed and lost
+    only its reply, so finding its own rows is success, not a duplicate."""
     if not retry:
-        action()
+        action(False)
         return
     max_retries = policy.get("max_retries", 3)
     interval = float(policy.get("interval_start", 0))
@@ -336,7 +346,7 @@ def _with_retry(action: Any, retry: bool, policy: dict[str, Any]) -> None:
     attempt = 0
     while True:
         try:
-            action()
+            action(attempt > 0)
             return
         except StoreUnavailable:
             if max_retries is not None and attempt >= max_retries:

@@ -1,5 +1,8 @@
 """``celery_ratchet.workflow()``: conditional branches stored as rows, decided once.
 
+    @celery_ratchet.predicate            # in shop/rules.py
+    def is_high_score(result): ...
+
     celery_ratchet.workflow(analyze.s(data_id))
         .on_success(archive.s(), name="archive")
         .on_failure(notify_admins.s())
@@ -10,27 +13,36 @@
 The branches are stored with the parent job when it is submitted. When the parent ends, a
 system job evaluates them in order: several may fire (fan-out); each is decided exactly once
 (a compare-and-swap per branch, in the transaction that sends the fired ones). A join waits
-for the branches it names that fired (a chord of them). Predicates are importable
-functions named by ``"module:function"`` — never pickled code — called with the parent's
-result.
+for the branches it names that fired (a chord of them). Predicates are functions named by
+``"module:function"`` — never pickled code — called with the parent's result, and only
+functions the application allowed: decorated with :func:`predicate`, or in a module under
+one of ``ratchet_predicate_modules``. Any other name is refused at ``submit()``; one found in
+a stored row (written by hand) is refused when the branch is decided: the branch is FAILED,
+its task never sent, and its result raises :class:`~celery_ratchet.errors.PredicateNotAllowed`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
 
 from celery import Celery, chord
 from celery.canvas import Signature, maybe_signature
 from celery.result import AsyncResult
-from celery.utils.imports import symbol_by_name
 
 from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.backend import exception_record
 from celery_ratchet.celery.batches import decode_signature, encode_signature, send_within
 from celery_ratchet.celery.sender import current_transaction
+from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.errors import PredicateNotAllowed, RatchetError
 from celery_ratchet.store.batches import decide
 
 logger = logging.getLogger(__name__)
@@ -41,8 +53,71 @@ FAILED_TASK = "celery_ratchet.workflow_failed"
 SUCCESS, FAILURE, RESULT, JOIN = "SUCCESS", "FAILURE", "RESULT", "JOIN"
 
 
-class WorkflowError(ValueError):
+class WorkflowError(RatchetError, ValueError):
     """A workflow that cannot be stored as given (bad predicate, unknown join name)."""
+
+
+#: Predicates the application allowed with :func:`predicate`, by ``"module:qualname"``.
+_PREDICATES: dict[str, Callable[[Any], Any]] = {}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def predicate(fn: F) -> F:
+    """Allow ``fn`` as a workflow condition, named ``"module:qualname"`` in ``when_result``::
+
+        @celery_ratchet.predicate
+        def is_high_score(result): return result > 0.8
+
+    The worker deciding the workflow must have imported the module (as it imports tasks)."""
+    if not callable(fn):
+        raise TypeError(f"@celery_ratchet.predicate decorates a function, got {fn!r}")
+    module, name = fn.__module__, fn.__qualname__
+    _PREDICATES[f"{module}:{name}"] = fn
+    if module == "__main__":  # a script: also under the name its workers import it by
+        main = sys.modules.get("__main__")
+        spec = getattr(main, "__spec__", None)
+        path = getattr(main, "__file__", None)
+        alias = spec.name if spec is not None else (path and Path(path).stem)
+        if alias:
+            _PREDICATES[f"{alias}:{name}"] = fn
+    return fn
+
+
+def resolve_predicate(path: str, allowed_modules: Sequence[str]) -> Callable[[Any], Any]:
+    """The function a condition names, if the application allowed it; never imports a
+    module outside ``allowed_modules`` (importing runs the module's code)."""
+    module, sep, name = path.partition(":") if isinstance(path, str) else ("", "", "")
+    if not sep or not module or not name:
+        raise WorkflowError(
+            f"predicate {path!r}: give the import path of a function, 'package.module:function'"
+        )
+    registered = _PREDICATES.get(path)
+    if registered is not None:
+        return registered
+    if not _within(module, allowed_modules):
+        raise PredicateNotAllowed(path)
+    found: Any
+    try:
+        found = importlib.import_module(module)
+        for part in name.split("."):
+            found = getattr(found, part)
+            if isinstance(found, ModuleType):  # "shop.rules:os.system" reaches past shop
+                break
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise WorkflowError(f"predicate {path!r} cannot be imported: {exc}") from exc
+    if isinstance(found, ModuleType):
+        raise PredicateNotAllowed(path)
+    if not callable(found):
+        raise WorkflowError(f"predicate {path!r} is not callable")
+    # Defined in the allowed packages, not imported into them ("from os import system").
+    if not _within(str(getattr(found, "__module__", None) or ""), allowed_modules):
+        raise PredicateNotAllowed(path)
+    return found
+
+
+def _within(module: str, packages: Sequence[str]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages if p)
 
 
 @dataclass
@@ -83,8 +158,9 @@ class WorkflowBuilder:
 
     def when_result(self, predicate: str, sig: Any, name: str | None = None) -> WorkflowBuilder:
         """Sent when the parent succeeds and ``predicate(result)`` is true; ``predicate`` is
-        the import path of a function, ``"package.module:function"``."""
-        _load_predicate(predicate)
+        the import path of a function, ``"package.module:function"``, allowed with
+        ``@celery_ratchet.predicate`` or by ``ratchet_predicate_modules``."""
+        _load_predicate(self.app or self.parent._app or _current_app(), predicate)
         return self._add(RESULT, sig, name, predicate=predicate)
 
     def join(self, names: Sequence[str], sig: Any) -> WorkflowBuilder:
@@ -123,6 +199,9 @@ class WorkflowBuilder:
             raise WorkflowError("a workflow needs at least one branch; send the task instead")
         parent = self.parent.clone()
         app = self.app or parent._app or _current_app()
+        for b in self._branches:
+            if b.predicate is not None:
+                _load_predicate(app, b.predicate)
         branches = [dataclasses.replace(b, sig=b.sig.clone()) for b in self._branches]
         parent_result = parent.freeze()
         parent_id = str(parent_result.id)
@@ -153,18 +232,8 @@ def workflow(parent: Any, app: Celery | None = None) -> WorkflowBuilder:
     return WorkflowBuilder(parent, app)
 
 
-def _load_predicate(path: str) -> Any:
-    if ":" not in path:
-        raise WorkflowError(
-            f"predicate {path!r}: give the import path of a function, 'package.module:function'"
-        )
-    try:
-        found = symbol_by_name(path)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise WorkflowError(f"predicate {path!r} cannot be imported: {exc}") from exc
-    if not callable(found):
-        raise WorkflowError(f"predicate {path!r} is not callable")
-    return found
+def _load_predicate(app: Celery, path: str) -> Callable[[Any], Any]:
+    return resolve_predicate(path, ratchet_state(app).settings.predicate_modules)
 
 
 def _current_app() -> Celery:
@@ -184,6 +253,7 @@ def advance(app: Celery, parent_id: str, result: Any, failed: bool) -> list[str]
         logger.warning("ratchet: workflow %s has no stored branches", parent_id)
         return []
     sent: list[str] = []
+    refused: list[tuple[Any, RatchetError]] = []
     with batches.deciding(parent_id) as conn:
         if conn is None:
             return []  # decided by an earlier run of this job
@@ -192,7 +262,12 @@ def advance(app: Celery, parent_id: str, result: Any, failed: bool) -> list[str]
         for row in rows:
             if row.kind == JOIN or row.state != "WAITING":
                 continue
-            fires = _fires(row, result, failed, parent_id)
+            try:
+                fires = _fires(app, row, result, failed, parent_id)
+            except (PredicateNotAllowed, WorkflowError) as exc:
+                if decide(conn, parent_id, row.position, False, refused=True):
+                    refused.append((row, exc))
+                continue
             if not decide(conn, parent_id, row.position, fires) or not fires:
                 continue
             stored = decode_signature(app, row.branch)
@@ -215,18 +290,39 @@ def advance(app: Celery, parent_id: str, result: Any, failed: bool) -> list[str]
         for sig in to_send:
             send_within(conn, sig.apply_async)
             sent.append(str(sig.get("task") or sig.get("subtask_type")))
+    for row, refusal in refused:
+        _fail_refused_branch(app, parent_id, row, refusal)
     logger.info("ratchet: workflow %s sent %s", parent_id, sent or "nothing")
     return sent
 
 
-def _fires(row: Any, result: Any, failed: bool, parent_id: str) -> bool:
+def _fail_refused_branch(app: Celery, parent_id: str, row: Any, exc: RatchetError) -> None:
+    """A stored condition names a function the application never allowed (or none at all):
+    the branch is FAILED unrun, and its task's result says why."""
+    logger.error("ratchet: workflow %s: branch %s not run: %s", parent_id, row.position, exc)
+    try:
+        stored = decode_signature(app, row.branch)
+    except (TypeError, ValueError):
+        return
+    task_id = (stored.options or {}).get("task_id") if stored is not None else None
+    if task_id:
+        ratchet_state(app).store.store_untracked_result(
+            str(task_id),
+            str(stored.get("task") or ""),  # type: ignore[union-attr]
+            JobStatus.FAILED,
+            error=exception_record(exc),
+        )
+
+
+def _fires(app: Celery, row: Any, result: Any, failed: bool, parent_id: str) -> bool:
     if row.kind == SUCCESS:
         return not failed
     if row.kind == FAILURE:
         return failed
     if row.kind == RESULT and not failed:
+        found = _load_predicate(app, row.predicate)  # refused: the branch fails
         try:
-            return bool(_load_predicate(row.predicate)(result))
+            return bool(found(result))
         except Exception as exc:
             logger.error(
                 "ratchet: workflow %s: predicate %s raised %r; its branch is skipped",

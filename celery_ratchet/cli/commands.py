@@ -13,7 +13,7 @@ import click
 
 from celery_ratchet.domain.batch import BatchState, BatchSummary
 from celery_ratchet.domain.cron import CronExpression
-from celery_ratchet.domain.job import JobStatus, error_record
+from celery_ratchet.domain.job import JobStatus, error_record, shown_status
 from celery_ratchet.errors import RatchetError
 from celery_ratchet.runtime import recurring
 from celery_ratchet.runtime.dlq import DeadLetterQueue
@@ -26,14 +26,25 @@ from celery_ratchet.store.jobstore import JobStore
 class CliContext:
     """What every command needs: the store, opened on first use."""
 
-    def __init__(self, open_store: Callable[[], JobStore]) -> None:
+    def __init__(
+        self,
+        open_store: Callable[[], JobStore],
+        create_store: Callable[[], JobStore] | None = None,
+    ) -> None:
         self._open_store = open_store
+        self._create_store = create_store or open_store
         self._store: JobStore | None = None
 
     @property
     def store(self) -> JobStore:
         if self._store is None:
             self._store = self._open_store()
+        return self._store
+
+    def store_to_create(self) -> JobStore:
+        """The store for ``schema apply``: one whose database may not exist yet."""
+        if self._store is None:
+            self._store = self._create_store()
         return self._store
 
 
@@ -121,7 +132,7 @@ def jobs(
         limit=limit,
     )
     emit(
-        [vars(j) for j in found],
+        [{**vars(j), "status": shown_status(j.status)} for j in found],
         [
             "job_id",
             "task_name",
@@ -167,6 +178,7 @@ def jobs_show(cli: CliContext, job_id: str, as_json: bool) -> None:
         fail(f"no job {job_id!r}")
         return
     values = {k: v for k, v in vars(record).items() if k != "payload"}
+    values["status"] = shown_status(record.status)
     if record.payload is not None:
         values["payload"] = record.payload.decode("utf-8", "replace")
     log = cli.store.job_log(job_id)
@@ -195,8 +207,13 @@ def stats(cli: CliContext, as_json: bool) -> None:
     per_status: dict[str, int] = {}
     for row in found["counts"]:
         per_status[row["status"]] = per_status.get(row["status"], 0) + row["count"]
-    emit([{"status": s, "count": per_status.get(s, 0)} for s in _STATUSES], ["status", "count"],
-         False)  # fmt: skip
+    listed = [{"status": s, "count": per_status.get(s, 0)} for s in _STATUSES]
+    listed += [
+        {"status": shown_status(s), "count": n}
+        for s, n in sorted(per_status.items())
+        if s not in _STATUSES
+    ]
+    emit(listed, ["status", "count"], False)
     click.echo("")
     queues = sorted({row["queue"] for row in found["counts"]})
     rows = []
@@ -297,7 +314,7 @@ def schema_show(ctx: click.Context, dialect: str | None) -> None:
 @pass_cli
 def schema_apply(cli: CliContext) -> None:
     """Create missing tables and their indexes."""
-    created = cli.store.create_missing_tables()
+    created = cli.store_to_create().create_missing_tables()
     click.echo(f"created: {', '.join(created)}" if created else "schema up to date")
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from celery_ratchet.cli.commands import CliContext, RatchetGroup, add_commands
+from celery_ratchet.errors import ConfigurationError
 from celery_ratchet.settings import DEFAULT_URL
+from celery_ratchet.store.engine import sqlite_file
 from celery_ratchet.store.jobstore import JobStore
 
 
@@ -20,7 +24,20 @@ from celery_ratchet.store.jobstore import JobStore
 @click.pass_context
 def cli(ctx: click.Context, url: str) -> None:
     """celery_ratchet operations."""
-    ctx.obj = CliContext(lambda: JobStore(url, create_schema=False))
+    ctx.obj = CliContext(lambda: _open(url), lambda: JobStore(url, create_schema=False))
+
+
+def _open(url: str) -> JobStore:
+    """The job store at ``url``. A SQLite file that does not exist is not made here: that
+    would only show an empty store (or "no such table") instead of saying what is wrong."""
+    database = sqlite_file(url)
+    if database is not None and not Path(database).expanduser().exists():
+        hint = "pass --url or set RATCHET_URL" if url == DEFAULT_URL else "check the path"
+        raise ConfigurationError(
+            f"no job store at {url}: {database} does not exist ({hint}; "
+            "`ratchet --url URL schema apply` creates one)"
+        )
+    return JobStore(url, create_schema=False)
 
 
 add_commands(cli)

@@ -32,6 +32,20 @@ ACTIVE_STATUSES = frozenset(
 TERMINAL_STATUSES = frozenset(set(JobStatus) - ACTIVE_STATUSES)
 
 
+def parse_status(text: str) -> JobStatus | str:
+    """A stored status. One this version does not know (a row written by hand, by another
+    tool or a newer version) stays its text: shown as unknown, never an error."""
+    try:
+        return JobStatus(text)
+    except ValueError:
+        return str(text)
+
+
+def shown_status(status: JobStatus | str) -> str:
+    """A status as listings print it; an unknown one says so."""
+    return status.value if isinstance(status, JobStatus) else f"UNKNOWN({status})"
+
+
 class JobType(str, enum.Enum):
     SINGLE = "SINGLE"
     RECURRING = "RECURRING"
@@ -100,6 +114,9 @@ class ClaimedJob:
     resource: str | None = None
     #: Set when the job was revoked while an earlier execution of it was running.
     revoke_requested: str | None = None
+    #: Which registration of the claiming node this claim belongs to: the executing process
+    #: checks it before the job starts (``runtime.fence``).
+    fence: str | None = None
 
 
 @dataclass(frozen=True)
@@ -121,7 +138,8 @@ class ResultRecord:
 
     job_id: str
     task_name: str
-    status: JobStatus
+    #: A status this version does not know stays text (see :func:`parse_status`).
+    status: JobStatus | str
     attempts: int
     queue: str
     job_result: str | None
@@ -144,7 +162,8 @@ class JobSummary:
     job_id: str
     task_name: str
     queue: str
-    status: JobStatus
+    #: A status this version does not know stays text (see :func:`parse_status`).
+    status: JobStatus | str
     priority: int
     attempts: int
     scheduled_time: datetime

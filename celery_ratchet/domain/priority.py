@@ -48,6 +48,11 @@ def to_numeric(value: Any) -> int:
     return min(int(value), MAX_PRIORITY)
 
 
+def clamped(value: int) -> int:
+    """A numeric priority forced into 0-9: what the store writes, whatever it was given."""
+    return max(MIN_PRIORITY, min(int(value), MAX_PRIORITY))
+
+
 def effective_priority(
     priority: int, due: datetime, now: datetime, boost_interval_minutes: float
 ) -> int:

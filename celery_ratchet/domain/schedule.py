@@ -131,7 +131,7 @@ class MisfirePolicy:
     def to_text(self) -> str:
         if self.action is MisfireAction.CATCH_UP:
             return f"CATCH_UP:{self.max_catch_up}"
-        return self.action.value
+        return str(self.action.value)
 
     @classmethod
     def from_text(cls, text: str) -> MisfirePolicy:

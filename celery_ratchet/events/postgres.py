@@ -1,24 +1,87 @@
-"""Wake-ups over PostgreSQL LISTEN/NOTIFY: no Redis needed."""
+"""Wake-ups over PostgreSQL LISTEN/NOTIFY: no Redis needed.
+
+After each LISTEN, a probe notification is sent the way enqueues notify (through the job
+store's own connections). When it never arrives, the LISTEN connection cannot hear enqueues:
+typically the URL goes through PgBouncer in transaction mode, where LISTEN lands on a server
+connection that is handed to other clients. The listener then warns, stops, and this
+process's inserts stop notifying: polling alone is correct, only slower.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
 
 import psycopg
 
 from celery_ratchet.events import ListenerThread, Wake
 
+logger = logging.getLogger(__name__)
+
 CHANNEL = "ratchet_jobs"
+#: Payloads of probe notifications (never a queue name): every listener ignores them.
+PROBE_PREFIX = "ratchet-probe:"
+PROBE_TIMEOUT_SECONDS = 10.0
 
 
 class PostgresWakeups(ListenerThread):
     name = "LISTEN/NOTIFY wake-ups"
 
-    def __init__(self, conninfo: str) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        probe: Callable[[str], None] | None = None,
+        on_silent: Callable[[], None] | None = None,
+        probe_timeout: float = PROBE_TIMEOUT_SECONDS,
+    ) -> None:
         super().__init__()
         self.conninfo = conninfo
+        self.probe = probe
+        self.on_silent = on_silent
+        self.probe_timeout = probe_timeout
+        #: Set once a probe arrived; False after one was lost (the listener stopped).
+        self.heard_probe: bool | None = None
 
     def listen(self, wake: Wake) -> None:
-        with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10) as conn:
+        # The conninfo carries the job store's connect_timeout (per host of a list).
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
             conn.execute(f"LISTEN {CHANNEL}")
+            token: str | None = None
+            deadline = 0.0
+            if self.probe is not None:
+                token = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+                self.probe(token)
+                deadline = time.monotonic() + self.probe_timeout
             while not self.stopping:
                 for note in conn.notifies(timeout=1.0):
+                    if note.payload.startswith(PROBE_PREFIX):
+                        if note.payload == token:
+                            token = None
+                            self.heard_probe = True
+                        continue
                     wake(note.payload)
+                if token is not None and time.monotonic() > deadline:
+                    self._silent(conn)
+                    return
+
+    def _silent(self, conn: psycopg.Connection) -> None:
+        logger.warning(
+            "ratchet: LISTEN/NOTIFY wake-ups hear nothing: a probe notified through the job "
+            "store did not reach the LISTEN connection within %.0f s. Behind PgBouncer in "
+            "transaction mode LISTEN cannot work: set ratchet_pgbouncer = True and "
+            "ratchet_listen_url to a direct PostgreSQL URL. Meanwhile this worker polls, and "
+            "its inserts no longer notify",
+            self.probe_timeout,
+        )
+        self.heard_probe = False
+        # The LISTEN may sit on a pooled server connection, collecting notifications for
+        # whichever client gets it next.
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("UNLISTEN *")
+        if self.on_silent is not None:
+            self.on_silent()
+        self._stop.set()

@@ -25,7 +25,7 @@ class RedisWakeups(ListenerThread):
 
     def listen(self, wake: Wake) -> None:
         client = redis.Redis.from_url(self.url, socket_connect_timeout=10)
-        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         try:
             pubsub.subscribe(CHANNEL)
             while not self.stopping:

@@ -27,8 +27,10 @@ from celery_ratchet.domain.job import (
     NewJob,
     Settlement,
 )
+from celery_ratchet.domain.liveness import LivenessJudge
 from celery_ratchet.domain.schedule import MasterSpec, plan
 from celery_ratchet.errors import StoreBusy, StoreUnavailable
+from celery_ratchet.runtime.fence import Fence, new_tag, stamp
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.jobstore import JobStore
 
@@ -76,13 +78,17 @@ class Capacity:
 
 
 class _Throttle:
-    """Logs a recurring problem once per interval instead of once per attempt."""
+    """Logs a recurring problem once per interval instead of once per attempt. The store
+    being unreachable is logged by the store itself, once per outage: here only at DEBUG."""
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
         self._last: dict[str, float] = {}
 
     def warn(self, key: str, msg: str, *args: object) -> None:
+        if any(isinstance(a, StoreUnavailable) for a in args):
+            logger.debug(msg, *args)
+            return
         now = time.monotonic()
         if now - self._last.get(key, -1e9) >= self.interval:
             self._last[key] = now
@@ -91,6 +97,10 @@ class _Throttle:
     def clear(self, key: str, msg: str) -> None:
         if self._last.pop(key, None) is not None:
             logger.warning(msg)
+
+    def forget(self, key: str) -> None:
+        """The problem ended; nothing worth saying about it."""
+        self._last.pop(key, None)
 
 
 class WorkerRuntime:
@@ -110,6 +120,7 @@ class WorkerRuntime:
         revoked_error: str | None = None,
         wakeups: Sequence[WakeupSource] = (),
         housekeeping: Callable[[], object] | None = None,
+        fence: Fence | None = None,
     ) -> None:
         self.store = store
         #: Called every HOUSEKEEPING_INTERVAL (finishing batches cut short by a dead node).
@@ -144,7 +155,19 @@ class WorkerRuntime:
         self._unwritten: dict[tuple[str, str], Settlement] = {}
         self._threads: list[threading.Thread] = []
         self._throttle = _Throttle(max(settings.poll_interval, 5.0))
+        #: When the last heartbeat that went through was sent (monotonic).
         self._last_heartbeat = time.monotonic()
+        #: Where the executing processes read whether this node's claims are still its own.
+        self.fence = fence
+        self._fence_tag = new_tag()
+        #: This node's registration: one more each time it registers (after being declared
+        #: dead, its earlier claims are not its own any more).
+        self._epoch = 0
+        #: Which other nodes are dead, from heartbeats this node saw not advance.
+        self._judge: LivenessJudge[datetime] = LivenessJudge(
+            settings.node_orphan_grace_seconds, node_id
+        )
+        self._judge_lock = threading.Lock()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -189,19 +212,23 @@ class WorkerRuntime:
 
     def _register(self) -> None:
         while not self._stopping.is_set():
+            sent = time.monotonic()
             try:
                 self.store.register_node(
                     self.node_id, self.hostname, os.getpid(), self.queues, self.capacity.running
                 )
+                with self._lock:
+                    self._epoch += 1
+                self._confirmed(sent)
                 logger.info(
                     "ratchet: node %s consuming %s from %s",
                     self.node_id,
                     ",".join(self.queues),
                     self.store.display_url,
                 )
-                self._last_heartbeat = time.monotonic()
                 return
             except Exception as exc:
+                self._lost_contact()
                 self._throttle.warn("register", "ratchet: node not registered: %s; retrying", exc)
                 self._stopping.wait(self.settings.poll_interval)
 
@@ -307,6 +334,27 @@ class WorkerRuntime:
         self._wake.set()
 
     # -- loops ------------------------------------------------------------------------------
+
+    def _confirmed(self, sent: float) -> None:
+        """A heartbeat (or the registration) sent at ``sent`` went through: no node can
+        declare this one dead before ``sent`` plus a grace period, as they judge it."""
+        self._last_heartbeat = sent
+        if self.fence is not None:
+            settings = self.settings
+            margin = settings.node_orphan_grace_seconds - settings.node_heartbeat_interval_seconds
+            with self._lock:
+                epoch = self._epoch
+            self.fence.publish(self._fence_tag, epoch, sent + margin)
+
+    def _lost_contact(self) -> None:
+        with self._judge_lock:
+            self._judge.lost_contact()
+
+    def _stamped(self, claimed: list[ClaimedJob], epoch: int) -> list[ClaimedJob]:
+        if self.fence is None:
+            return claimed
+        fence = stamp(self._fence_tag, epoch)
+        return [replace(job, fence=fence) for job in claimed]
 
     def _heartbeat_stale(self) -> bool:
         """No heartbeat written for so long that the cluster may have declared us dead and
@@ -444,13 +492,19 @@ class WorkerRuntime:
     ) -> list[ClaimedJob]:
         try:
             claimed = claim(*args)
-        except (StoreUnavailable, StoreBusy) as exc:
+        except StoreUnavailable as exc:
             self._throttle.warn("claim", "ratchet: %s; retrying", exc)
+            return []
+        except StoreBusy as exc:
+            # Lock conflicts (certification conflicts on Galera): the store was reachable
+            # all along, so their end is no "reachable again".
+            self._throttle.warn("claim-busy", "ratchet: claim deferred: %s; retrying", exc)
             return []
         except Exception:
             logger.exception("ratchet: claim failed")
             return []
         self._throttle.clear("claim", "ratchet: job store reachable again")
+        self._throttle.forget("claim-busy")
         return claimed
 
     def _poll_loop(self) -> None:
@@ -466,13 +520,14 @@ class WorkerRuntime:
                 wants_work = room > 0 and low and not self._heartbeat_stale()
                 if wants_work and (self._hint.is_set() or time.monotonic() >= next_claim):
                     self._hint.clear()
+                    with self._lock:
+                        epoch = self._epoch
                     claimed = self._claim(room)
                     revoked = self._drop_revoked(claimed)
                     if revoked:
                         claimed = [j for j in claimed if j not in revoked]
                     if claimed:
-                        with self._lock:
-                            self._ready.extend(claimed)
+                        self._take(claimed, epoch)
                         self._dispatch_ready()
                     if len(claimed) == room:  # there may be more due: claim again at once
                         idle_wait, next_claim = settings.poll_interval_min, 0.0
@@ -496,6 +551,24 @@ class WorkerRuntime:
             except Exception:  # keep claiming: a dead poller would strand this node
                 logger.exception("ratchet: claim loop error; continuing")
                 self._stopping.wait(settings.poll_interval)
+
+    def _take(self, claimed: list[ClaimedJob], epoch: int) -> None:
+        """Buffer jobs just claimed, unless this node was declared dead (and registered
+        again) meanwhile: then the claims are handed back, never started."""
+        stamped = self._stamped(claimed, epoch)
+        with self._lock:
+            current = epoch == self._epoch
+            if current:
+                self._ready.extend(stamped)
+        if not current:
+            for job in claimed:
+                self._report(
+                    Settlement(job.job_id, job.token, JobStatus.PENDING, resource=job.resource)
+                )
+            logger.warning(
+                "ratchet: handing back %d jobs claimed before this node was declared dead",
+                len(claimed),
+            )
 
     def _fire_due_masters(self) -> None:
         """Recurring masters take no slot: they are claimed on their own, a few times a second
@@ -624,24 +697,47 @@ class WorkerRuntime:
     def _heartbeat_loop(self) -> None:
         interval = self.settings.node_heartbeat_interval_seconds
         while not self._closed.wait(interval):
+            sent = time.monotonic()
             try:
                 alive = self.store.heartbeat(self.node_id)
             except Exception as exc:
+                self._lost_contact()
                 self._throttle.warn("heartbeat", "ratchet: heartbeat failed: %s", exc)
                 continue
             if alive:
-                self._last_heartbeat = time.monotonic()
+                self._confirmed(sent)
                 self._throttle.clear("heartbeat", "ratchet: heartbeat written again")
+                self._watch_others()
             else:
-                logger.error(
-                    "ratchet: node %s was declared dead by the cluster (no heartbeat for "
-                    "%ss); its jobs may run again elsewhere. Re-registering.",
-                    self.node_id,
-                    self.settings.node_orphan_grace_seconds,
-                )
-                self._drop_buffer("this node was declared dead; its claims went to others")
-                self._register()
+                self._declared_dead()
             self._reconcile()
+
+    def _declared_dead(self) -> None:
+        """The cluster declared this node dead and gave its jobs to others: nothing it holds
+        may start any more (the buffer is dropped, the executing processes check each claim
+        before starting one), and it registers again."""
+        if self.fence is not None:
+            self.fence.publish(self._fence_tag, -1, 0.0)
+        logger.error(
+            "ratchet: node %s was declared dead by the cluster (no heartbeat seen for %ss); "
+            "its jobs may run again elsewhere. Dropping what it holds, registering again.",
+            self.node_id,
+            self.settings.node_orphan_grace_seconds,
+        )
+        self._drop_buffer("this node was declared dead; its claims went to others")
+        self._register()
+
+    def _watch_others(self) -> None:
+        """Read every node's heartbeat: the orphan scan declares dead only nodes whose
+        heartbeat this node saw stand still for a full grace period."""
+        try:
+            heartbeats = self.store.node_heartbeats()
+        except Exception as exc:
+            self._lost_contact()
+            self._throttle.warn("heartbeat", "ratchet: heartbeats not read: %s", exc)
+            return
+        with self._judge_lock:
+            self._judge.observe(heartbeats, time.monotonic())
 
     def _reconcile(self) -> None:
         """Hand back rows this node holds RUNNING but no longer knows about (a claim whose
@@ -725,17 +821,47 @@ class WorkerRuntime:
                 self._throttle.warn("housekeeping", "ratchet: housekeeping failed: %s", exc)
 
     def _orphan_loop(self) -> None:
-        interval = self.settings.orphan_scan_interval
-        while not self._stopping.wait(interval):
+        """Take the jobs of dead nodes back. A node that was itself cut off from the
+        database (or has just started) judges nobody until it has watched the others'
+        heartbeats for a full grace period; a node is dead only if its heartbeat did not
+        advance all that time."""
+        settings = self.settings
+        while not self._stopping.wait(settings.orphan_scan_interval):
+            now = time.monotonic()
+            with self._judge_lock:
+                may_judge = self._judge.may_judge(now)
+                silent = self._judge.silent(now)
+            if not may_judge or self._heartbeat_stale():
+                continue
             try:
-                recovered = self.store.recover_orphans(self.settings.node_orphan_grace_seconds)
+                recovered = self.store.recover_orphans(
+                    settings.node_orphan_grace_seconds,
+                    observed=silent,
+                    max_recoveries=settings.max_recoveries,
+                )
             except Exception as exc:
+                self._lost_contact()
                 self._throttle.warn("orphans", "ratchet: orphan scan failed: %s", exc)
                 continue
-            if recovered:
+            if recovered.dead_nodes:
+                logger.warning(
+                    "ratchet: declared dead (heartbeat unchanged for %ss): %s",
+                    settings.node_orphan_grace_seconds,
+                    ", ".join(recovered.dead_nodes),
+                )
+            if recovered.dead_lettered:
+                logger.error(
+                    "ratchet: %d jobs of dead nodes moved to the dead-letter queue, their "
+                    "nodes having died under them more than ratchet_max_recoveries = %d "
+                    "times: %s",
+                    len(recovered.dead_lettered),
+                    settings.max_recoveries,
+                    ", ".join(recovered.dead_lettered[:20]),
+                )
+            if recovered.requeued:
                 logger.warning(
                     "ratchet: recovered %d jobs of dead nodes: %s",
-                    len(recovered),
-                    ", ".join(recovered[:20]),
+                    len(recovered.requeued),
+                    ", ".join(recovered.requeued[:20]),
                 )
                 self.wake()

@@ -523,8 +523,11 @@ def _in_transaction(conn: Connection, work: Any) -> Any:
         return work(conn)
 
 
-def decide(conn: Connection, parent_id: str, position: int, fired: bool) -> bool:
-    """Mark one branch FIRED or SKIPPED; False when it was decided already."""
+def decide(
+    conn: Connection, parent_id: str, position: int, fired: bool, *, refused: bool = False
+) -> bool:
+    """Mark one branch FIRED or SKIPPED (FAILED when ``refused``: it may not run); False when
+    it was decided already."""
     stmt = (
         update(condition)
         .where(
@@ -534,7 +537,7 @@ def decide(conn: Connection, parent_id: str, position: int, fired: bool) -> bool
                 condition.c.state == "WAITING",
             )
         )
-        .values(state="FIRED" if fired else "SKIPPED", decided_at=db_now())
+        .values(state="FAILED" if refused else "FIRED" if fired else "SKIPPED", decided_at=db_now())
     )
     return bool(conn.execute(stmt).rowcount == 1)
 

@@ -9,6 +9,7 @@ another claimer holds are skipped, never waited for.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,11 +34,14 @@ _CLAIMED = (
     "status = 'RUNNING', picked_by = :node, claim_token = :token, claimed_at = {now}, "
     "started_at = NULL, claims = claims + 1"
 )
-#: Levels the aging merge reads one by one. Sending clamps priorities into 0-9; rows written
-#: before that (up to 255) are read by the last part, so none is ever left behind.
-_LEVEL_CONDITIONS = [f"priority = {p}" for p in range(MIN_PRIORITY, MAX_PRIORITY + 1)] + [
-    f"priority > {MAX_PRIORITY}"
-]
+#: Levels the aging merge reads one by one. The store clamps priorities into 0-9; rows
+#: written otherwise (before that, up to 255, or by hand, below 0) are read by the first and
+#: last parts, so none is ever left behind.
+_LEVEL_CONDITIONS = (
+    [f"priority <= {MIN_PRIORITY}"]
+    + [f"priority = {p}" for p in range(MIN_PRIORITY + 1, MAX_PRIORITY + 1)]
+    + [f"priority > {MAX_PRIORITY}"]
+)
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,70 @@ def _prepare(sql: str) -> TextualSelect:
     return text(sql).columns(scheduled_time=UTCDateTime(), claimed_now=UTCDateTime())
 
 
+class MalformedRow(Exception):
+    """A claimed row that cannot be run as it stands: failed, never handed to a worker."""
+
+    def __init__(self, id_: int, job_id: str, reason: str) -> None:
+        self.id = id_
+        self.job_id = job_id
+        self.reason = reason
+        super().__init__(reason)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """One claim's rows: the jobs to run, and the rows that could not be decoded."""
+
+    jobs: list[ClaimedJob]
+    malformed: list[MalformedRow]
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _json_object(text: Any, column: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"its {column} column is not a JSON object")
+    return value
+
+
 def to_claimed(row: Row[Any], token: str, claims_offset: int = 0) -> ClaimedJob:
+    """The claimed row as a job; :class:`MalformedRow` when the row cannot be run as it is
+    (written by hand or by another tool): an unknown job type, a message that is no JSON
+    object, or a message whose task id is not the row's (the row is the truth)."""
+    try:
+        job_type = JobType(row.job_type)
+    except ValueError:
+        known = ", ".join(t.value for t in JobType)
+        raise MalformedRow(
+            row.id, row.job_id, f"job_type {_shown(row.job_type)} is not one of {known}"
+        ) from None
+    try:
+        headers = _json_object(row.headers, "headers")
+        _json_object(row.properties, "properties")
+    except ValueError as exc:
+        raise MalformedRow(row.id, row.job_id, str(exc)) from None
+    # A recurring master's message is a template: its occurrences get their own ids.
+    if job_type is not JobType.RECURRING and headers.get("id") != row.job_id:
+        raise MalformedRow(
+            row.id,
+            row.job_id,
+            f"its message is for task id {_shown(headers.get('id'))}, not for the row's "
+            f"job_id {_shown(row.job_id)}",
+        )
+    if headers.get("task") != row.task_name:
+        raise MalformedRow(
+            row.id,
+            row.job_id,
+            f"its message runs task {_shown(headers.get('task'))}, not the row's "
+            f"task_name {_shown(row.task_name)}",
+        )
     payload = row.payload
     return ClaimedJob(
         id=row.id,
@@ -152,7 +219,7 @@ def to_claimed(row: Row[Any], token: str, claims_offset: int = 0) -> ClaimedJob:
             headers=row.headers,
             properties=row.properties,
         ),
-        job_type=JobType(row.job_type),
+        job_type=job_type,
         schedule_spec=row.schedule_spec,
         claimed_now=getattr(row, "claimed_now", None),
         resource=row.resource,
@@ -160,13 +227,23 @@ def to_claimed(row: Row[Any], token: str, claims_offset: int = 0) -> ClaimedJob:
     )
 
 
+def decode(rows: Sequence[Row[Any]], token: str, claims_offset: int = 0) -> Claimed:
+    """Each claimed row on its own: one that cannot be decoded never holds back the rest."""
+    jobs: list[ClaimedJob] = []
+    malformed: list[MalformedRow] = []
+    for row in rows:
+        try:
+            jobs.append(to_claimed(row, token, claims_offset))
+        except MalformedRow as exc:
+            malformed.append(exc)
+    return Claimed(jobs, malformed)
+
+
 class ClaimStrategy(Protocol):
     #: Whether :meth:`claim` must run inside a transaction the caller opens.
     needs_transaction: bool
 
-    def claim(
-        self, conn: Connection, shape: ClaimShape, params: dict[str, Any]
-    ) -> list[ClaimedJob]:
+    def claim(self, conn: Connection, shape: ClaimShape, params: dict[str, Any]) -> Claimed:
         """Move up to ``params['limit']`` due rows to RUNNING under ``params['token']``."""
         ...
 
@@ -191,11 +268,9 @@ class _UpdateReturning:
             f"RETURNING {RETURNED}, {self.now} AS claimed_now"
         )
 
-    def claim(
-        self, conn: Connection, shape: ClaimShape, params: dict[str, Any]
-    ) -> list[ClaimedJob]:
+    def claim(self, conn: Connection, shape: ClaimShape, params: dict[str, Any]) -> Claimed:
         rows = conn.execute(self.statement(shape), params).all()
-        return [to_claimed(row, params["token"]) for row in rows]
+        return decode(rows, params["token"])
 
 
 class PostgresClaim(_UpdateReturning):
@@ -229,17 +304,15 @@ class MySQLClaim:
         columns = f"{RETURNED}, {self.now} AS claimed_now"
         return _prepare(candidates("mysql", self.now, shape, columns, True))
 
-    def claim(
-        self, conn: Connection, shape: ClaimShape, params: dict[str, Any]
-    ) -> list[ClaimedJob]:
+    def claim(self, conn: Connection, shape: ClaimShape, params: dict[str, Any]) -> Claimed:
         rows = conn.execute(self.select_locked(shape), params).all()
         if not rows:
-            return []
+            return Claimed([], [])
         ids = [r.id for r in rows]
         conn.execute(
             self.mark_running, {"node": params["node"], "token": params["token"], "ids": ids}
         )
-        return [to_claimed(row, params["token"], claims_offset=1) for row in rows]
+        return decode(rows, params["token"], claims_offset=1)
 
 
 def claim_params(

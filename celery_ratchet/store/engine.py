@@ -6,24 +6,32 @@ several statements must be atomic, :func:`transaction` issues BEGIN/COMMIT itsel
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, event, insert
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
-from celery_ratchet.errors import ConfigurationError, StoreUnavailable
-from celery_ratchet.settings import mask_password
+from celery_ratchet.errors import (
+    ConfigurationError,
+    PreparedStatementConflict,
+    StoreUnavailable,
+    ValueRefused,
+)
+from celery_ratchet.store.redact import mask_secrets_of, mask_url
 from celery_ratchet.store.schema import UTCDateTime
 
 logger = logging.getLogger(__name__)
@@ -42,10 +50,49 @@ def normalize_url(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         raise ConfigurationError(
-            f"ratchet_url {mask_password(url)!r} is not a database URL; expected e.g. "
+            f"ratchet_url {mask_url(url)!r} is not a database URL; expected e.g. "
             "postgresql://user@host/db, mysql://user@host/db or sqlite:///path/ratchet.db"
         )
-    return f"{_DRIVERS.get(scheme, scheme)}://{rest}"
+    driver = _DRIVERS.get(scheme, scheme)
+    if driver.startswith("postgresql"):
+        rest = _host_list_to_query(rest)
+    return f"{driver}://{rest}"
+
+
+def _host_list_to_query(rest: str) -> str:
+    """libpq's multi-host form ``user@a:5432,b:5433/db`` as ``user@/db?host=a:5432&host=b:5433``,
+    the form SQLAlchemy parses (it reads the port of ``a:5432,b:5433`` as one number)."""
+    authority, _, tail = rest.partition("/")
+    userinfo, at, hosts = authority.rpartition("@")
+    if "," not in hosts:
+        return rest
+    path, _, query = tail.partition("?")
+    listed = "&".join(f"host={h.strip()}" for h in hosts.split(",") if h.strip())
+    query = f"{query}&{listed}" if query else listed
+    return f"{userinfo}{at}/{path}?{query}"
+
+
+def _split_query_hosts(url: URL) -> URL:
+    """``?host=a:5432,b:5433`` (one value, comma-separated) as ``?host=a:5432&host=b:5433``."""
+    hosts = url.query.get("host")
+    if hosts is None:
+        return url
+    values = (hosts,) if isinstance(hosts, str) else tuple(hosts)
+    split = tuple(h.strip() for v in values for h in v.split(",") if h.strip())
+    if split == values:
+        return url
+    return url.update_query_dict({"host": split[0] if len(split) == 1 else split})
+
+
+def sqlite_file(url: str) -> str | None:
+    """The file of a SQLite job-store URL; None for other databases and in-memory ones."""
+    try:
+        parsed = make_url(normalize_url(url))
+    except (ArgumentError, ValueError):
+        return None
+    if family(parsed.get_backend_name()) != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return parsed.database
 
 
 def family(dialect_name: str) -> str:
@@ -70,35 +117,113 @@ def _configure_mysql(engine: Engine) -> None:
         # Claims lock exact rows; gap locks under REPEATABLE READ would only add contention.
         cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         cursor.execute("SET SESSION time_zone = '+00:00'")
+        # Strict whatever the server's default: a lax sql_mode cuts an over-long id or queue
+        # to fit its column (the job would wait in a queue nobody consumes) instead of failing.
+        cursor.execute(
+            "SET SESSION sql_mode = "
+            "CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_TRANS_TABLES')"
+        )
         cursor.close()
 
 
-def build_engine(url: str) -> Engine:
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the job store's connections are made (``ratchet_pool_size``, ``ratchet_max_overflow``,
+    ``ratchet_pgbouncer``, ``ratchet_connect_args``)."""
+
+    #: Connections each process keeps open, and how many more it may open at a peak.
+    pool_size: int = 5
+    max_overflow: int = 10
+    #: The URL reaches PostgreSQL through PgBouncer (or another pooler) in transaction or
+    #: statement mode: no server-side prepared statements, which such a pooler cannot keep.
+    pgbouncer: bool = False
+    #: Extra keyword arguments of the driver's ``connect()``.
+    connect_args: Mapping[str, Any] = field(default_factory=dict)
+
+    def key(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, default=repr)
+
+
+#: psycopg's own connection arguments: not part of a libpq connection string.
+_PSYCOPG_ONLY = {"prepare_threshold", "autocommit", "context", "row_factory", "cursor_factory"}
+
+
+def _prepare_threshold(value: Any) -> int | None:
+    """``?prepare_threshold=none`` (never prepare) or ``=5`` in a URL, where it is a string."""
+    if value is None or str(value).strip().lower() in {"none", "null", ""}:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"prepare_threshold = {value!r} in ratchet_url: expected a whole number of "
+            "executions before psycopg prepares a statement, or 'none' to never prepare "
+            "(what PgBouncer in transaction mode needs)"
+        ) from None
+
+
+def _timeout(parsed: URL) -> dict[str, Any]:
+    """10 s to connect, unless the URL says otherwise (connect arguments win over the URL's:
+    a default here would hide ``?connect_timeout=2``, which a multi-host URL wants, as libpq
+    waits that long for each host that does not answer)."""
+    return {} if "connect_timeout" in parsed.query else {"connect_timeout": 10}
+
+
+def _postgres_connect_args(parsed: URL, options: EngineOptions) -> tuple[URL, dict[str, Any]]:
+    connect_args: dict[str, Any] = {**_timeout(parsed), **options.connect_args}
+    if "prepare_threshold" in parsed.query:
+        connect_args["prepare_threshold"] = _prepare_threshold(parsed.query["prepare_threshold"])
+        parsed = parsed.difference_update_query(["prepare_threshold"])
+    elif "prepare_threshold" in connect_args:
+        connect_args["prepare_threshold"] = _prepare_threshold(connect_args["prepare_threshold"])
+    if options.pgbouncer:
+        connect_args["prepare_threshold"] = None
+    return _split_query_hosts(parsed), connect_args
+
+
+def build_engine(url: str, options: EngineOptions | None = None) -> Engine:
+    options = options or EngineOptions()
     url = normalize_url(url)
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
-        raise ConfigurationError(f"ratchet_url {mask_password(url)!r}: {exc}") from exc
+        parsed.port  # noqa: B018 - a port that is no number fails here, not at first use
+    except (ArgumentError, ValueError) as exc:
+        raise ConfigurationError(f"ratchet_url {mask_url(url)!r}: {exc}") from exc
     kind = family(parsed.get_backend_name())
-    options: dict[str, Any] = {
+    engine_options: dict[str, Any] = {
         "isolation_level": "AUTOCOMMIT",
         # Autocommit connections hold no transaction when returned; a reset ROLLBACK would
         # cost a round trip on every checkout.
         "pool_reset_on_return": None,
+        # A statement's parameters are job arguments: never in an error message or a log.
+        "hide_parameters": True,
     }
     if kind == "sqlite":
         database = parsed.database
         if database and database != ":memory:":
             Path(database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
-        options["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        engine_options["connect_args"] = {
+            "check_same_thread": False,
+            "timeout": 30,
+            **options.connect_args,
+        }
     else:
-        options.update(pool_size=10, max_overflow=20, pool_recycle=1800, pool_timeout=30)
+        engine_options.update(
+            pool_size=options.pool_size,
+            max_overflow=options.max_overflow,
+            pool_recycle=1800,
+            pool_timeout=30,
+        )
         if kind == "postgresql":
-            options["connect_args"] = {"connect_timeout": 10}
+            parsed, engine_options["connect_args"] = _postgres_connect_args(parsed, options)
         elif kind == "mysql":
-            options["connect_args"] = {"connect_timeout": 10, "charset": "utf8mb4"}
+            engine_options["connect_args"] = {
+                **_timeout(parsed),
+                "charset": "utf8mb4",
+                **options.connect_args,
+            }
     try:
-        engine = create_engine(parsed, **options)
+        engine = create_engine(parsed, **engine_options)
     except (NoSuchModuleError, ImportError) as exc:
         extra = _EXTRAS.get(kind, kind)
         raise ConfigurationError(
@@ -111,23 +236,36 @@ def build_engine(url: str) -> Engine:
     return engine
 
 
-_engines: dict[str, Engine] = {}
+_engines: dict[tuple[str, str], Engine] = {}
 _engines_lock = threading.Lock()
 
 
-def libpq_conninfo(url: str) -> str:
-    """A PostgreSQL job-store URL as a libpq connection string (for a LISTEN connection)."""
-    parsed = make_url(normalize_url(url)).set(drivername="postgresql")
-    return parsed.render_as_string(hide_password=False)
+def libpq_conninfo(url: str, options: EngineOptions | None = None) -> str:
+    """A PostgreSQL URL as a libpq connection string (for a LISTEN connection): the host list,
+    ports and parameters the store's own connections use, taken from the dialect's connect
+    arguments (the URL rendered back as text would give libpq ``host=a%3A5432``)."""
+    from psycopg.conninfo import make_conninfo
+
+    options = options or EngineOptions()
+    try:
+        parsed = make_url(normalize_url(url))
+    except (ArgumentError, ValueError) as exc:
+        raise ConfigurationError(f"ratchet_listen_url {mask_url(url)!r}: {exc}") from exc
+    parsed, connect_args = _postgres_connect_args(parsed, options)
+    _args, params = parsed.get_dialect()().create_connect_args(parsed)
+    merged = {**params, **connect_args}
+    kept = {k: str(v) for k, v in merged.items() if k not in _PSYCOPG_ONLY and v is not None}
+    return make_conninfo(**kept)
 
 
-def engine_for(url: str) -> Engine:
-    """One engine (and connection pool) per URL per process."""
-    key = normalize_url(url)
+def engine_for(url: str, options: EngineOptions | None = None) -> Engine:
+    """One engine (and connection pool) per URL and options per process."""
+    options = options or EngineOptions()
+    key = (normalize_url(url), options.key())
     with _engines_lock:
         engine = _engines.get(key)
         if engine is None:
-            engine = _engines[key] = build_engine(key)
+            engine = _engines[key] = build_engine(key[0], options)
         return engine
 
 
@@ -195,11 +333,28 @@ def is_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, PoolTimeout):
         return True
     if isinstance(exc, DBAPIError):
+        if is_prepared_statement_conflict(exc):
+            return False
         if exc.connection_invalidated:
             return True
+        if is_missing_table(exc):
+            return False
         name = type(exc.orig).__name__ if exc.orig is not None else ""
         return name in {"OperationalError", "InterfaceError"} and not _is_lock_error(exc)
     return False
+
+
+def is_missing_table(exc: BaseException) -> bool:
+    """True when ``exc`` says a table does not exist (the schema was never created)."""
+    if not isinstance(exc, DBAPIError) or exc.orig is None:
+        return False
+    orig = exc.orig
+    if getattr(orig, "sqlstate", None) == "42P01":  # PostgreSQL: undefined_table
+        return True
+    args = getattr(orig, "args", ())
+    if args and args[0] == 1146:  # MySQL / MariaDB: ER_NO_SUCH_TABLE
+        return True
+    return type(orig).__name__ == "OperationalError" and "no such table" in str(orig)
 
 
 def _is_lock_error(exc: DBAPIError) -> bool:
@@ -217,10 +372,61 @@ def is_retryable_conflict(exc: BaseException) -> bool:
     return code in {"40001", "40P01"}
 
 
-def unavailable(url: str, exc: BaseException, what: str) -> StoreUnavailable:
+#: Where drivers quote a value in a message: ``value: '…'`` (MySQL), ``…: "…"`` (PostgreSQL),
+#: ``(column)=(…)`` (PostgreSQL's key details).
+_QUOTED_VALUE = re.compile(r"""(value:?\s*|:\s*)('[^']*'|"[^"]*")|(=\()[^)]*(\))""", re.I)
+
+
+def refused(exc: DBAPIError, what: str) -> ValueRefused:
+    """A value the database refused, as a :class:`ValueRefused` carrying its reason: the
+    first line of the driver's message, with any quoted value in it cut out."""
+    reason = str(exc.orig or "").strip().splitlines()[0] if exc.orig is not None else ""
+    reason = _QUOTED_VALUE.sub(lambda m: f"{m.group(1) or m.group(3)}…{m.group(4) or ''}", reason)
+    return ValueRefused(f"the job store refused a value ({reason or type(exc).__name__}); {what}")
+
+
+def unavailable(url: str, exc: BaseException, what: str, *, sent: bool = False) -> StoreUnavailable:
+    """The error of a store that cannot be reached. ``sent``: the connection was lost after a
+    statement went out, so the database may have committed it (a lost reply): say that the
+    outcome is unknown instead of claiming ``what``."""
     reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-    return StoreUnavailable(
-        f"cannot reach the job store at {mask_password(url)} ({reason}); {what}"
+    reason = mask_secrets_of(url, reason)
+    if sent:
+        consequence = (
+            "the connection was lost after the request was sent, so its outcome is unknown: "
+            f"it may have been committed (if it was not, {what})"
+        )
+    else:
+        consequence = what
+    error = StoreUnavailable(
+        f"cannot reach the job store at {mask_url(url)} ({reason}); {consequence}"
+    )
+    error.outcome_unknown = sent
+    return error
+
+
+#: Parse, Bind and Describe refused for a statement name: prepared on one server connection,
+#: used on another. A pooler in transaction mode hands each transaction any server connection.
+_PREPARED_STATEMENT_STATES = {"42P05", "26000", "08P01"}
+
+
+def is_prepared_statement_conflict(exc: BaseException) -> bool:
+    """True when PostgreSQL refused a server-side prepared statement of psycopg (``_pg3_*``)."""
+    if not isinstance(exc, DBAPIError) or exc.orig is None:
+        return False
+    code = getattr(exc.orig, "sqlstate", None)
+    return code in _PREPARED_STATEMENT_STATES and "prepared statement" in str(exc.orig)
+
+
+def prepared_statement_conflict(exc: BaseException, what: str) -> PreparedStatementConflict:
+    orig = getattr(exc, "orig", None)
+    code = getattr(orig, "sqlstate", None)
+    return PreparedStatementConflict(
+        f"PostgreSQL refused a prepared statement (SQLSTATE {code}, {type(orig).__name__}): the "
+        "job store's URL goes through a pooler in transaction mode (PgBouncer), which cannot "
+        "keep server-side prepared statements, and may bind one client's parameters to "
+        "another's statement; set ratchet_pgbouncer = True (environment RATCHET_PGBOUNCER=true) "
+        f"on every process, or add ?prepare_threshold=none to the URL; {what}"
     )
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
@@ -32,7 +34,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.sql.elements import BindParameter
 
 from celery_ratchet.domain.batch import BatchPart
@@ -47,10 +49,19 @@ from celery_ratchet.domain.job import (
     NewJob,
     ResultRecord,
     Settlement,
+    error_record,
+    parse_status,
 )
-from celery_ratchet.domain.priority import DEFAULT_BOOST_MINUTES, effective_priority
-from celery_ratchet.errors import ConfigurationError, DuplicateJob, StoreBusy
-from celery_ratchet.settings import mask_password
+from celery_ratchet.domain.priority import DEFAULT_BOOST_MINUTES, clamped, effective_priority
+from celery_ratchet.errors import (
+    ConfigurationError,
+    DuplicateJob,
+    InvalidJob,
+    RatchetError,
+    SchemaMissing,
+    StoreBusy,
+    StoreUnavailable,
+)
 from celery_ratchet.store.batches import (
     cancel_downstream,
     record_ended_parts,
@@ -59,24 +70,32 @@ from celery_ratchet.store.batches import (
 )
 from celery_ratchet.store.claim import (
     RETURNED,
+    Claimed,
     ClaimShape,
+    MalformedRow,
     claim_params,
+    decode,
     strategy_for,
-    to_claimed,
 )
 from celery_ratchet.store.ddl import bring_up_to_date, schema_differences
 from celery_ratchet.store.engine import (
+    EngineOptions,
     db_now,
     db_now_minus,
     engine_for,
     family,
     insert_ignoring_conflicts,
+    is_missing_table,
+    is_prepared_statement_conflict,
     is_retryable_conflict,
     is_unavailable,
+    prepared_statement_conflict,
+    refused,
     savepoint,
     transaction,
     unavailable,
 )
+from celery_ratchet.store.redact import mask_url
 from celery_ratchet.store.schema import (
     UTCDateTime,
     metadata,
@@ -98,6 +117,79 @@ _TERMINAL = [s.value for s in TERMINAL_STATUSES]
 _JOBS_ONLY = job.c.job_type != JobType.RECURRING.value
 _ACTIVE = [s.value for s in ACTIVE_STATUSES]
 _CANCELS_DOWNSTREAM = frozenset({JobStatus.FAILED.value, JobStatus.REVOKED.value})
+
+
+@dataclass(frozen=True)
+class OrphanRecovery:
+    """What one orphan scan took back from dead nodes."""
+
+    #: Jobs due again (PENDING).
+    requeued: list[str]
+    #: Jobs past ``ratchet_max_recoveries``: FAILED, in the dead-letter queue.
+    dead_lettered: list[str]
+    #: The nodes declared dead (their rows deleted).
+    dead_nodes: list[str]
+
+    @property
+    def jobs(self) -> list[str]:
+        return sorted(self.requeued + self.dead_lettered)
+
+
+def recovery_limit_record(claims: int, limit: int) -> str:
+    """The error of a job dead-lettered by orphan recovery, as Celery stores exceptions."""
+    message = (
+        f"this job was taken back from a node that died or was declared dead while holding "
+        f"it, after {claims} claims that never finished (more than ratchet_max_recoveries = "
+        f"{limit}), so it is not run again: its task may crash or stall its worker (killed, "
+        "out of memory, os._exit, a long call holding the GIL under -P threads). Fix the "
+        "task, then requeue the job from the dead-letter queue (`ratchet dlq retry <job id>`"
+        " or celery_ratchet.dlq(app).retry(job_id)); or raise ratchet_max_recoveries"
+    )
+    return error_record("RecoveryLimitExceeded", [message], "celery_ratchet.errors")
+
+
+class Reachability:
+    """Logs the job store going away once, and its return once, per process: not one line
+    per failed statement. Processes whose outages another process reports (a worker's pool
+    processes, reported by the worker) log them at DEBUG only (:func:`quiet_outages`)."""
+
+    #: Level of the two lines; DEBUG where another process of the same worker logs them.
+    level = logging.WARNING
+
+    def __init__(self, display_url: str) -> None:
+        self.display_url = display_url
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+
+    @property
+    def down(self) -> bool:
+        return self._down_since is not None
+
+    def failed(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._down_since is not None:
+                return
+            self._down_since = time.monotonic()
+        logger.log(self.level, "ratchet: the job store is unreachable: %s", exc)
+
+    def succeeded(self) -> None:
+        if self._down_since is None:  # read without the lock: the common case stays cheap
+            return
+        with self._lock:
+            since, self._down_since = self._down_since, None
+        if since is not None:
+            logger.log(
+                self.level,
+                "ratchet: the job store at %s is reachable again after %.1fs",
+                self.display_url,
+                time.monotonic() - since,
+            )
+
+
+def quiet_outages() -> None:
+    """In this process, log the job store's outages at DEBUG: another process (the worker's
+    main process) reports them."""
+    Reachability.level = logging.DEBUG
 
 
 class _ClaimLost(Exception):
@@ -194,7 +286,10 @@ def _insert_statement(
     ``notify`` (PostgreSQL): each inserted row notifies its queue to listening workers, in
     the same statement (no extra round trip) and only once the row is committed."""
     now = str(db_now().compile(dialect=dialect))
-    suffix = (lambda i: "") if rows == 1 else (lambda i: f"_{i}")
+
+    def suffix(i: int) -> str:
+        return "" if rows == 1 else f"_{i}"
+
     values = ", ".join(
         f"(:p_job_id{suffix(i)}, :p_task_name{suffix(i)}, :p_queue{suffix(i)}, 'PENDING', "
         f":p_job_type{suffix(i)}, :p_priority{suffix(i)}, COALESCE(:p_due{suffix(i)}, {now}), "
@@ -242,14 +337,89 @@ def _held(job_id: Any, token: Any) -> tuple[Any, ...]:
     )
 
 
+#: Text fields of a job checked before any write: (name in messages, column).
+_CHECKED_FIELDS = (
+    ("task id", "job_id"), ("task name", "task_name"), ("queue", "queue"),
+    ("root id", "root_id"), ("parent id", "parent_id"), ("group id", "group_id"),
+    ("business key", "business_key"), ("resource", "resource"), ("depends on", "depends_on"),
+)  # fmt: skip
+
+
+#: Column sizes of those fields (None: unbounded text).
+_LENGTHS: dict[str, int | None] = {
+    c.name: getattr(c.type, "length", None) for c in scheduler_job.columns
+}
+
+
+_ID_LENGTH = min(_LENGTHS[column] or 0 for _, column in _CHECKED_FIELDS)
+
+
+def check_fields(new: NewJob) -> None:
+    """Refuse what the job store cannot hold as given, before anything is written: text
+    longer than its column (MySQL in a lax sql_mode would cut it short, so the job would sit
+    in a queue nobody consumes or under an id nobody asks for), NUL characters and lone
+    surrogates (refused by PostgreSQL and MySQL). The message names the field and the limit,
+    never the job's arguments."""
+    m = new.message
+    ids = (new.job_id, new.task_name, new.queue, new.root_id, new.parent_id, new.group_id,
+           new.business_key, new.resource, new.depends_on)  # fmt: skip
+    # The common case in one pass (this runs for every row of a bulk insert): short ASCII.
+    present = [v for v in ids if v is not None]
+    try:
+        text = "".join([*present, m.content_type, m.content_encoding, *new.tags])
+    except TypeError:
+        text = "\x00"  # not all text: the checks below say which field
+    if (
+        "\x00" not in text
+        and text.isascii()
+        and max(map(len, present), default=0) <= _ID_LENGTH
+        and len(m.content_type) <= _LENGTHS["content_type"]  # type: ignore[operator]
+        and len(m.content_encoding) <= _LENGTHS["content_encoding"]  # type: ignore[operator]
+    ):
+        return
+    values = [(label, column, getattr(new, column)) for label, column in _CHECKED_FIELDS]
+    values += [
+        ("content type", "content_type", new.message.content_type),
+        ("content encoding", "content_encoding", new.message.content_encoding),
+    ]
+    values += [("tag", "tags", tag) for tag in new.tags]
+    for label, column, value in values:
+        if value is None:
+            continue
+        what = "a job" if label == "task name" else f"task {new.task_name[:80]!r}"
+        if not isinstance(value, str):
+            raise InvalidJob(label, f"{what}: the {label} must be text, got {type(value).__name__}")
+        limit = _LENGTHS[column]
+        if limit is not None and len(value) > limit:
+            raise InvalidJob(
+                label,
+                f"{what}: the {label} is {len(value)} characters, over the limit of {limit} "
+                f"(column scheduler_job.{column}); use a shorter {label}",
+            )
+        if "\x00" in value:
+            raise InvalidJob(
+                label,
+                f"{what}: the {label} contains a NUL character (\\x00), which the job store "
+                f"cannot hold; remove it",
+            )
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidJob(
+                label, f"{what}: the {label} is not valid Unicode text (a lone surrogate)"
+            ) from None
+
+
 def _params(new: NewJob) -> dict[str, Any]:
+    check_fields(new)
     m = new.message
     return {
         "p_job_id": new.job_id,
         "p_task_name": new.task_name,
         "p_queue": new.queue,
         "p_job_type": new.job_type.value,
-        "p_priority": new.priority,
+        # Kept to 0-9 whatever the caller built: the claim reads levels 0-9 one by one.
+        "p_priority": clamped(new.priority),
         "p_due": new.due,
         "p_expires_at": new.expires_at,
         "p_attempts": new.attempts,
@@ -280,12 +450,15 @@ class JobStore:
         engine: Engine | None = None,
         priority_boost_minutes: float = DEFAULT_BOOST_MINUTES,
         notify: bool = False,
+        engine_options: EngineOptions | None = None,
     ):
         self.url = url
         #: Aging: a waiting job gains one priority level per this many minutes (0: never).
         self.priority_boost_minutes = max(float(priority_boost_minutes), 0.0)
-        self.display_url = mask_password(url)
-        self.engine = engine or engine_for(url)
+        self.display_url = mask_url(url)
+        #: Whether the database answers, as this process last found it.
+        self.reachability = Reachability(self.display_url)
+        self.engine = engine or engine_for(url, engine_options)
         self.family = family(self.engine.dialect.name)
         self._claim = strategy_for(self.engine.dialect)
         self._create_schema = create_schema
@@ -293,6 +466,18 @@ class JobStore:
         #: PostgreSQL: inserts notify listening workers (LISTEN/NOTIFY wake-ups).
         self.notify = notify and self.family == "postgresql"
         self._insert = _insert_statement(self.engine.dialect, notify=self.notify)
+        released = _new_job_values()
+        released.pop("group_id")  # a step keeps the group its signature was frozen with
+        self._release_waiting_silently = (
+            update(job)
+            .where(job.c.job_id == bindparam("p_job_id"), job.c.status == JobStatus.WAITING.value)
+            .values(**released, created_at=db_now())
+        )
+        self._release_waiting = self._release_waiting_silently
+        if self.notify:
+            self._release_waiting = self._release_waiting.returning(
+                func.pg_notify(NOTIFY_CHANNEL, job.c.queue)
+            )
         self._select_claimed = text(
             f"SELECT {RETURNED} FROM scheduler_job "
             "WHERE claim_token = :token AND status = 'RUNNING'"
@@ -348,21 +533,25 @@ class JobStore:
         self._drop_stale_permits = delete(permit).where(
             permit.c.resource == bindparam("resource"), ~still_running.exists()
         )
-        released = _new_job_values()
-        released.pop("group_id")  # a step keeps the group its signature was frozen with
-        self._release_waiting = (
-            update(job)
-            .where(job.c.job_id == bindparam("p_job_id"), job.c.status == JobStatus.WAITING.value)
-            .values(**released, created_at=db_now())
-        )
-        if self.notify:
-            self._release_waiting = self._release_waiting.returning(
-                func.pg_notify(NOTIFY_CHANNEL, job.c.queue)
-            )
         self._reuse_finished = (
             update(job)
             .where(job.c.job_id == bindparam("p_job_id"), job.c.status.in_(_TERMINAL))
             .values(**_new_job_values(), **_CLEARED_CLAIM, **_CLEARED_RESULT, created_at=db_now())
+        )
+
+    def stop_notifying(self) -> None:
+        """No more ``pg_notify`` on inserts: nothing receives them (see ``send_probe``)."""
+        self.notify = False
+        self._insert = _insert_statement(self.engine.dialect, notify=False)
+        self._release_waiting = self._release_waiting_silently
+
+    def send_probe(self, payload: str) -> None:
+        """NOTIFY the wake-up channel through the store's own connections, the way inserts
+        do: a listener that never receives it listens where enqueues do not notify."""
+        statement = select(func.pg_notify(NOTIFY_CHANNEL, bindparam("payload")))
+        self._attempt(
+            lambda conn: conn.execute(statement, {"payload": payload}),
+            "the wake-up probe was not sent",
         )
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -374,13 +563,28 @@ class JobStore:
     def _attempt(self, work: Callable[[Connection], T], what: str) -> T:
         """Run ``work`` on a pooled connection: once more after a dropped connection, a few
         more times after a deadlock; :class:`StoreUnavailable` when the database is gone."""
+        try:
+            done = self._attempt_once(work, what)
+        except StoreUnavailable as exc:
+            self.reachability.failed(exc)
+            raise
+        self.reachability.succeeded()
+        return done
+
+    def _attempt_once(self, work: Callable[[Connection], T], what: str) -> T:
         reconnected = False
         conflicts = 0
+        #: A statement went out before the connection was lost: it may have been committed.
+        maybe_sent = False
         while True:
+            connected = False
             try:
                 with self.engine.connect() as conn:
+                    connected = True
                     return work(conn)
             except DBAPIError as exc:
+                if is_prepared_statement_conflict(exc):
+                    raise prepared_statement_conflict(exc, what) from exc
                 if is_retryable_conflict(exc):
                     if conflicts >= _CONFLICT_RETRIES:
                         raise StoreBusy(
@@ -390,14 +594,24 @@ class JobStore:
                     time.sleep(0.005 * conflicts)
                     continue
                 if is_unavailable(exc):
+                    maybe_sent = maybe_sent or connected
                     if exc.connection_invalidated and not reconnected:
                         reconnected = True
                         continue
-                    raise unavailable(self.url, exc, what) from exc
+                    raise unavailable(self.url, exc, what, sent=maybe_sent) from exc
+                if isinstance(exc, DataError):
+                    raise refused(exc, what) from exc
+                if is_missing_table(exc):
+                    raise SchemaMissing(
+                        f"the job store at {self.display_url} has no ratchet tables (or not all "
+                        f"of them); create them with `ratchet --url URL schema apply`, or start "
+                        f"a worker once; {what}"
+                    ) from exc
                 raise
             except Exception as exc:
                 if is_unavailable(exc):
-                    raise unavailable(self.url, exc, what) from exc
+                    maybe_sent = maybe_sent or connected
+                    raise unavailable(self.url, exc, what, sent=maybe_sent) from exc
                 raise
 
     def ensure_schema(self) -> None:
@@ -422,15 +636,25 @@ class JobStore:
 
     # -- enqueue ----------------------------------------------------------------------------
 
-    def enqueue(self, new: NewJob) -> None:
+    def enqueue(self, new: NewJob, *, maybe_committed: bool = False) -> None:
         """Insert one job; a finished job with the same id is replaced, an active one is not."""
-        self.enqueue_many([new])
+        self.enqueue_many([new], maybe_committed=maybe_committed)
 
-    def enqueue_many(self, jobs: Sequence[NewJob], waiting: Sequence[NewJob] = ()) -> None:
+    def enqueue_many(
+        self,
+        jobs: Sequence[NewJob],
+        waiting: Sequence[NewJob] = (),
+        *,
+        maybe_committed: bool = False,
+    ) -> None:
         """Insert jobs with multi-row INSERTs in one transaction: all or nothing.
 
         ``waiting`` are chain steps stored ahead of time (WAITING, never claimed); one whose id
-        exists already is left alone. A job whose id is such a waiting step releases it."""
+        exists already is left alone. A job whose id is such a waiting step releases it.
+
+        ``maybe_committed``: an earlier call with these jobs failed in a way that may have
+        committed them (a lost reply). A row holding the same id and message is then ours:
+        success, whatever its state; a finished one is not run again."""
         if not jobs and not waiting:
             return
         params = [_params(j) for j in jobs]
@@ -441,7 +665,7 @@ class JobStore:
             tries += 1
             # After a broken connection the earlier try may have committed: finding our own
             # row then is success, not a duplicate.
-            retried = tries > 1
+            retried = maybe_committed or tries > 1
             # Sent from inside a task: most likely the next step of a chain, stored as WAITING
             # with the rest of its chain at submission. Releasing it is all there is to do.
             from_a_task = len(params) == 1 and params[0]["p_parent_id"] is not None
@@ -533,9 +757,10 @@ class JobStore:
             mine.database,
         ) == (theirs.host, theirs.port, theirs.database)
         if not same:
+            shown = mask_url(theirs.render_as_string(hide_password=False))
             raise ConfigurationError(
                 f"transactional enqueue needs the job store's database: this connection is to "
-                f"{mask_password(theirs.render_as_string())}, ratchet_url is {self.display_url}"
+                f"{shown}, ratchet_url is {self.display_url}"
             )
 
     def _insert_many(
@@ -572,15 +797,28 @@ class JobStore:
                 # step before it (recovered from a dead node): the step runs once.
                 logger.info("ratchet: chain step %s was released already", params["p_job_id"])
                 return
+        # Before anything re-arms a finished row: one that holds this very message was
+        # written by an earlier try of this send whose reply was lost, and may have run.
+        if retried and self._holds_message(conn, params):
+            logger.info(
+                "ratchet: job %s was stored by an earlier try whose reply was lost",
+                params["p_job_id"],
+            )
+            return
         if conn.execute(self._reuse_finished, params).rowcount == 1:
             return
-        if retried:
-            stored = conn.execute(
-                select(job.c.headers).where(job.c.job_id == params["p_job_id"])
-            ).scalar()
-            if stored == params["p_headers"]:
-                return
         raise DuplicateJob(params["p_job_id"])
+
+    def _holds_message(self, conn: Connection, params: dict[str, Any]) -> bool:
+        """Whether the row of this job id holds this message (headers and payload)."""
+        stored = conn.execute(
+            select(job.c.headers, job.c.payload).where(job.c.job_id == params["p_job_id"])
+        ).first()
+        return (
+            stored is not None
+            and stored.headers == params["p_headers"]
+            and _bytes(stored.payload) == _bytes(params["p_payload"])
+        )
 
     def replace_running(self, token: str, new: NewJob) -> bool:
         """Reschedule the row this claim owns with a new message (a retry, a replace).
@@ -609,7 +847,7 @@ class JobStore:
         token = uuid.uuid4().hex
         params = claim_params(node_id, token, queues, limit)
 
-        def claim(conn: Connection) -> list[ClaimedJob]:
+        def claim(conn: Connection) -> Claimed:
             if not self._claim.needs_transaction:
                 return self._claim.claim(conn, shape, params)
             with transaction(conn):
@@ -628,20 +866,20 @@ class JobStore:
         token = uuid.uuid4().hex
         self._ensure_resource_row(resource, capacity)
 
-        def claim(conn: Connection) -> list[ClaimedJob]:
+        def claim(conn: Connection) -> Claimed:
             with transaction(conn):
                 self._lock_resource(conn, resource, capacity)
                 conn.execute(self._drop_stale_permits, {"resource": resource})
                 held = conn.execute(self._count_permits, {"resource": resource}).scalar_one()
                 free = min(capacity - held, limit)
                 if free <= 0:
-                    return []
+                    return Claimed([], [])
                 params = claim_params(node_id, token, queues, free, resource)
                 claimed = self._claim.claim(conn, shape, params)
-                if claimed:
+                if claimed.jobs:  # a malformed row is failed at once: it needs no permit
                     permits = [
                         {"resource": resource, "job_id": j.job_id, "node_id": node_id}
-                        for j in claimed
+                        for j in claimed.jobs
                     ]
                     conn.execute(
                         insert(scheduler_resource_permit).values(
@@ -657,25 +895,39 @@ class JobStore:
         # Recurring masters fire strictly by due time; aging would only cost them.
         return 0.0 if list(queues) == [SCHEDULES_QUEUE] else self.priority_boost_minutes
 
-    def _claiming(
-        self, token: str, claim: Callable[[Connection], list[ClaimedJob]]
-    ) -> list[ClaimedJob]:
+    def _claiming(self, token: str, claim: Callable[[Connection], Claimed]) -> list[ClaimedJob]:
         tries = 0
 
-        def work(conn: Connection) -> list[ClaimedJob]:
+        def work(conn: Connection) -> Claimed:
             nonlocal tries
             tries += 1
             if tries > 1:
                 # The connection broke after an earlier try: that claim may have committed
                 # with its reply lost. Take its rows over rather than leave them RUNNING.
                 adopted = self._claimed_with(conn, token)
-                if adopted:
+                if adopted.jobs or adopted.malformed:
                     return adopted
             return claim(conn)
 
         claimed = self._run(work, "no job was claimed")
-        claimed.sort(key=lambda j: j.id)
-        return _best_first(claimed, self.priority_boost_minutes)
+        if claimed.malformed:
+            self._fail_malformed(token, claimed.malformed)
+        jobs = sorted(claimed.jobs, key=lambda j: j.id)
+        return _best_first(jobs, self.priority_boost_minutes)
+
+    def _fail_malformed(self, token: str, rows: Sequence[MalformedRow]) -> None:
+        """Fail claimed rows that cannot be run, with the reason; never their arguments.
+        Were this write lost, the rows stay claimed until orphan recovery, then fail again."""
+        settlements = []
+        for row in rows:
+            reason = f"job row {row.id} cannot be run: {row.reason}; it was failed unrun"
+            logger.error("ratchet: job %s: %s", row.job_id, reason)
+            error = error_record("MalformedJob", [reason], "celery_ratchet.errors")
+            settlements.append(Settlement(row.job_id, token, JobStatus.FAILED, error=error))
+        try:
+            self.settle(settlements)
+        except RatchetError as exc:
+            logger.warning("ratchet: malformed jobs were not failed yet: %s", exc)
 
     def _ensure_resource_row(self, resource: str, capacity: int) -> None:
         if resource in self._known_resources:
@@ -699,16 +951,16 @@ class JobStore:
             conn.execute(_insert_ignoring_duplicates(conn.dialect, r, values))
             conn.execute(lock)
 
-    def _claimed_with(self, conn: Connection, token: str) -> list[ClaimedJob]:
+    def _claimed_with(self, conn: Connection, token: str) -> Claimed:
         rows = conn.execute(self._select_claimed, {"token": token}).all()
-        return [to_claimed(row, token) for row in rows]
+        return decode(rows, token)
 
     def running_claims(self, node_id: str, *, older_than_seconds: float) -> list[tuple[str, str]]:
         """(job id, claim token) of every row ``node_id`` has held RUNNING for a while."""
         stmt = select(job.c.job_id, job.c.claim_token).where(
             job.c.status == JobStatus.RUNNING.value,
             job.c.picked_by == node_id,
-            job.c.claimed_at < db_now_minus(older_than_seconds),
+            or_(job.c.claimed_at.is_(None), job.c.claimed_at < db_now_minus(older_than_seconds)),
         )
         rows = self._run(lambda conn: conn.execute(stmt).all(), "claims were not listed")
         return [(r.job_id, r.claim_token) for r in rows]
@@ -973,7 +1225,7 @@ class JobStore:
         if row is None:
             return None
         return ResultRecord(
-            **{**row._asdict(), "status": JobStatus(row.status), "payload": _bytes(row.payload)}
+            **{**row._asdict(), "status": parse_status(row.status), "payload": _bytes(row.payload)}
         )
 
     def forget(self, job_id: str) -> None:
@@ -1264,7 +1516,8 @@ class JobStore:
         if not include_schedules:
             conditions.append(_JOBS_ONLY)
         if tag is not None:
-            conditions.append(job.c.tags.like(f"%,{tag},%"))
+            # A tag is matched as written: % and _ in it are no wildcards.
+            conditions.append(job.c.tags.contains(f",{tag},", autoescape=True))
         if business_key is not None:
             conditions.append(job.c.business_key == business_key)
         if status is not None:
@@ -1447,40 +1700,106 @@ class JobStore:
             "the node was not removed",
         )
 
-    def recover_orphans(self, grace_seconds: float) -> list[str]:
-        """Hand RUNNING jobs of nodes silent for longer than ``grace_seconds`` back to PENDING,
-        release their permits and delete the dead nodes, atomically. Returns the job ids.
+    def node_heartbeats(self) -> dict[str, datetime]:
+        """The last heartbeat of every registered node (by the database clock)."""
+        n = scheduler_node
+        stmt = select(n.c.node_id, n.c.heartbeat_ts)
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "heartbeats were not read")
+        return {r.node_id: r.heartbeat_ts for r in rows}
 
-        Jobs owned by a node with no row at all (removed by hand, or a node that died while
-        registering) count as orphaned once their claim is older than the grace period.
+    def recover_orphans(
+        self,
+        grace_seconds: float,
+        *,
+        observed: Mapping[str, datetime] | None = None,
+        max_recoveries: int | None = None,
+    ) -> OrphanRecovery:
+        """Take the RUNNING jobs of dead nodes back, release their permits and delete the
+        dead nodes, atomically.
+
+        ``observed``: the nodes the caller watched stay silent for a full grace period, each
+        with the heartbeat it saw; a node counts as dead only if its heartbeat still has that
+        value (it did not beat since) and is older than ``grace_seconds`` by the database
+        clock. Without it, every node silent for ``grace_seconds`` by the database clock is
+        dead: only right for a caller that knows no node was cut off from the database.
+
+        Jobs owned by no registered node (a node row removed by hand, a node that died while
+        registering, a forged row with no owner) count as orphaned once their claim is older
+        than the grace period, or has no time at all.
+
+        A job a dead node held after more than ``max_recoveries`` claims since it was last
+        scheduled (``claims``; hand-backs of live nodes count too) is not run again: it is
+        FAILED, in the dead-letter queue, with an error that says so. The others (and every
+        recurring master) are PENDING again.
         """
         n, p = scheduler_node, scheduler_resource_permit
         cutoff = db_now_minus(grace_seconds)
-        silent = select(n.c.node_id).where(n.c.heartbeat_ts < cutoff)
+        silent = select(n.c.node_id, n.c.heartbeat_ts).where(n.c.heartbeat_ts < cutoff)
+        if observed is not None:
+            silent = silent.where(n.c.node_id.in_(list(observed)))
         if self.family != "sqlite":
             silent = silent.with_for_update(skip_locked=True)
         owned_by = job.c.picked_by.in_(bindparam("dead", expanding=True))
-        unowned = and_(job.c.picked_by.not_in(select(n.c.node_id)), job.c.claimed_at < cutoff)
+        unowned = and_(
+            or_(job.c.picked_by.is_(None), job.c.picked_by.not_in(select(n.c.node_id))),
+            or_(job.c.claimed_at.is_(None), job.c.claimed_at < cutoff),
+        )
 
-        def work(conn: Connection) -> list[str]:
+        def work(conn: Connection) -> OrphanRecovery:
             with transaction(conn):
-                dead = list(conn.execute(silent).scalars())
+                if observed is not None and not observed:
+                    dead: list[str] = []
+                else:
+                    dead = [
+                        r.node_id
+                        for r in conn.execute(silent)
+                        if observed is None or observed.get(r.node_id) == r.heartbeat_ts
+                    ]
                 running = job.c.status == JobStatus.RUNNING.value
                 where = and_(running, or_(owned_by, unowned) if dead else unowned)
                 params = {"dead": dead} if dead else {}
-                orphans = list(conn.execute(select(job.c.job_id).where(where), params).scalars())
-                if orphans:
+                found = select(job.c.job_id, job.c.claims, job.c.job_type).where(where)
+                given_up = defaultdict(list)
+                requeued = []
+                for r in conn.execute(found, params):
+                    # A recurring master is claimed at every fire time, and its firing is
+                    # ratchet's own: its schedule is never given up.
+                    master = r.job_type == JobType.RECURRING.value
+                    if max_recoveries is not None and r.claims > max_recoveries and not master:
+                        given_up[r.claims].append(r.job_id)
+                    else:
+                        requeued.append(r.job_id)
+                if requeued:
                     conn.execute(
                         update(job)
-                        .where(where, job.c.job_id.in_(orphans))
+                        .where(where, job.c.job_id.in_(requeued))
                         .values(status=JobStatus.PENDING.value, **_CLEARED_CLAIM),
                         params,
                     )
+                dead_lettered = []
+                for claims, ids in given_up.items():
+                    error = recovery_limit_record(claims, max_recoveries or 0)
+                    conn.execute(
+                        update(job)
+                        .where(where, job.c.job_id.in_(ids))
+                        .values(
+                            status=JobStatus.FAILED.value,
+                            finished_at=db_now(),
+                            last_error=error,
+                            error_traceback=None,
+                        ),
+                        params,
+                    )
+                    cancel_downstream(conn, ids, error)
+                    record_ended_parts(conn, ids, "FAILURE")
+                    dead_lettered += ids
+                orphans = requeued + dead_lettered
+                if orphans:
                     conn.execute(delete(p).where(p.c.job_id.in_(orphans)))
                 if dead:
                     conn.execute(delete(p).where(p.c.node_id.in_(dead)))
                     conn.execute(delete(n).where(n.c.node_id.in_(dead)))
-                return orphans
+                return OrphanRecovery(sorted(requeued), sorted(dead_lettered), sorted(dead))
 
         return self._run(work, "orphaned jobs were not recovered")
 
@@ -1591,5 +1910,5 @@ def _bytes(value: Any) -> bytes | None:
 
 def _summary(row: Any) -> JobSummary:
     values = row._asdict()
-    values["status"] = JobStatus(values["status"])
+    values["status"] = parse_status(values["status"])
     return JobSummary(**values)

@@ -7,6 +7,7 @@ the job store URL (here from RATCHET_URL). Its broker_url points at a closed por
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 from celery import Celery
@@ -14,7 +15,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import text
 
 import celery_ratchet
-from celery_ratchet.store.engine import engine_for
+from celery_ratchet.celery.app import ratchet_state
 
 app = Celery("acceptance", task_cls="celery_ratchet:RatchetTask")
 app.conf.broker_url = "amqp://guest:guest@127.0.0.1:1//"
@@ -26,7 +27,8 @@ SIDE_EFFECTS = "acceptance_run"
 
 def record_run(key: str) -> None:
     """One row per execution: which pool process ran it (pid), under which worker (ppid)."""
-    with engine_for(os.environ["RATCHET_URL"]).connect() as conn:
+    # The worker's own engine: its pool sizes, and no prepared statements behind PgBouncer.
+    with ratchet_state(app).store.engine.connect() as conn:
         conn.execute(
             text(f"INSERT INTO {SIDE_EFFECTS} (run_key, pid, ppid) VALUES (:k, :p, :pp)"),
             {"k": key, "p": os.getpid(), "pp": os.getppid()},
@@ -138,6 +140,18 @@ def chord_body(results: list[int], key: str) -> int:
     return sum(results)
 
 
+@app.task(name="acc.crash_worker")
+def crash_worker(key: str) -> None:
+    """Notes its run, then SIGKILLs its whole worker (main process and pool), every time."""
+    record_run(key)
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
 @app.task(name="acc.boom")
 def boom(message: str) -> None:
     raise RuntimeError(message)
+
+
+# The serializers the app accepts, set per test (RATCHET_ACCEPTANCE_ACCEPT_CONTENT=json,pickle).
+if os.environ.get("RATCHET_ACCEPTANCE_ACCEPT_CONTENT"):
+    app.conf.accept_content = os.environ["RATCHET_ACCEPTANCE_ACCEPT_CONTENT"].split(",")

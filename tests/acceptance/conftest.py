@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,9 +15,12 @@ from celery import Celery
 from sqlalchemy import text
 
 from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.store.engine import engine_for
 from celery_ratchet.store.jobstore import JobStore
 from tests.acceptance.app import SIDE_EFFECTS, app
 from tests.conftest import Servers, empty_store
+from tests.helpers import wait_until
+from tests.private_postgres import PrivatePostgres, start_private_postgres
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,6 +144,34 @@ def server_cluster(server_app: Celery, tmp_path: Path) -> Iterator[Cluster]:
     found.stop_all()
 
 
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    """A private PostgreSQL cluster, for tests that stop, kill or restart the server."""
+    server = start_private_postgres()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+def private_app(private_postgres: PrivatePostgres) -> Iterator[Celery]:
+    """The acceptance app on the private server; its publish retry policy restored after."""
+    app = next(_app_on(private_postgres.url))
+    policy = app.conf.task_publish_retry_policy
+    yield app
+    app.conf.task_publish_retry_policy = policy
+    engine_for(private_postgres.url).dispose()
+    ratchet_state(app).reset()
+
+
+@pytest.fixture
+def private_cluster(private_app: Celery, tmp_path: Path) -> Iterator[Cluster]:
+    found = Cluster(private_app.conf.ratchet_url, tmp_path)
+    yield found
+    found.stop_all()
+
+
 def side_effects(store: JobStore) -> list[tuple[str, int]]:
     with store.engine.connect() as conn:
         return [tuple(r) for r in conn.execute(text(f"SELECT run_key, pid FROM {SIDE_EFFECTS}"))]
@@ -159,11 +189,3 @@ def group_members(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             found.append(int(stat.parent.name))
     return found
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)

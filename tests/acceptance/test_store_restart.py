@@ -8,21 +8,10 @@ directory, on a free port), never the shared one other test runs use.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import pwd
-import re
-import shutil
-import signal
-import socket
-import subprocess
-import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 from celery import Celery, group
@@ -31,10 +20,9 @@ from sqlalchemy import text
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.errors import StoreUnavailable
-from celery_ratchet.store.engine import engine_for
 from celery_ratchet.store.jobstore import JobStore
-from tests.acceptance.conftest import Cluster, _app_on, wait_until
-from tests.conftest import IN_CI
+from tests.acceptance.conftest import Cluster, wait_until
+from tests.private_postgres import PrivatePostgres
 
 pytestmark = pytest.mark.slow
 
@@ -49,151 +37,8 @@ SETTINGS = {
 }
 #: Seconds the server stays down (at least).
 OUTAGE_SECONDS = 2.0
-#: What a worker logs when a heartbeat finds the store down (throttled: once per outage).
-HEARTBEAT_FAILED = "ratchet: heartbeat failed: cannot reach the job store"
-
-
-def _version(path: Path) -> tuple[int, ...]:
-    return tuple(int(n) for n in re.findall(r"\d+", path.parent.parent.name))
-
-
-def _pg_bin() -> Path | None:
-    """The directory of initdb and pg_ctl: on PATH, else the newest Debian/Ubuntu install."""
-    found = shutil.which("pg_ctl")
-    if found and shutil.which("initdb"):
-        return Path(found).resolve().parent
-    installed = [
-        p.parent
-        for p in sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), key=_version)
-        if (p.parent / "initdb").exists()
-    ]
-    return installed[-1] if installed else None
-
-
-def _unavailable(reason: str) -> NoReturn:
-    if IN_CI:
-        pytest.fail(f"{reason}: CI requires it to restart a private PostgreSQL server")
-    pytest.skip(reason)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class PrivatePostgres:
-    """A throwaway PostgreSQL cluster on 127.0.0.1:<free port>, with trust authentication.
-
-    initdb refuses to run as root: as root, every pg command runs as the ``postgres`` user,
-    which owns the temporary directory.
-    """
-
-    def __init__(self, bin_dir: Path) -> None:
-        self.bin = bin_dir
-        self.prefix: list[str] = []
-        self.dir = Path(tempfile.mkdtemp(prefix="ratchet-pg-"))
-        if os.geteuid() == 0:
-            try:
-                owner = pwd.getpwnam("postgres")
-            except KeyError:
-                shutil.rmtree(self.dir)
-                _unavailable("running as root and there is no postgres user to run initdb")
-            if shutil.which("runuser") is None:
-                shutil.rmtree(self.dir)
-                _unavailable("running as root and runuser is missing")
-            os.chown(self.dir, owner.pw_uid, owner.pw_gid)
-            self.prefix = ["runuser", "-u", "postgres", "--"]
-        self.data = self.dir / "data"
-        self.log = self.dir / "server.log"
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, tool: str, *args: str) -> None:
-        command = [*self.prefix, str(self.bin / tool), *args]
-        done = subprocess.run(
-            command, cwd=self.dir, capture_output=True, text=True, timeout=120, check=False
-        )
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}{done.stderr}"
-                f"\n{self.server_log()}"
-            )
-
-    def server_log(self) -> str:
-        try:
-            return self.log.read_text()[-4000:]
-        except OSError:
-            return ""
-
-    def init(self) -> None:
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
-                  "--no-sync")  # fmt: skip
-        for _ in range(5):  # another process may take the free port before the server does
-            self.port = _free_port()
-            try:
-                self.start()
-                return
-            except RuntimeError:
-                if f"{self.port}" not in self.server_log():
-                    raise
-        raise RuntimeError(f"no free port for PostgreSQL:\n{self.server_log()}")
-
-    def start(self) -> None:
-        options = (
-            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c full_page_writes=off"
-        )
-        self._run("pg_ctl", "start", "-D", str(self.data), "-l", str(self.log), "-w", "-t",
-                  "60", "-o", options)  # fmt: skip
-
-    def stop(self, mode: str = "fast") -> None:
-        self._run("pg_ctl", "stop", "-D", str(self.data), "-m", mode, "-w", "-t", "60")
-
-    def destroy(self) -> None:
-        """Whatever state it is in: stop the server, remove its files."""
-        pidfile = self.data / "postmaster.pid"
-        if pidfile.exists():
-            try:
-                self.stop("immediate")
-            except (RuntimeError, subprocess.TimeoutExpired):
-                with contextlib.suppress(ValueError, OSError):
-                    os.kill(int(pidfile.read_text().split()[0]), signal.SIGKILL)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-@pytest.fixture
-def private_postgres() -> Iterator[PrivatePostgres]:
-    bin_dir = _pg_bin()
-    if bin_dir is None:
-        _unavailable("PostgreSQL server binaries (initdb, pg_ctl) not found")
-    server = PrivatePostgres(bin_dir)
-    try:
-        server.init()
-        yield server
-    finally:
-        server.destroy()
-
-
-@pytest.fixture
-def private_app(private_postgres: PrivatePostgres) -> Iterator[Celery]:
-    """The acceptance app on the private server; its publish retry policy restored after."""
-    app = next(_app_on(private_postgres.url))
-    policy = app.conf.task_publish_retry_policy
-    yield app
-    app.conf.task_publish_retry_policy = policy
-    engine_for(private_postgres.url).dispose()
-    ratchet_state(app).reset()
-
-
-@pytest.fixture
-def private_cluster(private_app: Celery, tmp_path: Path) -> Iterator[Cluster]:
-    found = Cluster(private_app.conf.ratchet_url, tmp_path)
-    yield found
-    found.stop_all()
+#: What a worker logs when it finds the store down (once per outage).
+HEARTBEAT_FAILED = "ratchet: the job store is unreachable"
 
 
 def unfinished(store: JobStore) -> int:

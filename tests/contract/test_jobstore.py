@@ -167,7 +167,7 @@ def test_orphans_of_silent_nodes_are_recovered(store: JobStore) -> None:
     [alive_job] = store.claim("alive", ["celery"], 1)
     time.sleep(1.2)
     assert store.heartbeat("alive")
-    recovered = store.recover_orphans(grace_seconds=1.0)
+    recovered = store.recover_orphans(grace_seconds=1.0).requeued
     assert sorted(recovered) == sorted(j.job_id for j in dead_jobs)
     assert {n["node_id"] for n in store.list_nodes()} == {"alive"}
     assert not store.heartbeat("dead")
@@ -183,9 +183,9 @@ def test_orphans_of_silent_nodes_are_recovered(store: JobStore) -> None:
 def test_jobs_of_nodes_without_a_row_are_recovered_after_the_grace(store: JobStore) -> None:
     store.enqueue(new_job("ghost"))
     store.claim("never-registered", ["celery"], 1)
-    assert store.recover_orphans(grace_seconds=30) == []
+    assert store.recover_orphans(grace_seconds=30).jobs == []
     time.sleep(1.2)
-    assert store.recover_orphans(grace_seconds=1.0) == ["ghost"]
+    assert store.recover_orphans(grace_seconds=1.0).requeued == ["ghost"]
 
 
 def test_revoke_and_purge_touch_only_pending_jobs(store: JobStore) -> None:

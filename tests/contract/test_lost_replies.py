@@ -102,3 +102,19 @@ def test_outcomes_with_text_no_database_stores_are_still_written(store: JobStore
     record = store.result("nul")
     assert record is not None and record.status is JobStatus.FAILED
     assert "\x00" not in (record.last_error or "") and "surrogate" in (record.error_traceback or "")
+
+
+def test_a_reschedule_whose_reply_was_lost_is_not_taken_for_a_lost_claim(
+    store: JobStore, caplog: Any
+) -> None:
+    from celery_ratchet.celery.sender import _reschedule
+
+    store.enqueue(new_job("retried"))
+    [claimed] = store.claim("n", ["celery"], 1)
+    again = new_job("retried", attempts=1)
+    assert store.replace_running(claimed.token, again)  # committed; say its reply was lost
+    caplog.set_level("WARNING")
+    _reschedule(store, claimed.token, again, maybe_committed=True)  # the sender's retry
+    assert "was not rescheduled" not in caplog.text
+    record = store.result("retried")
+    assert record is not None and record.status is JobStatus.PENDING and record.attempts == 1

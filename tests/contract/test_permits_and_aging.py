@@ -107,7 +107,7 @@ def test_a_retry_and_orphan_recovery_release_permits(store: JobStore) -> None:
     assert store.replace_running(retried.token, new_job(retried.job_id, resource="payments"))
     with store.engine.connect() as conn:
         conn.execute(text("UPDATE scheduler_node SET heartbeat_ts = :t"), {"t": ago(10)})
-    assert store.recover_orphans(grace_seconds=60) == [orphan.job_id]
+    assert store.recover_orphans(grace_seconds=60).requeued == [orphan.job_id]
     assert permits(store, "payments") == 0
     assert len(store.claim_for_resource("n", ["celery"], "payments", 2, 10)) == 2
 

@@ -10,6 +10,8 @@ from typing import Any
 from celery import Celery
 from celery.exceptions import Ignore
 
+import celery_ratchet
+
 #: What ran, by key: filled by the tasks in the (in-process) worker.
 RUNS: dict[str, list[Any]] = defaultdict(list)
 _lock = threading.Lock()
@@ -111,9 +113,15 @@ def register_canvas(app: Celery) -> None:
         return x * factor
 
 
+@celery_ratchet.predicate
 def is_big(value: Any) -> bool:
-    """A workflow predicate: importable by path."""
+    """A workflow predicate, allowed by the decorator."""
     return isinstance(value, int) and value > 100
+
+
+def is_small(value: Any) -> bool:
+    """Not a predicate: allowed only where ratchet_predicate_modules lists this package."""
+    return isinstance(value, int) and value < 10
 
 
 #: Keys whose t.fail_until_fixed task succeeds: set by tests (same process as the worker).

@@ -15,6 +15,7 @@ from celery.exceptions import NotRegistered, TaskRevokedError
 
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.domain.job import JobStatus
+from tests.helpers import wait_until
 from tests.integration.tasks import RUNS, record
 
 TIMEOUT = 30
@@ -104,16 +105,15 @@ def test_signals_fire_for_success_and_failure(
     ok.get(timeout=TIMEOUT)
     with pytest.raises(ValueError, match="nope"):
         bad.get(timeout=TIMEOUT)
-    # task_postrun fires after the outcome is stored, so after get() may return.
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline and not all(
-        ("task_postrun", task_id) in signal_log for task_id in (ok.id, bad.id)
-    ):
-        time.sleep(0.05)
-    names_ok = {name for name, task_id in signal_log if task_id == ok.id}
-    names_bad = {name for name, task_id in signal_log if task_id == bad.id}
-    assert {"task_received", "task_prerun", "task_postrun", "task_success"} <= names_ok
-    assert {"task_received", "task_prerun", "task_postrun", "task_failure"} <= names_bad
+
+    def names(task_id: str) -> set[str]:
+        return {name for name, logged_id in signal_log if logged_id == task_id}
+
+    # Celery sends task_postrun after the outcome is stored, so get() may return first.
+    expected_ok = {"task_received", "task_prerun", "task_postrun", "task_success"}
+    expected_bad = {"task_received", "task_prerun", "task_postrun", "task_failure"}
+    wait_until(lambda: expected_ok <= names(ok.id), TIMEOUT, "the signals of the success")
+    wait_until(lambda: expected_bad <= names(bad.id), TIMEOUT, "the signals of the failure")
     assert "Traceback" in (bad.traceback or "")
     stored = row(worker_app, bad.id)
     assert stored.status is JobStatus.FAILED and "ValueError" in stored.last_error

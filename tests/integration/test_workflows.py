@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any
@@ -9,12 +10,15 @@ from typing import Any
 import pytest
 from celery import Celery, chain, chord, group
 from celery.exceptions import ChordError, TaskRevokedError
+from sqlalchemy import create_engine, text
 
 import celery_ratchet
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.batches import encode_signature, finish_stalled
 from celery_ratchet.domain.batch import BatchKind, BatchPart, BatchState, NewBatch
 from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.errors import PredicateNotAllowed, RatchetError
+from celery_ratchet.store.engine import normalize_url
 from tests.integration.tasks import FIXED, RUNS
 
 TIMEOUT = 30
@@ -173,12 +177,63 @@ def test_workflow_failure_branch(worker_app: Celery) -> None:
 def test_workflow_refuses_bad_predicates_and_joins(worker_app: Celery) -> None:
     add = worker_app.tasks["t.add"]
     builder = celery_ratchet.workflow(add.si(1, 1), app=worker_app)
-    with pytest.raises(ValueError, match="cannot be imported"):
-        builder.when_result("tests.integration.tasks:no_such_function", add.s(1))
+    for path in (
+        "os:system",
+        "builtins:eval",
+        "subprocess:getoutput",
+        "tests.integration.tasks:is_small",  # importable, but never allowed
+        "tests.integration.tasks:no_such_function",
+    ):
+        with pytest.raises(PredicateNotAllowed, match=r"@celery_ratchet\.predicate"):
+            builder.when_result(path, add.s(1))
     with pytest.raises(ValueError, match=r"package\.module:function"):
         builder.when_result("is_big", add.s(1))
     with pytest.raises(ValueError, match="unknown"):
         builder.join(["nope"], add.s(1))
+
+
+@pytest.mark.parametrize(
+    "forged", ["os:system", "builtins:eval", "tests.integration.tasks:is_small", "os.system"]
+)
+def test_a_forged_predicate_in_a_stored_row_fails_its_branch_unrun(
+    worker_app: Celery, tmp_path: Any, forged: str
+) -> None:
+    identity, add = worker_app.tasks["t.identity"], worker_app.tasks["t.add"]
+    marker = tmp_path / "predicate-ran"
+    command = f"touch {marker}"  # what os.system or eval would be handed: the parent's result
+    parent = identity.si(command if forged == "os:system" else f"open({str(marker)!r}, 'w')")
+    # Submitted in the caller's transaction: the rows are forged before any worker sees them.
+    engine = create_engine(normalize_url(ratchet_state(worker_app).store.url))
+    try:
+        with engine.begin() as conn:
+            with celery_ratchet.transaction(conn):
+                submitted = (
+                    celery_ratchet.workflow(parent, app=worker_app)
+                    .when_result("tests.integration.tasks:is_big", add.s(1), name="checked")
+                    .on_success(identity.s(), name="plain")
+                    .submit()
+                )
+            conn.execute(
+                text(
+                    "UPDATE scheduler_workflow_condition SET predicate = :p "
+                    "WHERE parent_id = :i AND kind = 'RESULT'"
+                ),
+                {"p": forged, "i": submitted.id},
+            )
+    finally:
+        engine.dispose()
+    checked = submitted.branches["checked"]
+    with pytest.raises(RatchetError, match=re.escape(forged)):  # not allowed, or no path
+        checked.get(timeout=TIMEOUT)
+    assert isinstance(checked.result, RatchetError)
+    assert not marker.exists(), f"the forged predicate {forged} ran"
+    assert submitted.branches["plain"].get(timeout=TIMEOUT) == parent.args[0]
+    states = [c.state for c in ratchet_state(worker_app).batches.conditions(submitted.id)]
+    assert states == ["FAILED", "FIRED"]
+    # The branch's own task was never sent: its row is the refusal, not a run.
+    record = ratchet_state(worker_app).store.result(checked.id)
+    assert record is not None and record.status is JobStatus.FAILED
+    assert record.picked_by is None
 
 
 def test_waiting_steps_read_as_pending_with_extended_results(worker_app: Celery) -> None:

@@ -7,9 +7,17 @@ from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
+from kombu.serialization import register, register_yaml
 from kombu.utils import json as kjson
 
-from celery_ratchet.celery.message import CLAIM_HEADER, JobMessage, job_from_message, parse_time
+from celery_ratchet.celery.message import (
+    CLAIM_HEADER,
+    JobMessage,
+    check_serializer,
+    job_from_message,
+    parse_time,
+    safe_accept,
+)
 from celery_ratchet.domain.job import ClaimedJob, JobStatus
 from celery_ratchet.errors import PayloadTooLarge, SerializerNotAllowed
 
@@ -139,3 +147,28 @@ def test_a_claimed_row_becomes_a_delivered_message() -> None:
     message.end(JobStatus.SUCCEEDED)  # a second report of the same execution is ignored
     assert ends == [("abc", JobStatus.PENDING)]
     assert kjson.loads(message.body) == [[1, "a"], {"k": "v"}, {"callbacks": None}]
+
+
+def test_code_running_serializers_are_taken_out_of_accept_lists() -> None:
+    kept, refused = safe_accept(["json", "pickle", "msgpack", "yaml"], allow_pickle=False)
+    assert kept == {"application/json", "application/x-msgpack", "application/x-yaml"}
+    assert refused == ["pickle"]
+    kept, refused = safe_accept(["application/x-python-serialize"], allow_pickle=False)
+    assert (kept, refused) == (set(), ["pickle"])
+    kept, refused = safe_accept(["json", "pickle"], allow_pickle=True)
+    assert kept == {"application/json", "application/x-python-serialize"} and refused == []
+    assert safe_accept(None, allow_pickle=False) == ({"application/json"}, [])
+
+
+def test_yaml_with_a_decoder_other_than_kombus_safe_one_is_refused() -> None:
+    def full_load(data: object) -> object:  # stands for yaml.load with a code-running loader
+        return data
+
+    register("yaml", str, full_load, content_type="application/x-yaml")
+    try:
+        assert safe_accept(["json", "yaml"], allow_pickle=False)[1] == ["yaml"]
+        with pytest.raises(SerializerNotAllowed):
+            check_serializer("yaml", allow_pickle=False)
+    finally:
+        register_yaml()
+    assert safe_accept(["yaml"], allow_pickle=False)[1] == []

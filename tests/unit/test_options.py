@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from celery_ratchet.celery.options import HEADER, apply_to_message, resolve
-from celery_ratchet.errors import ConfigurationError
+from celery_ratchet.errors import ConfigurationError, InvalidJob
 from celery_ratchet.settings import RatchetSettings
 
 SETTINGS = RatchetSettings(resources={"payments": 2})
@@ -26,7 +26,7 @@ def test_call_options_override_task_attributes_and_are_normalised() -> None:
     [
         ({"resorce": "payments"}, "unknown ratchet option"),
         ({"backoff": "linear"}, "none, fixed, exponential"),
-        ({"timeout": 0}, "timeout must be positive"),
+        ({"timeout": 0}, "timeout must be a finite number of seconds, more than 0"),
         ({"priority": "urgent"}, "priority"),
         ({"resource": "ledger"}, "ratchet_resources"),
     ],
@@ -45,3 +45,37 @@ def test_timeout_becomes_the_hard_time_limit_unless_one_was_given() -> None:
     explicit: dict[str, object] = {"timelimit": [10, None]}
     apply_to_message({"timeout": 30.0}, explicit, {})
     assert explicit["timelimit"] == [10, None]
+
+
+@pytest.mark.parametrize(
+    ("given", "field", "error"),
+    [
+        ({"backoff_param": float("nan")}, "backoff_param", r"finite number of seconds.*nan"),
+        ({"backoff_param": "inf"}, "backoff_param", "finite number of seconds"),
+        ({"backoff_param": -1}, "backoff_param", "0 or more"),
+        ({"timeout": float("nan")}, "timeout", r"finite number of seconds, more than 0.*nan"),
+        ({"timeout": "soon"}, "timeout", "finite number of seconds"),
+        ({"max_retries": -1}, "max_retries", "whole number, 0 or more; got -1"),
+        ({"max_retries": 2.5}, "max_retries", "whole number"),
+        ({"max_retries": float("nan")}, "max_retries", "whole number"),
+        ({"tags": "abc"}, "tags", r"list of strings, got str 'abc'; write tags=\['abc'\]"),
+        ({"tags": ["a,b"]}, "tags", "no comma"),
+        ({"tags": [""]}, "tags", "non-empty"),
+        ({"tags": [3]}, "tags", "non-empty string"),
+        ({"priority": -1}, "priority", "0-9"),
+    ],
+)
+def test_options_that_cannot_be_honoured_are_refused_naming_the_field(
+    given: dict[str, object], field: str, error: str
+) -> None:
+    with pytest.raises(InvalidJob, match=error) as raised:
+        resolve("shop.pay", None, given, SETTINGS)
+    assert raised.value.field == field
+    assert "shop.pay" in str(raised.value)
+
+
+def test_good_counts_and_tags_pass() -> None:
+    options = resolve(
+        "shop.pay", None, {"max_retries": 0, "tags": ("a", "b"), "backoff_param": 0}, SETTINGS
+    )
+    assert options == {"max_retries": 0, "tags": ["a", "b"], "backoff_param": 0.0}

@@ -1,0 +1,158 @@
+"""Values the job store cannot hold are refused before any write, naming the field and the
+limit; no error or log line of the store carries a statement's parameters (job arguments)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, insert, select, text
+from sqlalchemy.exc import DBAPIError
+
+from celery_ratchet.errors import InvalidJob, SchemaMissing, ValueRefused
+from celery_ratchet.store.engine import normalize_url
+from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.schema import scheduler_job
+from tests.conftest import Servers, empty_store
+from tests.helpers import new_job
+
+SECRET = "4111111111111111"
+LONG = "x" * 300
+
+
+def _secret_job(job_id: str = "card", **fields: Any) -> Any:
+    job = new_job(job_id)
+    body = json.dumps([[SECRET], {}, {}]).encode()
+    return replace(job, message=replace(job.message, payload=body), **fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "label", "limit"),
+    [
+        ({"job_id": LONG}, "task id", 255),
+        ({"queue": LONG}, "queue", 255),
+        ({"task_name": LONG}, "task name", 255),
+        ({"business_key": LONG}, "business key", 255),
+        ({"resource": LONG}, "resource", 255),
+        ({"group_id": LONG}, "group id", 255),
+    ],
+)
+def test_over_long_fields_are_refused_naming_field_and_limit(
+    store: JobStore, fields: dict[str, str], label: str, limit: int
+) -> None:
+    with pytest.raises(InvalidJob) as raised:
+        store.enqueue(_secret_job(**fields))
+    message = str(raised.value)
+    assert raised.value.field == label
+    assert f"the {label} is 300 characters, over the limit of {limit}" in message
+    assert SECRET not in message and LONG not in message
+    assert store.count_by_status() == {}
+
+
+@pytest.mark.parametrize(
+    ("fields", "label"),
+    [
+        ({"job_id": "a\x00b"}, "task id"),
+        ({"queue": "q\x00"}, "queue"),
+        ({"task_name": "t\x00.add"}, "task name"),
+        ({"tags": ("ok", "n\x00ul")}, "tag"),
+        ({"job_id": "lone \udc80"}, "task id"),
+    ],
+)
+def test_unstorable_characters_are_refused(
+    store: JobStore, fields: dict[str, Any], label: str
+) -> None:
+    with pytest.raises(InvalidJob) as raised:
+        store.enqueue(_secret_job(**fields))
+    assert raised.value.field == label
+    assert SECRET not in str(raised.value)
+    assert store.count_by_status() == {}
+
+
+def test_a_batch_with_one_bad_job_writes_none(store: JobStore) -> None:
+    with pytest.raises(InvalidJob):
+        store.enqueue_many([new_job("fine"), _secret_job(queue=LONG)])
+    assert store.count_by_status() == {}
+
+
+def _raw_row(**values: Any) -> dict[str, Any]:
+    row = {
+        "job_id": "raw", "task_name": "tests.add", "queue": "celery", "status": "PENDING",
+        "job_type": "SINGLE", "priority": 4, "attempts": 0, "claims": 0,
+        "payload": json.dumps([[SECRET], {}, {}]).encode(), "content_type": "application/json",
+        "content_encoding": "utf-8", "headers": json.dumps({"id": "raw", "note": SECRET}),
+        "properties": "{}",
+    }  # fmt: skip
+    row.update(values)
+    return row
+
+
+def _insert_raw(store: JobStore, **values: Any) -> None:
+    stmt = insert(scheduler_job).values(
+        **_raw_row(**values),
+        scheduled_time=text("CURRENT_TIMESTAMP"),
+        created_at=text("CURRENT_TIMESTAMP"),
+    )
+    store._run(lambda conn: conn.execute(stmt), "the test row was not written")
+
+
+def test_driver_errors_never_carry_statement_parameters(
+    store: JobStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    _insert_raw(store)
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(DBAPIError) as raised:
+        _insert_raw(store)  # the same job id again
+    assert "parameters hidden" in str(raised.value)
+    assert SECRET not in str(raised.value) and SECRET not in caplog.text
+
+
+def test_a_value_the_server_refuses_is_a_ratchet_error_without_parameters(
+    server_store: JobStore,
+) -> None:
+    with pytest.raises(ValueRefused) as raised:
+        _insert_raw(server_store, queue=LONG)
+    message = str(raised.value)
+    assert "refused a value" in message and "the test row was not written" in message
+    assert SECRET not in message and LONG not in message
+    assert SECRET not in str(raised.value.__cause__)
+
+
+def test_mysql_connections_are_strict_whatever_the_server_default(servers: Servers) -> None:
+    # A server whose default sql_mode is lax, seen through this session's init command: the
+    # shared server's own settings are never touched.
+    lax = servers.url("mysql") + "?init_command=SET+SESSION+sql_mode%3D%27%27"
+    empty_store(servers.url("mysql"))
+    plain = create_engine(normalize_url(lax), isolation_level="AUTOCOMMIT")
+    try:
+        with plain.connect() as conn:
+            assert conn.execute(text("SELECT @@SESSION.sql_mode")).scalar() == ""
+            conn.execute(
+                insert(scheduler_job).values(
+                    **_raw_row(job_id="cut", queue=LONG),
+                    scheduled_time=text("UTC_TIMESTAMP()"),
+                    created_at=text("UTC_TIMESTAMP()"),
+                )
+            )
+            cut = conn.execute(select(scheduler_job.c.queue).where(scheduler_job.c.job_id == "cut"))
+            assert len(cut.scalar_one()) == 255  # what a lax session does: a silent cut
+    finally:
+        plain.dispose()
+    store = JobStore(lax)
+    try:
+        mode = store._run(lambda conn: conn.execute(text("SELECT @@SESSION.sql_mode")).scalar(), "")
+        assert "STRICT_TRANS_TABLES" in str(mode).split(",")
+        with pytest.raises(ValueRefused, match="Data too long for column 'queue'"):
+            _insert_raw(store, queue=LONG)
+        with pytest.raises(InvalidJob, match="over the limit of 255"):
+            store.enqueue(new_job("long", queue=LONG))
+    finally:
+        store.engine.dispose()
+
+
+def test_a_missing_table_is_schema_missing_not_an_outage(store: JobStore) -> None:
+    with pytest.raises(SchemaMissing, match=r"has no ratchet tables.*schema apply"):
+        store._run(lambda conn: conn.execute(text("SELECT job_id FROM scheduler_nothing")), "x")

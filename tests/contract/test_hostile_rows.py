@@ -1,0 +1,103 @@
+"""Rows written by hand or by another tool: none may poison a claim, a listing or a result."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from sqlalchemy import update
+
+from celery_ratchet.domain.job import JobStatus, Message
+from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.schema import scheduler_job
+from tests.helpers import new_job
+
+SECRET = "4111111111111111"
+
+
+def _forge(store: JobStore, job_id: str, **values: Any) -> None:
+    with store.engine.connect() as conn:
+        conn.execute(update(scheduler_job).where(scheduler_job.c.job_id == job_id).values(values))
+
+
+def _secret_job(job_id: str) -> Any:
+    job = new_job(job_id)
+    body = json.dumps([[SECRET], {}, {}]).encode()
+    return replace(job, message=replace(job.message, payload=body))
+
+
+def test_a_malformed_row_fails_alone_and_the_rest_of_its_batch_runs(store: JobStore) -> None:
+    for i in range(8):
+        store.enqueue(_secret_job(f"j{i}"))
+    _forge(store, "j2", job_type="LEGACY")
+    _forge(store, "j4", headers=json.dumps({"id": "someone-else", "task": "tests.add"}))
+    _forge(store, "j6", headers="not json at all")
+    _forge(store, "j7", task_name="tests.other")
+
+    claimed = store.claim("n", ["celery"], 10)
+
+    assert sorted(j.job_id for j in claimed) == ["j0", "j1", "j3", "j5"]
+    assert store.claim("n", ["celery"], 10) == []
+    reasons = {}
+    for job_id in ("j2", "j4", "j6", "j7"):
+        record = store.result(job_id)
+        assert record is not None and record.status is JobStatus.FAILED, job_id
+        assert record.finished_at is not None
+        error = json.loads(record.last_error or "{}")
+        assert error["exc_type"] == "MalformedJob"
+        reasons[job_id] = " ".join(error["exc_message"])
+        assert SECRET not in (record.last_error or "") + (record.error_traceback or "")
+    assert "job_type 'LEGACY' is not one of SINGLE" in reasons["j2"]
+    assert "'someone-else'" in reasons["j4"] and "'j4'" in reasons["j4"]
+    assert "headers column is not a JSON object" in reasons["j6"]
+    assert "runs task 'tests.add', not the row's task_name 'tests.other'" in reasons["j7"]
+    assert store.count_by_status() == {"RUNNING": 4, "FAILED": 4}
+
+
+def test_a_malformed_row_needing_a_permit_takes_none(store: JobStore) -> None:
+    for i in range(3):
+        store.enqueue(new_job(f"r{i}", resource="gpu"))
+    _forge(store, "r0", job_type="LEGACY")
+    claimed = store.claim_for_resource("n", ["celery"], "gpu", capacity=2, limit=5)
+    assert sorted(j.job_id for j in claimed) == ["r1"]
+    # r0 failed without its permit: the second permit is free for r2.
+    assert [j.job_id for j in store.claim_for_resource("n", ["celery"], "gpu", 2, 5)] == ["r2"]
+
+
+def test_an_unknown_status_is_listed_and_read_as_unknown(store: JobStore) -> None:
+    store.enqueue(new_job("odd"))
+    store.enqueue(new_job("fine"))
+    _forge(store, "odd", status="BOGUS")
+    listed = {j.job_id: j.status for j in store.list_jobs()}
+    assert listed == {"odd": "BOGUS", "fine": JobStatus.PENDING}
+    record = store.result("odd")
+    assert record is not None and record.status == "BOGUS"
+    assert not isinstance(record.status, JobStatus)
+
+
+def test_priorities_are_kept_to_0_9_when_written(store: JobStore) -> None:
+    store.enqueue(new_job("low", priority=-3))
+    store.enqueue(new_job("high", priority=12))
+    assert {j.job_id: j.priority for j in store.list_jobs()} == {"low": 0, "high": 9}
+
+
+def test_a_forged_negative_priority_is_still_claimed_under_aging(store: JobStore) -> None:
+    aging = JobStore(store.url, engine=store.engine, priority_boost_minutes=15)
+    aging.enqueue(new_job("neg"))
+    aging.enqueue(new_job("big"))
+    _forge(aging, "neg", priority=-5)
+    _forge(aging, "big", priority=200)
+    assert sorted(j.job_id for j in aging.claim("n", ["celery"], 10)) == ["big", "neg"]
+
+
+def test_a_message_that_names_no_task_id_is_refused(
+    store: JobStore,
+) -> None:
+    job = new_job("hdr")
+    store.enqueue(replace(job, message=Message(job.message.payload, "application/json",
+                                                "utf-8", json.dumps({"task": "tests.add"}),
+                                                "{}")))  # fmt: skip
+    assert store.claim("n", ["celery"], 5) == []
+    record = store.result("hdr")
+    assert record is not None and record.status is JobStatus.FAILED

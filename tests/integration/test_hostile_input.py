@@ -1,0 +1,191 @@
+"""Hostile input through Celery's own API, the worker and the CLI, on each database."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from click.testing import CliRunner
+from sqlalchemy import update
+
+from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.backend import UNKNOWN_STATE
+from celery_ratchet.cli.main import cli
+from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.errors import InvalidJob, MalformedJob
+from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.schema import scheduler_job
+from tests.acceptance.conftest import wait_until
+from tests.conftest import Servers, empty_store
+from tests.integration.conftest import BrokerTrap, make_app, worker_running
+
+SECRET = "4111111111111111"
+LONG = "x" * 300
+
+
+@pytest.fixture
+def client_app(servers: Servers, dialect: str, broker_trap: BrokerTrap) -> Celery:
+    url = servers.url(dialect)
+    empty_store(url)
+    app = make_app(url, broker_trap.url)
+    app.finalize()  # binds the tasks, which makes it a ratchet app before a bare send_task
+    return app
+
+
+def _store(app: Celery) -> JobStore:
+    return ratchet_state(app).store
+
+
+def _forge(store: JobStore, job_id: str, **values: Any) -> None:
+    with store.engine.connect() as conn:
+        conn.execute(update(scheduler_job).where(scheduler_job.c.job_id == job_id).values(values))
+
+
+@pytest.mark.parametrize(
+    ("send", "field"),
+    [
+        (lambda app: app.tasks["t.add"].apply_async((SECRET, 1), task_id=LONG), "task id"),
+        (lambda app: app.tasks["t.add"].apply_async((SECRET, 1), queue=LONG), "queue"),
+        (lambda app: app.send_task("t." + LONG, (SECRET, 1)), "task name"),
+        (
+            lambda app: app.tasks["t.add"].apply_async((SECRET, 1), ratchet={"business_key": LONG}),
+            "business key",
+        ),
+        (lambda app: app.tasks["t.add"].apply_async((SECRET, 1), task_id="a\x00b"), "task id"),
+        (lambda app: app.tasks["t.add"].apply_async((SECRET, 1), queue="q\x00"), "queue"),
+        (lambda app: app.send_task("t.\x00add", (SECRET, 1)), "task name"),
+    ],
+)
+def test_unstorable_ids_queues_names_and_keys_are_refused_at_send(
+    client_app: Celery, send: Any, field: str
+) -> None:
+    with pytest.raises(InvalidJob) as raised:
+        send(client_app)
+    assert raised.value.field == field
+    assert ("over the limit of 255" in str(raised.value)) or ("NUL" in str(raised.value))
+    assert SECRET not in str(raised.value) and LONG not in str(raised.value)
+    assert _store(client_app).count_by_status() == {}
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"backoff_param": float("nan")}, "backoff_param"),
+        ({"timeout": float("nan")}, "timeout"),
+        ({"tags": "abc"}, "tags"),
+        ({"max_retries": -2}, "max_retries"),
+    ],
+)
+def test_options_that_cannot_be_honoured_are_refused_at_send(
+    client_app: Celery, options: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(InvalidJob) as raised:
+        client_app.tasks["t.add"].apply_async((SECRET, 1), ratchet=options)
+    assert raised.value.field == field and SECRET not in str(raised.value)
+    assert _store(client_app).count_by_status() == {}
+
+
+def test_an_unknown_status_is_shown_as_unknown_everywhere(client_app: Celery) -> None:
+    result = client_app.tasks["t.add"].delay(1, 2)
+    client_app.tasks["t.add"].delay(3, 4)
+    store = _store(client_app)
+    _forge(store, result.id, status="BOGUS")
+
+    assert result.state == UNKNOWN_STATE and not result.ready()
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["--url", store.url, "jobs"])
+    assert listed.exit_code == 0, listed.output
+    assert "UNKNOWN(BOGUS)" in listed.output and "PENDING" in listed.output
+    as_json = runner.invoke(cli, ["--url", store.url, "jobs", "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    assert {j["status"] for j in json.loads(as_json.output)} == {"UNKNOWN(BOGUS)", "PENDING"}
+    shown = runner.invoke(cli, ["--url", store.url, "jobs", "show", result.id])
+    assert shown.exit_code == 0, shown.output
+    assert "UNKNOWN(BOGUS)" in shown.output
+    stats = runner.invoke(cli, ["--url", store.url, "stats"])
+    assert stats.exit_code == 0, stats.output
+    assert "UNKNOWN(BOGUS)" in stats.output
+
+
+def test_tag_filters_match_the_tag_as_written(client_app: Celery) -> None:
+    add = client_app.tasks["t.add"]
+    add.apply_async((1, 1), ratchet={"tags": ["plain"]})
+    add.apply_async((1, 1), ratchet={"tags": ["50%_off"]})
+    url = _store(client_app).url
+    runner = CliRunner()
+
+    def tagged(tag: str) -> int:
+        out = runner.invoke(cli, ["--url", url, "jobs", "--tag", tag, "--json"])
+        assert out.exit_code == 0, out.output
+        return len(json.loads(out.output))
+
+    assert tagged("%") == 0 and tagged("_") == 0 and tagged("p%") == 0
+    assert tagged("50%_off") == 1 and tagged("plain") == 1
+
+
+def test_a_malformed_job_fails_and_the_rest_of_its_batch_runs(
+    servers: Servers, dialect: str, broker_trap: BrokerTrap
+) -> None:
+    app = make_app(empty_store(servers.url(dialect)).url, broker_trap.url)
+    store = _store(app)
+    # Parked in a queue no worker reads while the rows are forged, then moved to one.
+    results = [app.tasks["t.add"].apply_async((i, 1), queue="parked") for i in range(6)]
+    legacy, mismatched = results[1], results[4]
+    _forge(store, legacy.id, job_type="LEGACY")
+    _forge(store, mismatched.id, headers=json.dumps({"id": "another", "task": "t.add"}))
+    with store.engine.connect() as conn:
+        conn.execute(update(scheduler_job).values(queue="celery"))
+    with worker_running(app):
+        for r in results:
+            wait_until(lambda r=r: r.ready(), 60, f"job {r.id} to finish")
+    for i, r in enumerate(results):
+        if r in (legacy, mismatched):
+            assert r.state == "FAILURE"
+            error = r.get(propagate=False)
+            assert isinstance(error, MalformedJob), error
+        else:
+            assert r.get(timeout=10) == i + 1
+    counts = store.count_by_status()
+    assert counts == {"SUCCEEDED": 4, "FAILED": 2}
+    record = store.result(legacy.id)
+    assert record is not None and record.status is JobStatus.FAILED
+    assert "job_type 'LEGACY'" in (record.last_error or "")
+
+
+def test_a_url_with_a_bad_port_is_a_clear_error() -> None:
+    out = CliRunner().invoke(cli, ["--url", "postgresql://u@127.0.0.1:notaport/db", "jobs"])
+    assert out.exit_code == 2, out.output
+    assert "Traceback" not in out.output and "notaport" in out.output
+    assert out.exception is None or isinstance(out.exception, SystemExit)
+
+
+def test_no_url_and_no_store_file_says_so_and_creates_nothing(tmp_path: Path) -> None:
+    runner = CliRunner(env={"RATCHET_URL": None})
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        out = runner.invoke(cli, ["jobs"])
+        assert out.exit_code == 2, out.output
+        assert "ratchet.db does not exist" in out.output and "--url" in out.output
+        assert "no such table" not in out.output
+        assert not (tmp_path / "ratchet.db").exists()
+        created = runner.invoke(cli, ["schema", "apply"])
+        assert created.exit_code == 0, created.output
+        assert (tmp_path / "ratchet.db").exists()
+        assert runner.invoke(cli, ["jobs"]).exit_code == 0
+    finally:
+        os.chdir(cwd)
+
+
+def test_a_store_without_tables_says_how_to_make_them(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    out = CliRunner().invoke(cli, ["--url", f"sqlite:///{empty}", "jobs"])
+    assert out.exit_code == 2, out.output
+    assert "has no ratchet tables" in out.output and "schema apply" in out.output
+    assert "cannot reach" not in out.output
