@@ -24,6 +24,10 @@ class SchemaOutdated(RatchetError):
     """The job store's tables predate this version in a way that cannot be fixed in place."""
 
 
+class SchemaNotCreated(RatchetError):
+    """The database user may not create celery_ratchet's tables, and they are not there."""
+
+
 class PreparedStatementConflict(ConfigurationError):
     """PostgreSQL refused a server-side prepared statement: the connection goes through a
     pooler in transaction mode (PgBouncer), which cannot keep them."""

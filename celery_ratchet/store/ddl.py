@@ -6,13 +6,17 @@ statements, so the shipped files and what the code creates cannot drift apart.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import Index, Table, create_mock_engine, inspect
 from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable
 
-from celery_ratchet.errors import SchemaOutdated
+from celery_ratchet.errors import SchemaNotCreated, SchemaOutdated, StoreBusy
+from celery_ratchet.store.engine import family, transaction
 from celery_ratchet.store.schema import metadata
 
 #: Dialect name → URL prefix used to render DDL without a live database.
@@ -46,8 +50,20 @@ def _clean(sql: str) -> str:
     return "\n".join(line.rstrip() for line in sql.strip().splitlines())
 
 
+def _table_options(table: Table, dialect: Dialect) -> str:
+    """What follows CREATE TABLE's closing parenthesis, from ``table.info``: MySQL's engine,
+    charset and collation; PostgreSQL's ``WITH (name = value, ...)`` storage parameters."""
+    if family(dialect.name) == "mysql":
+        return str(table.info.get("mysql_options", ""))
+    options = table.info.get("postgresql_with")
+    if not options or dialect.name != "postgresql":
+        return ""
+    return "\n WITH (" + ", ".join(f"{name} = {value}" for name, value in options.items()) + ")"
+
+
 def table_statements(table: Table, dialect: Dialect) -> list[str]:
-    statements = [_clean(str(CreateTable(table).compile(dialect=dialect)))]
+    create = str(CreateTable(table).compile(dialect=dialect))
+    statements = [_clean(create) + _table_options(table, dialect)]
     for index in sorted(table.indexes, key=lambda ix: str(ix.name)):
         if index_applies(index, dialect.name):
             statements.append(_clean(str(CreateIndex(index).compile(dialect=dialect))))
@@ -113,6 +129,104 @@ def add_missing_columns(conn: Connection) -> list[str]:
                 conn.exec_driver_sql(_clean(str(CreateIndex(index).compile(dialect=conn.dialect))))
                 added.append(f"index {index.name}")
     return added
+
+
+def schema_differences(conn: Connection) -> list[str]:
+    """What the live database lacks of the schema: tables, columns, indexes."""
+    inspector = inspect(conn)
+    existing = set(inspector.get_table_names())
+    problems = []
+    for table in metadata.sorted_tables:
+        if table.name not in existing:
+            problems.append(f"missing table {table.name}")
+            continue
+        columns = {c["name"] for c in inspector.get_columns(table.name)}
+        problems += [
+            f"missing column {table.name}.{c.name}" for c in table.columns if c.name not in columns
+        ]
+        indexes = {i["name"] for i in inspector.get_indexes(table.name)}
+        indexes |= {u["name"] for u in inspector.get_unique_constraints(table.name)}
+        problems += [
+            f"missing index {ix.name} on {table.name}"
+            for ix in table.indexes
+            if index_applies(ix, conn.dialect.name) and ix.name not in indexes
+        ]
+    return problems
+
+
+#: PostgreSQL advisory lock key of schema changes ("ratchet" in ASCII); advisory locks are
+#: per database, so two databases on one server never wait for each other.
+_PG_SCHEMA_LOCK = 0x72617463686574
+#: Longest wait for another process's schema change, in seconds.
+SCHEMA_LOCK_TIMEOUT = 120
+
+
+@contextmanager
+def schema_lock(conn: Connection) -> Iterator[None]:
+    """Hold the database's schema lock: one process at a time creates or alters the tables.
+
+    PostgreSQL: a transaction-level advisory lock, the DDL inside that transaction (all of
+    it or none). MySQL/MariaDB: a named lock (``GET_LOCK``) for this database; DDL commits
+    itself there. SQLite: ``BEGIN IMMEDIATE``, the write lock of the file."""
+    kind = family(conn.dialect.name)
+    if kind == "mysql":
+        name = "LEFT(CONCAT('ratchet_schema.', DATABASE()), 64)"
+        got = conn.exec_driver_sql(f"SELECT GET_LOCK({name}, {SCHEMA_LOCK_TIMEOUT})").scalar()
+        if got != 1:
+            raise StoreBusy(
+                f"another process held the schema lock for {SCHEMA_LOCK_TIMEOUT} s; the "
+                "schema was not created (look for a stuck `ratchet schema apply`)"
+            )
+        try:
+            yield
+        finally:
+            conn.exec_driver_sql(f"SELECT RELEASE_LOCK({name})")
+        return
+    with transaction(conn):
+        if kind == "postgresql":
+            conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{SCHEMA_LOCK_TIMEOUT}s'")
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_SCHEMA_LOCK})")
+        yield
+
+
+def _permission_denied(exc: DBAPIError) -> bool:
+    orig = exc.orig
+    if getattr(orig, "sqlstate", None) == "42501":  # PostgreSQL insufficient_privilege
+        return True
+    code = orig.args[0] if orig is not None and orig.args else None
+    # MySQL/MariaDB: table access denied, database access denied, privilege missing.
+    if code in (1142, 1044, 1227):
+        return True
+    return "readonly database" in str(orig)  # SQLite: a file this user may not write
+
+
+def bring_up_to_date(conn: Connection) -> list[str]:
+    """Create what the schema lacks, safely beside other processes doing the same at once:
+    look without a lock (the usual case: nothing to do), then take the schema lock and look
+    again before changing anything. Returns what was created or added."""
+    if not schema_differences(conn):
+        return []
+    dialect = family(conn.dialect.name)
+    try:
+        with schema_lock(conn):
+            created = create_missing_tables(conn, set(inspect(conn).get_table_names()))
+            return created + add_missing_columns(conn)
+    except DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", None) == "55P03":  # PostgreSQL lock_timeout
+            raise StoreBusy(
+                f"another process held the schema lock for {SCHEMA_LOCK_TIMEOUT} s; the "
+                "schema was not created (look for a stuck `ratchet schema apply`)"
+            ) from exc
+        if not _permission_denied(exc):
+            raise
+        reason = str(exc.orig).strip().splitlines()[0]
+        raise SchemaNotCreated(
+            f"the database user may not create celery_ratchet's tables ({reason}): have an "
+            f"administrator apply ddl/{dialect}.sql (`ratchet schema show --dialect "
+            f"{dialect}` prints it) and grant this user SELECT, INSERT, UPDATE and DELETE on "
+            "those tables, then set ratchet_create_schema = False "
+            "(env RATCHET_CREATE_SCHEMA=false)"
+        ) from exc
 
 
 def write_ddl_files(root: Path | None = None) -> list[Path]:

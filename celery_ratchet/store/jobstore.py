@@ -78,7 +78,7 @@ from celery_ratchet.store.claim import (
     decode,
     strategy_for,
 )
-from celery_ratchet.store.ddl import add_missing_columns, create_missing_tables, index_applies
+from celery_ratchet.store.ddl import bring_up_to_date, schema_differences
 from celery_ratchet.store.engine import (
     EngineOptions,
     db_now,
@@ -636,47 +636,12 @@ class JobStore:
 
     def schema_differences(self) -> list[str]:
         """What the live database lacks of the schema: tables, columns, indexes."""
-
-        def work(conn: Connection) -> list[str]:
-            inspector = inspect(conn)
-            existing = set(inspector.get_table_names())
-            problems = []
-            for table in metadata.sorted_tables:
-                if table.name not in existing:
-                    problems.append(f"missing table {table.name}")
-                    continue
-                columns = {c["name"] for c in inspector.get_columns(table.name)}
-                problems += [
-                    f"missing column {table.name}.{c.name}"
-                    for c in table.columns
-                    if c.name not in columns
-                ]
-                indexes = {i["name"] for i in inspector.get_indexes(table.name)}
-                indexes |= {u["name"] for u in inspector.get_unique_constraints(table.name)}
-                problems += [
-                    f"missing index {ix.name} on {table.name}"
-                    for ix in table.indexes
-                    if index_applies(ix, conn.dialect.name) and ix.name not in indexes
-                ]
-            return problems
-
-        return self._attempt(work, "the schema was not checked")
+        return self._attempt(schema_differences, "the schema was not checked")
 
     def _create_tables(self, conn: Connection) -> list[str]:
-        existing = set(inspect(conn).get_table_names())
-        created: list[str] = []
-        if not all(t in existing for t in metadata.tables):
-            try:
-                created = create_missing_tables(conn, existing)
-            except DBAPIError:
-                # Another process created them between our look and our CREATE.
-                if not all(t in set(inspect(conn).get_table_names()) for t in metadata.tables):
-                    raise
-        try:
-            return created + add_missing_columns(conn)
-        except DBAPIError:
-            # Another process added them between our look and our ALTER: look once more.
-            return created + add_missing_columns(conn)
+        # Serialized by the database's schema lock: processes starting together on an empty
+        # database create one schema, and none of them sees another's half-made tables.
+        return bring_up_to_date(conn)
 
     # -- enqueue ----------------------------------------------------------------------------
 

@@ -110,12 +110,11 @@ def _job_columns() -> list[Column[Any]]:
 
 
 _id_type = BigInteger().with_variant(Integer, "sqlite")
-# Binary collation: task ids and queue names are case-sensitive strings, as in Celery.
-_MYSQL_OPTIONS: dict[str, Any] = {
-    "mysql_engine": "InnoDB",
-    "mysql_charset": "utf8mb4",
-    "mysql_collate": "utf8mb4_bin",
-}
+# Binary collation: task ids and queue names are case-sensitive strings, as in Celery. Written
+# after CREATE TABLE by ddl.table_statements, in one order on every SQLAlchemy release (2.0
+# and 2.1 order the mysql_* table options differently).
+MYSQL_TABLE_OPTIONS = "ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin"
+_MYSQL_OPTIONS: dict[str, Any] = {"info": {"mysql_options": MYSQL_TABLE_OPTIONS}}
 
 scheduler_job = Table(
     "scheduler_job",
@@ -124,13 +123,16 @@ scheduler_job = Table(
     *_job_columns(),
     # Nothing reads back an inserted row's id; RETURNING it would cost every enqueue.
     implicit_returning=False,
-    **_MYSQL_OPTIONS,
     # Every job is inserted and updated a few times: vacuum early, so claims do not wade
-    # through dead index entries.
-    postgresql_with={
-        "autovacuum_vacuum_scale_factor": "0.02",
-        "autovacuum_vacuum_insert_scale_factor": "0.05",
-        "autovacuum_analyze_scale_factor": "0.02",
+    # through dead index entries. Rendered by ddl.table_statements (SQLAlchemy 2.0 has no
+    # ``postgresql_with`` table option; 2.1 does).
+    info={
+        "mysql_options": MYSQL_TABLE_OPTIONS,
+        "postgresql_with": {
+            "autovacuum_vacuum_scale_factor": "0.02",
+            "autovacuum_vacuum_insert_scale_factor": "0.05",
+            "autovacuum_analyze_scale_factor": "0.02",
+        },
     },
 )
 

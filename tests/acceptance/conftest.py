@@ -34,11 +34,12 @@ class Worker:
         *extra: str,
         pool: str = "ratchet",
         concurrency: int = 4,
+        app_module: str = "tests.acceptance.app",
         **env: str,
     ) -> None:
         self.name = name
         self.log = log
-        command = [sys.executable, "-m", "celery", "-A", "tests.acceptance.app", "worker",
+        command = [sys.executable, "-m", "celery", "-A", app_module, "worker",
                    "-P", pool, "-c", str(concurrency), "-n", f"{name}@%h", "-l", "info",
                    *extra]  # fmt: skip
         environment = {**os.environ, "RATCHET_URL": url, "PYTHONPATH": str(ROOT), **env}
