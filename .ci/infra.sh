@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CI: the private infrastructure the infra tests start themselves (marker `infra`): PgBouncer
 # (tests/acceptance/test_pgbouncer.py), PostgreSQL server binaries with pg_basebackup
-# (test_failover.py) and MariaDB's Galera provider with rsync for state transfer
-# (test_galera.py). Idempotent: installs only what is missing, and never starts or
+# (test_failover.py), MariaDB's Galera provider with rsync for state transfer
+# (test_galera.py), and Quartz 2.3.2 with a JDK for the live cron comparison
+# (tests/unit/test_cron_quartz.py). Idempotent: installs only what is missing, and never starts or
 # reconfigures a system service. Under CI=true anything it cannot provide fails the run.
 set -euo pipefail
 
@@ -13,6 +14,8 @@ have rsync || missing+=(rsync)
 if ! ls /usr/lib/galera/libgalera_smm.so /usr/lib/libgalera_smm.so >/dev/null 2>&1; then
   missing+=(galera-4)
 fi
+[ -f /usr/share/java/quartz2.jar ] || missing+=(libquartz2-java)
+{ have java && have javac; } || missing+=(default-jdk-headless)
 
 fail() {
   echo "infra: $*" >&2
@@ -45,5 +48,7 @@ have mariadbd || fail "mariadbd is missing (package mariadb-server)"
 if ! mariadbd --verbose --help 2>/dev/null | grep -q '^wsrep-provider'; then
   fail "this mariadbd has no wsrep (Galera) support"
 fi
+[ -f /usr/share/java/quartz2.jar ] || fail "Quartz is still missing (package libquartz2-java)"
+{ have java && have javac; } || fail "java/javac are missing (package default-jdk-headless)"
 have mariadb-install-db || fail "mariadb-install-db is missing (package mariadb-server)"
-echo "infra: pgbouncer $(pgbouncer --version 2>/dev/null | head -1 | awk '{print $2}'), galera-4, PostgreSQL and MariaDB binaries ready"
+echo "infra: pgbouncer $(pgbouncer --version 2>/dev/null | head -1 | awk '{print $2}'), galera-4, Quartz, PostgreSQL and MariaDB binaries ready"
