@@ -310,10 +310,17 @@ class WorkerRuntime:
         with self._lock:
             unstarted = list(self._ready)
             self._ready.clear()
-        for job in unstarted:
-            self._report(
-                Settlement(job.job_id, job.token, JobStatus.PENDING, resource=job.resource)
-            )
+        try:
+            # As if never claimed, due when they were: a rolling restart that hands the same
+            # job back from node after node does not count against ratchet_max_recoveries.
+            if unstarted:
+                self.store.defer([(j.job_id, j.token, j.scheduled_time) for j in unstarted])
+                self._announce(self.queues)
+        except Exception:  # unreachable or refused: the settler hands them back, or recovery
+            for job in unstarted:
+                self._report(
+                    Settlement(job.job_id, job.token, JobStatus.PENDING, resource=job.resource)
+                )
         if unstarted:
             logger.info("ratchet: handing back %d unstarted jobs", len(unstarted))
         return unstarted
@@ -322,9 +329,10 @@ class WorkerRuntime:
         """A job handed to the executor that will never start it (it was closing): back to
         PENDING now."""
         with self._lock:
-            token = self._in_flight.pop(job_id, None)
+            token = self._in_flight.get(job_id)
         if token is not None:
             self._report(self._with_permit(Settlement(job_id, token, JobStatus.PENDING)))
+            self._free(job_id, token)
             logger.info("ratchet: handing back job %s, which the executor refused", job_id)
 
     def close(self, timeout: float = SHUTDOWN_WRITE_SECONDS) -> None:
@@ -379,8 +387,10 @@ class WorkerRuntime:
     def settle(self, settlement: Settlement) -> None:
         """Record the end of one dispatched job (thread-safe, never blocks on the database)."""
         settlement = self._with_permit(settlement)
-        self._free(settlement.job_id, settlement.token)
+        # Reported before it is freed: at every instant the job is in flight or unwritten,
+        # so the claim check (_reconcile) never takes it for a claim this node lost.
         self._report(settlement)
+        self._free(settlement.job_id, settlement.token)
 
     def _with_permit(self, settlement: Settlement) -> Settlement:
         with self._lock:
@@ -494,12 +504,17 @@ class WorkerRuntime:
                 if not self._ready or len(self._in_flight) >= self.capacity.running:
                     return
                 job = self._ready.popleft()
+                # In flight from the moment it leaves the buffer: the claim check
+                # (_reconcile) must never see a job that is about to start as a lost claim.
+                self._in_flight[job.job_id] = job.token
             until = self._breaker_hold(job)
             if until is not None:
+                with self._lock:
+                    if self._in_flight.get(job.job_id) == job.token:
+                        del self._in_flight[job.job_id]
                 deferred.append((job, until))
                 continue
             with self._lock:
-                self._in_flight[job.job_id] = job.token
                 if job.resource is not None:
                     self._permits[(job.job_id, job.token)] = job.resource
             try:

@@ -1075,6 +1075,7 @@ class JobStore:
             with transaction(conn):
                 changed = conn.execute(back, params).rowcount
                 conn.execute(release, [{"p_job_id": j, "p_token": t} for j, t, _ in deferrals])
+                self._announce_queues_of(conn, [j for j, _, _ in deferrals])
             return changed
 
         return self._run(work, "no job was deferred")
