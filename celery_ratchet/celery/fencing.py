@@ -77,9 +77,11 @@ def check_claim(app: Celery, job_id: str, request: Any) -> None:
     logger.debug("ratchet: job %s: reading its claim before starting it", job_id)
     try:
         held = ratchet_state(app).store.holds(job_id, token)
-    except (StoreUnavailable, StoreBusy) as exc:
+    except Exception as exc:  # unreachable, busy, or any refusal: never start unconfirmed
+        reason = exc if isinstance(exc, (StoreUnavailable, StoreBusy)) else type(exc).__name__
         raise ClaimUnconfirmed(
-            f"its claim could not be read ({exc}); handing it back instead of risking a second run"
+            f"its claim could not be read ({reason}); handing it back instead of risking a "
+            "second run"
         ) from None
     if not held:
         raise ClaimGone(

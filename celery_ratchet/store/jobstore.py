@@ -1817,6 +1817,10 @@ class JobStore:
                 where = and_(running, or_(owned_by, unowned) if dead else unowned)
                 params = {"dead": dead} if dead else {}
                 found = select(job.c.job_id, job.c.claims, job.c.job_type).where(where)
+                if self.family != "sqlite":  # (SQLite: the transaction holds the write lock)
+                    # Locked as read: a settle racing this recovery waits for it, then finds
+                    # the claim gone; the downstream effects below match the rows changed.
+                    found = found.with_for_update()
                 given_up = defaultdict(list)
                 requeued = []
                 for r in conn.execute(found, params):
