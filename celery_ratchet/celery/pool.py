@@ -96,21 +96,18 @@ def guard(pool: Any, refused: Callable[[str], None]) -> None:
     def on_apply(target: Callable[..., Any], args: Any = None, kwargs: Any = None,
                  **options: Any) -> Any:  # fmt: skip
         args = tuple(args or ())
-        job_id = str(args[1]) if len(args) > 1 else None  # Celery's trace arguments
-        if _STOP.value != RUNNING and job_id is not None:
-            # Decided once, before the pool has it: a job handed over may already be running
-            # in a process by the time this thread runs again, so it is never handed back
-            # after the fact (``guarded`` hands back what the pool had not started).
-            refused(job_id)
-            return None
         try:
-            return apply(guarded, (target, *args), kwargs, **options)
-        except RuntimeError:  # a thread pool shut down already: the job never started
+            result = apply(guarded, (target, *args), kwargs, **options)
+        except RuntimeError:  # a thread pool shut down already
             if _STOP.value == RUNNING:
                 raise
-            if job_id is not None:
-                refused(job_id)
-            return None
+            result = None
+        if _STOP.value != RUNNING and len(args) > 1:
+            # Handed over as the pool closed: it may never reach a process, and if it does
+            # it will not start (the stop is set). Its row goes back now; a second report
+            # of the same claim, when a process skips it, changes nothing.
+            refused(str(args[1]))  # Celery's trace arguments: (type, task id, ...)
+        return result
 
     on_apply.ratchet_guarded = True  # type: ignore[attr-defined]
     pool.on_apply = on_apply
