@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
+from typing import Any
 
 from celery_ratchet.domain.job import Message, NewJob
 
@@ -46,3 +49,28 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> No
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
+
+
+@contextmanager
+def listening(store: Any, listen_url: str) -> Iterator[tuple[list[str], threading.Event]]:
+    """A LISTEN connection to ``listen_url`` whose probe (sent through ``store``) has arrived:
+    yields the queues it hears, in order, and an event set at each wake-up."""
+    from celery_ratchet.events.postgres import PostgresWakeups
+    from celery_ratchet.store.engine import libpq_conninfo
+
+    woken: list[str] = []
+    heard = threading.Event()
+
+    def wake(queue: str) -> None:
+        woken.append(queue)
+        heard.set()
+
+    listener = PostgresWakeups(
+        libpq_conninfo(listen_url), probe=store.send_probe, on_silent=store.stop_notifying
+    )
+    listener.start(wake)
+    try:
+        wait_until(lambda: listener.heard_probe is True, 60, "the probe to arrive")
+        yield woken, heard
+    finally:
+        listener.stop()

@@ -11,7 +11,6 @@ database on the shared PostgreSQL server.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 import uuid
 from collections import Counter
@@ -30,7 +29,7 @@ from celery_ratchet.store.engine import EngineOptions, build_engine, engine_for,
 from celery_ratchet.store.jobstore import JobStore
 from tests.acceptance.conftest import Cluster, _app_on, side_effects, wait_until
 from tests.conftest import Servers
-from tests.helpers import new_job
+from tests.helpers import listening, new_job
 from tests.private_servers import PrivatePgBouncer
 
 pytestmark = [pytest.mark.slow, pytest.mark.infra]
@@ -211,23 +210,11 @@ def test_listen_on_the_direct_url_hears_enqueues_made_through_pgbouncer(
     store = JobStore(
         bouncer.url, notify=True, engine_options=EngineOptions(pgbouncer=True, pool_size=2)
     )
-    woken: list[str] = []
-    heard = threading.Event()
-
-    def wake(queue: str) -> None:
-        woken.append(queue)
-        heard.set()
-
-    listener = PostgresWakeups(
-        libpq_conninfo(direct_url), probe=store.send_probe, on_silent=store.stop_notifying
-    )
-    listener.start(wake)
     try:
-        wait_until(lambda: listener.heard_probe is True, 60, "the probe to arrive")
-        store.enqueue(new_job(queue="bounced"))
-        assert heard.wait(30), "no wake-up for an enqueue made through PgBouncer"
-        assert woken == ["bounced"]
-        assert store.notify
+        with listening(store, direct_url) as (woken, heard):
+            store.enqueue(new_job(queue="bounced"))
+            assert heard.wait(30), "no wake-up for an enqueue made through PgBouncer"
+            assert woken == ["bounced"]
+            assert store.notify
     finally:
-        listener.stop()
         engine_for(bouncer.url, EngineOptions(pgbouncer=True, pool_size=2)).dispose()

@@ -4,17 +4,13 @@ order. The first host here is a port nothing listens on, as a primary that died.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from celery_ratchet.errors import ConfigurationError
-from celery_ratchet.events.postgres import PostgresWakeups
 from celery_ratchet.store.engine import EngineOptions, build_engine, libpq_conninfo
 from celery_ratchet.store.jobstore import JobStore
-from tests.acceptance.conftest import wait_until
 from tests.conftest import PG_HOST, Servers
-from tests.helpers import new_job
+from tests.helpers import listening, new_job
 from tests.private_postgres import free_port
 
 FORMS = {
@@ -43,24 +39,12 @@ def test_the_store_reaches_the_live_host_of_a_list(multi_host_url: str) -> None:
 
 def test_the_listen_connection_reaches_the_live_host_of_a_list(multi_host_url: str) -> None:
     store = JobStore(multi_host_url, engine=build_engine(multi_host_url), notify=True)
-    woken: list[str] = []
-    heard = threading.Event()
-
-    def wake(queue: str) -> None:
-        woken.append(queue)
-        heard.set()
-
-    listener = PostgresWakeups(
-        libpq_conninfo(multi_host_url), probe=store.send_probe, on_silent=store.stop_notifying
-    )
-    listener.start(wake)
     try:
-        wait_until(lambda: listener.heard_probe is True, 60, "the probe to arrive")
-        store.enqueue(new_job(queue="listed-hosts"))
-        assert heard.wait(30), "no wake-up over a multi-host URL"
-        assert "listed-hosts" in woken
+        with listening(store, multi_host_url) as (woken, heard):
+            store.enqueue(new_job(queue="listed-hosts"))
+            assert heard.wait(30), "no wake-up over a multi-host URL"
+            assert "listed-hosts" in woken
     finally:
-        listener.stop()
         store.engine.dispose()
 
 
