@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -189,3 +191,19 @@ def group_members(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             found.append(int(stat.parent.name))
     return found
+
+
+def ticks(store: JobStore) -> list[datetime]:
+    """The fire times the per-second schedule ``acc.tick`` recorded, in order."""
+    return sorted(
+        datetime.fromisoformat(key.partition("@")[2])
+        for key, _ in side_effects(store)
+        if key.startswith("tick@")
+    )
+
+
+def assert_every_tick_once(store: JobStore) -> None:
+    """The per-second schedule fired once per second: no tick twice, none missing."""
+    fired = ticks(store)
+    gaps = [(a, b) for a, b in itertools.pairwise(fired) if b - a != timedelta(seconds=1)]
+    assert gaps == [], f"ticks missing between {gaps}"

@@ -9,12 +9,10 @@ shared MariaDB.
 
 from __future__ import annotations
 
-import itertools
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -22,8 +20,14 @@ from celery import Celery, chord, group
 
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.store.engine import engine_for
-from celery_ratchet.store.jobstore import JobStore
-from tests.acceptance.conftest import Cluster, _app_on, side_effects, wait_until
+from tests.acceptance.conftest import (
+    Cluster,
+    _app_on,
+    assert_every_tick_once,
+    side_effects,
+    ticks,
+    wait_until,
+)
 from tests.private_servers import PrivateGalera
 
 pytestmark = [pytest.mark.slow, pytest.mark.infra]
@@ -58,14 +62,6 @@ def galera_app(galera: PrivateGalera) -> Iterator[Celery]:
     for url in node_urls(galera):
         engine_for(url).dispose()
     ratchet_state(app).reset()
-
-
-def ticks(store: JobStore) -> list[datetime]:
-    return sorted(
-        datetime.fromisoformat(key.partition("@")[2])
-        for key, _ in side_effects(store)
-        if key.startswith("tick@")
-    )
 
 
 def test_three_galera_nodes_with_a_worker_each_run_every_job_once(
@@ -131,9 +127,7 @@ def test_three_galera_nodes_with_a_worker_each_run_every_job_once(
     assert chord_runs == [chord_key], f"the chord body ran {len(chord_runs)} times"
     tick_keys = Counter(key for key, _ in side_effects(store) if key.startswith("tick@"))
     assert [key for key, n in tick_keys.items() if n > 1] == [], "a tick ran more than once"
-    fired = ticks(store)
-    gaps = [(a, b) for a, b in itertools.pairwise(fired) if b - a != timedelta(seconds=1)]
-    assert gaps == [], f"ticks missing between {gaps}"
+    assert_every_tick_once(store)
     pickers = {j.picked_by.split("@")[0] for j in store.list_jobs(limit=3000) if j.picked_by}
     assert pickers == {"n1", "n2", "n3"}, f"every node's worker should run jobs: {pickers}"
     assert "Traceback" not in text and "reachable again" not in text, text[-6000:]

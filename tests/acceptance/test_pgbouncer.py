@@ -10,12 +10,10 @@ database on the shared PostgreSQL server.
 
 from __future__ import annotations
 
-import itertools
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -27,7 +25,14 @@ from celery_ratchet.errors import PreparedStatementConflict
 from celery_ratchet.events.postgres import PostgresWakeups
 from celery_ratchet.store.engine import EngineOptions, build_engine, engine_for, libpq_conninfo
 from celery_ratchet.store.jobstore import JobStore
-from tests.acceptance.conftest import Cluster, _app_on, side_effects, wait_until
+from tests.acceptance.conftest import (
+    Cluster,
+    _app_on,
+    assert_every_tick_once,
+    side_effects,
+    ticks,
+    wait_until,
+)
 from tests.conftest import Servers
 from tests.helpers import listening, new_job
 from tests.private_servers import PrivatePgBouncer
@@ -123,20 +128,10 @@ def test_three_workers_behind_pgbouncer_run_every_job_once(
     assert chord_runs == [chord_key], f"the chord body ran {len(chord_runs)} times"
     tick_keys = Counter(key for key, _ in side_effects(store) if key.startswith("tick@"))
     assert [key for key, n in tick_keys.items() if n > 1] == [], "a tick ran more than once"
-    fired = ticks(store)
-    gaps = [(a, b) for a, b in itertools.pairwise(fired) if b - a != timedelta(seconds=1)]
-    assert gaps == [], f"ticks missing between {gaps}"
+    assert_every_tick_once(store)
     logs = cluster.logs()
     for refused in ("DuplicatePreparedStatement", "prepared statement", "Traceback"):
         assert refused not in logs, f"{refused!r} in the worker logs:\n{logs}"
-
-
-def ticks(store: JobStore) -> list[datetime]:
-    return sorted(
-        datetime.fromisoformat(key.partition("@")[2])
-        for key, _ in side_effects(store)
-        if key.startswith("tick@")
-    )
 
 
 def test_prepared_statements_through_pgbouncer_raise_a_clear_error(
