@@ -19,6 +19,7 @@ from celery_ratchet.domain.breaker import BreakerState
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.errors import ConfigurationError
 from tests.conftest import Servers, empty_store
+from tests.helpers import wait_until
 from tests.integration.conftest import BrokerTrap, make_app, worker_running
 
 TIMEOUT = 30
@@ -188,12 +189,18 @@ def test_an_open_breaker_defers_jobs_without_failing_them(app: Celery) -> None:
         with pytest.raises(ConnectionError):
             r.get(timeout=TIMEOUT)
     runtime = ratchet_state(app).runtime
-    assert runtime.breakers["partner"].state is BreakerState.OPEN
+
+    # The worker records an outcome with the breaker after the result is stored.
+    def state() -> BreakerState | None:
+        breaker = runtime.breakers.get("partner")
+        return None if breaker is None else breaker.state
+
+    wait_until(lambda: state() is BreakerState.OPEN, TIMEOUT, "the breaker to open")
     later = [partner.delay(uuid.uuid4().hex, False) for _ in range(3)]
     assert [r.get(timeout=TIMEOUT) for r in later] == ["ok"] * 3
     rows = [record(app, r.id) for r in later]
     assert {(r.status, r.attempts) for r in rows} == {(JobStatus.SUCCEEDED, 0)}
-    assert runtime.breakers["partner"].state is BreakerState.CLOSED
+    wait_until(lambda: state() is BreakerState.CLOSED, TIMEOUT, "the breaker to close")
     ids = {r.id for r in later}
     jobs = ratchet_state(app).store.list_jobs(task_name="r.partner", limit=500)
     waits = [(j.scheduled_time - j.created_at).total_seconds() for j in jobs if j.job_id in ids]
