@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 import celery_ratchet
 from celery_ratchet.celery.app import NO_BROKER
 from celery_ratchet.celery.control import RatchetControl
+from celery_ratchet.celery.events import RatchetEvents
 from celery_ratchet.celery.sender import RatchetAMQP
 from celery_ratchet.celery.task import RatchetTask
 
@@ -16,9 +19,20 @@ def test_app_is_a_ratchet_app_before_any_task_is_bound() -> None:
     assert not app.configured
     assert isinstance(app.amqp, RatchetAMQP)
     assert isinstance(app.control, RatchetControl)
+    assert isinstance(app.events, RatchetEvents)
     assert app.conf.broker_url == NO_BROKER
     assert app.conf.result_backend == "ratchet://"
     assert issubclass(app.Task, RatchetTask)
+
+
+def test_app_unpickled_in_another_process_is_a_ratchet_app_too() -> None:
+    app = celery_ratchet.Celery("shop", set_as_current=False)
+    app.conf.ratchet_url = "sqlite:///shop.db"
+    copy = pickle.loads(pickle.dumps(app))
+    assert copy is not app
+    assert isinstance(copy.amqp, RatchetAMQP)
+    assert copy.conf.ratchet_url == "sqlite:///shop.db"
+    assert copy.conf.result_backend == "ratchet://"
 
 
 def test_task_cls_may_name_a_ratchet_task_subclass() -> None:
