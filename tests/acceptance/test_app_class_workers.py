@@ -15,7 +15,7 @@ import pytest
 
 from tests.acceptance.conftest import Worker
 from tests.conftest import Servers, empty_store
-from tests.integration.test_configured_app import Tripwire
+from tests.helpers import Tripwire
 
 ROOT = Path(__file__).resolve().parents[2]
 

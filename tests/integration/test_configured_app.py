@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from sqlalchemy import select
 
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.store.schema import scheduler_job
+from tests.helpers import Tripwire
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,29 +73,6 @@ USE_TZ = True
 CELERY_RATCHET_URL = os.environ["SHOP_DB"]
 CELERY_BROKER_URL = os.environ["SHOP_BROKER"]
 """
-
-
-class Tripwire:
-    """A listening socket standing in for a broker; counts every connection made to it."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.connections = 0
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.fixture
