@@ -1,6 +1,8 @@
 """celery_ratchet: Celery tasks run out of your SQL database, with no message broker.
 
-    app = Celery("shop", task_cls="celery_ratchet:RatchetTask")
+    from celery_ratchet import Celery
+
+    app = Celery("shop")
     app.conf.ratchet_url = "postgresql://localhost/shop"
 
 Names are imported lazily, so the pure and store layers never pull in Celery.
@@ -14,6 +16,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "Celery": "celery_ratchet.celery.application",
     "RatchetTask": "celery_ratchet.celery.task",
     "install": "celery_ratchet.celery.app",
     "dlq": "celery_ratchet.celery.app",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
@@ -74,3 +75,26 @@ def listening(store: Any, listen_url: str) -> Iterator[tuple[list[str], threadin
         yield woken, heard
     finally:
         listener.stop()
+
+
+class Tripwire:
+    """A listening socket standing in for a broker; counts every connection made to it."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()

@@ -7,14 +7,16 @@ from typing import Any
 from celery import Celery, Task
 
 from celery_ratchet.celery.app import install
+from celery_ratchet.celery.compat import django_task_method
 from celery_ratchet.celery.retry import refuse_do_not_retry
 
 
 class RatchetTask(Task):
     """A Celery task whose sends land in the job store and whose runs are claimed from it.
 
-    Binding any task of this class to an app installs ratchet on that app. An app that only
-    sends by name (``send_task``) and defines no task calls ``celery_ratchet.install(app)``.
+    Binding any task of this class to an app installs ratchet on that app; an app made with
+    ``celery_ratchet.Celery`` has it installed from its creation on, which a process that
+    sends by name (``send_task``) or reads results before binding a task needs.
     """
 
     Request = "celery_ratchet.celery.request:RatchetRequest"
@@ -44,6 +46,18 @@ class RatchetTask(Task):
         """Celery's retry, except that a do-not-retry failure is raised as it is."""
         refuse_do_not_retry(exc)
         return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
+
+    def delay_on_commit(self, *args: Any, **kwargs: Any) -> None:
+        """``delay()`` once the current Django transaction commits; nothing if it rolls back.
+
+        Celery's Django task method, kept for ratchet tasks (Celery adds it only to apps
+        without a task class of their own). Needs Django, configured."""
+        django_task_method("delay_on_commit")(self, *args, **kwargs)
+
+    def apply_async_on_commit(self, *args: Any, **kwargs: Any) -> None:
+        """``apply_async()`` once the current Django transaction commits (see
+        :meth:`delay_on_commit`)."""
+        django_task_method("apply_async_on_commit")(self, *args, **kwargs)
 
     @property
     def ratchet_log(self) -> Any:

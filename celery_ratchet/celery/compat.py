@@ -1,0 +1,31 @@
+"""Celery internals that celery_ratchet's app and task classes rely on, one name each.
+
+tests/unit/test_compat.py checks every one of them against the installed Celery, one test
+per name, so a Celery release that moves one fails the test named after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celery_ratchet.errors import ConfigurationError
+
+#: The methods Celery's Django task class adds (``celery.contrib.django.task.DjangoTask``),
+#: which Celery gives an app only when it sets no task class of its own.
+DJANGO_TASK_METHODS = ("delay_on_commit", "apply_async_on_commit")
+
+
+def django_task_method(name: str) -> Callable[..., Any]:
+    """Celery's own ``DjangoTask.<name>``, to call with any task as ``self``."""
+    if name not in DJANGO_TASK_METHODS:
+        raise ValueError(f"{name!r} is not one of Celery's Django task methods")
+    try:
+        from celery.contrib.django.task import DjangoTask
+    except ImportError:
+        raise ConfigurationError(
+            f"task.{name}() runs the send when the current Django transaction commits, and "
+            "Django is not installed: install Django, or call delay()/apply_async()"
+        ) from None
+    method: Callable[..., Any] = getattr(DjangoTask, name)
+    return method
