@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from typing import Any
 
 from celery import Celery, Task
@@ -44,6 +46,21 @@ class RatchetTask(Task):
         """Celery's retry, except that a do-not-retry failure is raised as it is."""
         refuse_do_not_retry(exc)
         return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
+
+    async def aapply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """``apply_async`` for async code: the job's insert runs in a thread, so the event
+        loop goes on meanwhile. Sent from a running task, the job is its child (as
+        ``apply_async`` makes it), though the send leaves the task's context."""
+        parent = self.app.current_worker_task
+        if parent is not None and parent.request.id:
+            options.setdefault("parent_id", parent.request.id)
+            options.setdefault("root_id", parent.request.root_id or parent.request.id)
+        send = functools.partial(self.apply_async, args, kwargs, **options)
+        return await asyncio.get_running_loop().run_in_executor(None, send)
+
+    async def adelay(self, *args: Any, **kwargs: Any) -> Any:
+        """``delay`` for async code: ``await task.adelay(1, 2)``."""
+        return await self.aapply_async(args, kwargs)
 
     @property
     def ratchet_log(self) -> Any:

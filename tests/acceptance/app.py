@@ -6,6 +6,7 @@ the job store URL (here from RATCHET_URL). Its broker_url points at a closed por
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -155,3 +156,44 @@ def boom(message: str) -> None:
 # The serializers the app accepts, set per test (RATCHET_ACCEPTANCE_ACCEPT_CONTENT=json,pickle).
 if os.environ.get("RATCHET_ACCEPTANCE_ACCEPT_CONTENT"):
     app.conf.accept_content = os.environ["RATCHET_ACCEPTANCE_ACCEPT_CONTENT"].split(",")
+
+
+#: Coroutines of acc.async_sleep running in this process now, and the most seen at once.
+_async_running = 0
+_async_peak = 0
+
+
+@app.task(name="acc.async_sleep")
+async def async_sleep(seconds: float) -> int:
+    """Waits on the event loop; returns how many ran at once at most, so far, here."""
+    global _async_running, _async_peak
+    _async_running += 1
+    _async_peak = max(_async_peak, _async_running)
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        _async_running -= 1
+    return _async_peak
+
+
+@app.task(name="acc.async_noted", bind=True)
+async def async_noted(self, key: str, seconds: float) -> str:  # type: ignore[no-untyped-def]
+    """Notes each run (with its attempt) without blocking the loop, then waits."""
+    await asyncio.to_thread(record_run, f"{key}:{self.request.retries}")
+    await asyncio.sleep(seconds)
+    return key
+
+
+@app.task(name="acc.async_over_limit", bind=True, time_limit=1, backoff="fixed",
+          backoff_param=0.1, max_retries=2)  # fmt: skip
+async def async_over_limit(self, key: str) -> str:  # type: ignore[no-untyped-def]
+    """Its first attempt outlasts its time limit; the retry ends at once."""
+    attempt = self.request.retries
+    await asyncio.to_thread(record_run, f"{key}:start:{attempt}")
+    if attempt == 0:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            record_run(f"{key}:cancelled:{attempt}")
+            raise
+    return f"{key} done on attempt {attempt}"
