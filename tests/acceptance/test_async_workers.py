@@ -4,13 +4,18 @@ recovered like any other."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 
 import pytest
 from celery import Celery, group
+from celery.exceptions import TaskRevokedError
+from celery.result import AsyncResult
 
 from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.store.jobstore import JobStore
 from tests.acceptance.conftest import Cluster, side_effects, wait_until
 from tests.acceptance.test_chaos import held_by
 from tests.acceptance.test_faults import SHORT_GRACE
@@ -18,6 +23,12 @@ from tests.acceptance.test_faults import SHORT_GRACE
 pytestmark = pytest.mark.slow
 
 POOL = "ratchet-async"
+
+
+def run_keys(store: JobStore) -> list[str]:
+    return [key for key, _ in side_effects(store)]
+
+
 SLEEPERS = 2000
 
 
@@ -82,3 +93,47 @@ def test_jobs_of_a_killed_async_worker_are_recovered_and_finish_elsewhere(
     assert set(runs.values()) == {2}, "each job ran once on each worker"
     assert store.count_by_status() == {"SUCCEEDED": len(keys)}
     assert held_by(store, victim.pid) == 0
+
+
+def test_celery_features_work_for_coroutines_as_for_sync_tasks(
+    ratchet_app: Celery, cluster: Cluster
+) -> None:
+    """Signals and self.retry inside a coroutine, the soft time limit, a revoke that
+    terminates one coroutine (not the process), sends from async code, sync tasks."""
+    store = ratchet_state(ratchet_app).store
+    tasks = ratchet_app.tasks
+    long = tasks["acc.async_cancellable"].delay("long", 30)
+    other = tasks["acc.async_cancellable"].delay("other", 1)
+    flaky = tasks["acc.async_flaky"].delay("f")
+    soft = tasks["acc.async_soft_limited"].delay()
+    fan_out = tasks["acc.async_fan_out"].delay(5)
+    cluster.start("w1", pool=POOL, concurrency=2)
+    try:
+        wait_until(lambda: "long:start" in run_keys(store), 60, "the long coroutine to start")
+        ratchet_app.control.revoke(long.id, terminate=True, signal="SIGKILL")
+        with pytest.raises(TaskRevokedError):
+            long.get(timeout=30)
+        assert other.get(timeout=30) == "other", "the terminate reached another job"
+        assert flaky.get(timeout=30) == 2
+        assert soft.get(timeout=30) == "caught soft limit"
+        children = [AsyncResult(job_id, app=ratchet_app) for job_id in fan_out.get(timeout=30)]
+        assert [child.get(timeout=30) for child in children] == [0, 2, 4, 6, 8]
+        # A sync task on this pool: in a thread.
+        assert tasks["acc.double"].delay(21).get(timeout=30) == 42
+    except Exception:
+        print(cluster.logs())
+        raise
+    wait_until(lambda: "long:cancelled" in run_keys(store), 30, "the revoked one cancelled")
+    runs = run_keys(store)
+    flaky_signals = [key for key in runs if key.split(":")[0] in ("prerun", "postrun",
+                     "retry", "success")]  # fmt: skip
+    assert flaky_signals == [
+        "prerun:0", "retry:0", "postrun:0",
+        "prerun:1", "retry:1", "postrun:1",
+        "prerun:2", "success:2", "postrun:2",
+    ]  # fmt: skip
+    revoked = store.result(long.id)
+    assert revoked is not None and revoked.status is JobStatus.REVOKED
+    record = store.result(children[0].id)
+    assert record is not None and json.loads(record.headers or "{}")["parent_id"] == fan_out.id
+    assert store.count_by_status().get("RUNNING", 0) == 0
