@@ -137,3 +137,29 @@ def test_celery_features_work_for_coroutines_as_for_sync_tasks(
     record = store.result(children[0].id)
     assert record is not None and json.loads(record.headers or "{}")["parent_id"] == fan_out.id
     assert store.count_by_status().get("RUNNING", 0) == 0
+
+
+def test_a_warm_stop_lets_running_coroutines_finish_and_hands_back_the_rest(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    store = ratchet_state(server_app).store
+    noted = server_app.tasks["acc.async_noted"]
+    keys = [f"s{i}" for i in range(40)]
+    results = [noted.delay(key, 2) for key in keys]
+    worker = server_cluster.start(
+        "w1", pool=POOL, RATCHET_ASYNC_LIMIT_SINGLE="10", RATCHET_CLAIM_BATCH_SIZE="10"
+    )
+    try:
+        wait_until(lambda: len(run_keys(store)) >= 10, 60, "ten coroutines running")
+        assert worker.stop() == 0
+        counts = store.count_by_status()
+        assert counts.get("RUNNING", 0) == 0, f"claims left behind: {counts}"
+        assert 10 <= counts.get("SUCCEEDED", 0) < len(keys)
+        assert store.list_nodes() == []
+        server_cluster.start("w2", pool=POOL)
+        assert [r.get(timeout=60) for r in results] == keys
+    except Exception:
+        print(server_cluster.logs())
+        raise
+    runs = Counter(key.partition(":")[0] for key in run_keys(store))
+    assert set(runs.values()) == {1}, "a job ran twice across the stop"
