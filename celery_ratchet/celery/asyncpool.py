@@ -25,10 +25,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from billiard.einfo import ExceptionInfo
+from billiard.exceptions import WorkerLostError
 from celery.concurrency.base import BasePool, apply_target
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
 from celery_ratchet.celery.aio import TraceGreenlet, drive, is_async_task, require_greenlet
+from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.pool import guarded, request_stop, reset_stop
 
 logger = logging.getLogger(__name__)
@@ -94,6 +96,8 @@ class Execution:
     def _fail(self, exc: BaseException) -> None:
         if self.error_callback is None:
             return
+        if not isinstance(exc, Exception):  # cut off (the loop stopped): as a lost process
+            exc = WorkerLostError(f"the execution was cut off: {exc!r}")
         try:
             raise exc
         except BaseException:  # its info, for Celery's on_failure
@@ -223,18 +227,31 @@ class AsyncPool(BasePool):
 
     def on_close(self) -> None:
         request_stop()
+        self._quiesce(wait=False)
 
     def on_stop(self) -> None:
         """Warm: the jobs not started are handed back (the stop is set), those running
         finish."""
         request_stop()
+        self._quiesce(wait=False)
         if not self._idle.wait(_STOP_SECONDS):
             logger.warning("ratchet: %d jobs still running as the pool stops", len(self._running))
+        self._quiesce()
         self._shutdown()
 
     def on_terminate(self) -> None:
         request_stop(cold=True)
+        self._quiesce(wait=False)
         self._shutdown()
+
+    def _quiesce(self, wait: bool = True) -> None:
+        """Claim and start no more; with ``wait``, hand the claim buffer back too."""
+        runtime = ratchet_state(self.app).runtime if self.app is not None else None
+        if runtime is not None:
+            if wait:
+                runtime.stop_claiming()
+            else:
+                runtime.request_stop()
 
     def _shutdown(self) -> None:
         if self.loop.is_running():

@@ -8,6 +8,7 @@ from typing import Any
 
 from celery import Celery, Task
 
+from celery_ratchet.celery.aio import wrap_async
 from celery_ratchet.celery.app import install
 from celery_ratchet.celery.retry import refuse_do_not_retry
 
@@ -31,6 +32,11 @@ class RatchetTask(Task):
     ratchet_retry_policy: Any = None
     #: ``"service"`` or ``{"name": ..., "failure_rate": ..., "window": ..., "open_seconds": ...}``.
     circuit_breaker: Any = None
+
+    def __init__(self) -> None:
+        # An ``async def`` task returns its outcome to Celery's tracer, on every pool and in
+        # an eager apply(), not a coroutine.
+        wrap_async(self)
 
     def retry(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from celery import Celery
@@ -83,3 +84,17 @@ def test_an_async_task_outside_the_async_pool_runs_its_coroutine_to_the_end() ->
         return await answer(4)  # type: ignore[no-any-return]
 
     assert asyncio.run(awaited())[0] == 8
+
+
+def test_an_async_ratchet_task_applied_eagerly_returns_its_outcome(tmp_path: Path) -> None:
+    app = Celery("eager", task_cls="celery_ratchet:RatchetTask", set_as_current=False)
+    app.conf.ratchet_url = f"sqlite:///{tmp_path / 'eager.db'}"
+
+    @app.task(bind=True, max_retries=2)
+    async def flaky(self) -> int:  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0)
+        if self.request.retries < 1:
+            raise self.retry(countdown=0)
+        return int(self.request.retries)
+
+    assert flaky.apply().get() == 1
