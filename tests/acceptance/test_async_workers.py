@@ -77,20 +77,24 @@ def test_jobs_of_a_killed_async_worker_are_recovered_and_finish_elsewhere(
     store = ratchet_state(server_app).store
     noted = server_app.tasks["acc.async_noted"]
     keys = [f"k{i}" for i in range(300)]
-    result = group(noted.s(key, 3) for key in keys).apply_async()
+    result = group(noted.s(key, 10) for key in keys).apply_async()
     victim = server_cluster.start("victim", pool=POOL, **SHORT_GRACE)
     try:
         wait_until(lambda: len(side_effects(store)) == len(keys), 60, "every job running")
-        assert held_by(store, victim.pid) == len(keys)
+        held = held_by(store, victim.pid)
+        assert held > 0
         victim.kill()
         server_cluster.start("rescuer", pool=POOL, **SHORT_GRACE)
         assert sorted(result.get(timeout=120)) == sorted(keys)
     except Exception:
         print(server_cluster.logs())
         raise
-    runs = Counter(key.partition(":")[0] for key, _ in side_effects(store))
+    runs = Counter(key.partition(":")[0] for key in run_keys(store))
     assert set(runs) == set(keys)
-    assert set(runs.values()) == {2}, "each job ran once on each worker"
+    again = [key for key, count in runs.items() if count == 2]
+    assert set(runs.values()) <= {1, 2}, "a job ran more than once after the kill"
+    # Those the victim was running ran again on the rescuer; none of the others did.
+    assert 0 < len(again) <= held
     assert store.count_by_status() == {"SUCCEEDED": len(keys)}
     assert held_by(store, victim.pid) == 0
 
