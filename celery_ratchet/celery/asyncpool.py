@@ -71,14 +71,14 @@ class Execution:
     async def _run(self) -> None:
         loop = self.pool.loop
         timers = []
-        if self.accept_callback is not None:
-            self.accept_callback(os.getpid(), time.monotonic())
-        if self.soft_timeout:
-            timers.append(loop.call_later(self.soft_timeout, self._soft_limit))
-        if self.timeout:
-            timers.append(loop.call_later(self.timeout, self._hard_limit))
-        trace = TraceGreenlet(self.target, loop, self.pool.io)
         try:
+            if self.accept_callback is not None:
+                self.accept_callback(os.getpid(), time.monotonic())
+            if self.soft_timeout:
+                timers.append(loop.call_later(self.soft_timeout, self._soft_limit))
+            if self.timeout:
+                timers.append(loop.call_later(self.timeout, self._hard_limit))
+            trace = TraceGreenlet(self.target, loop, self.pool.io)
             result = await drive(trace, self.args, self.kwargs, translate=self._translate)
         except BaseException as exc:  # ends like a lost process
             if not self.reported:
@@ -91,7 +91,10 @@ class Execution:
             self.pool.done(self)
         if not self.reported and self.callback is not None:
             self.reported = True
-            self.callback(result)
+            try:
+                self.callback(result)
+            except Exception:  # the other coroutines go on
+                logger.exception("ratchet: outcome of job %s not reported", self.job_id)
 
     def _fail(self, exc: BaseException) -> None:
         if self.error_callback is None:
