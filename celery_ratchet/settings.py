@@ -87,6 +87,13 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
 }
 
 
+#: Environment variables also read for a setting (after its own ``RATCHET_*`` name).
+_ENV_ALIASES = {
+    "async_limit_single": "RATCHET_VIRTUAL_THREAD_LIMIT_SINGLE",
+    "async_limit_batch_child": "RATCHET_VIRTUAL_THREAD_LIMIT_BATCH_CHILD",
+}
+
+
 @dataclass(frozen=True)
 class RatchetSettings:
     url: str = DEFAULT_URL
@@ -146,6 +153,11 @@ class RatchetSettings:
     job_archive_enabled: bool = True
     #: Job log lines older than this are deleted by the archiver.
     log_retention_days: float = 30.0
+    #: The ``ratchet-async`` pool: how many single jobs, and how many batch children, one
+    #: worker process runs at once (also ``RATCHET_VIRTUAL_THREAD_LIMIT_SINGLE`` and
+    #: ``RATCHET_VIRTUAL_THREAD_LIMIT_BATCH_CHILD``).
+    async_limit_single: int = 500
+    async_limit_batch_child: int = 2000
 
     @property
     def wakeups_by_notify(self) -> bool:
@@ -170,6 +182,9 @@ class RatchetSettings:
             env_name = setting.upper()
             type_name = str(spec.type)
             convert = _CONVERTERS[type_name]
+            alias = _ENV_ALIASES.get(spec.name)
+            if env_name not in environ and alias is not None and alias in environ:
+                env_name = alias
             if env_name in environ:
                 raw, source = environ[env_name], f"environment variable {env_name}"
             else:
@@ -200,6 +215,8 @@ class RatchetSettings:
             "job_retention_days": self.job_retention_days,
             "job_archive_batch_size": self.job_archive_batch_size,
             "log_retention_days": self.log_retention_days,
+            "async_limit_single": self.async_limit_single,
+            "async_limit_batch_child": self.async_limit_batch_child,
         }
         if self.pool_size < 1 or self.max_overflow < 0:
             raise ConfigurationError(

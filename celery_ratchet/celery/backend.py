@@ -22,6 +22,7 @@ from kombu.serialization import loads
 from kombu.utils import json as kjson
 
 from celery_ratchet.celery import batches
+from celery_ratchet.celery.aio import offload
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.message import CLAIM_HEADER, check_serializer, safe_accept
 from celery_ratchet.celery.pool import RUNNING, stop_mode
@@ -118,6 +119,12 @@ class RatchetBackend(BaseBackend):
         traceback: str | None = None,
         request: Any = None,
         **kwargs: Any,
+    ) -> Any:
+        # On the async pool, in a thread: the event loop goes on meanwhile.
+        return offload(self._write_result, task_id, result, state, traceback, request)
+
+    def _write_result(
+        self, task_id: str, result: Any, state: str, traceback: str | None, request: Any
     ) -> Any:
         token = _claim_token(request)
         status = _FINAL.get(state)

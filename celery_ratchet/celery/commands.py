@@ -17,7 +17,9 @@ from celery_ratchet.cli.commands import CliContext, CommandFailed, RatchetGroup,
 from celery_ratchet.errors import RatchetError
 
 POOL_ALIAS = "ratchet"
+ASYNC_POOL_ALIAS = "ratchet-async"
 concurrency.ALIASES.setdefault(POOL_ALIAS, "celery_ratchet.celery.pool:RatchetPool")
+concurrency.ALIASES.setdefault(ASYNC_POOL_ALIAS, "celery_ratchet.celery.asyncpool:AsyncPool")
 
 
 def _offer_pool_choice() -> None:
@@ -25,8 +27,9 @@ def _offer_pool_choice() -> None:
         from celery.bin.worker import WORKERS_POOL
     except ImportError:  # pragma: no cover - Celery without its CLI
         return
-    if POOL_ALIAS not in WORKERS_POOL.choices:
-        WORKERS_POOL.choices = (*WORKERS_POOL.choices, POOL_ALIAS)
+    for alias in (POOL_ALIAS, ASYNC_POOL_ALIAS):
+        if alias not in WORKERS_POOL.choices:
+            WORKERS_POOL.choices = (*WORKERS_POOL.choices, alias)
 
 
 _offer_pool_choice()

@@ -24,6 +24,7 @@ from celery.worker import state as worker_state
 from kombu.exceptions import ContentDisallowed, DecodeError
 
 from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.asyncpool import AsyncPool
 from celery_ratchet.celery.backend import exception_record
 from celery_ratchet.celery.batches import finish_stalled
 from celery_ratchet.celery.breaker import lookup as breaker_lookup
@@ -58,6 +59,16 @@ def capacity_for(consumer: Any) -> Capacity:
     The pool gets twice its concurrency so its processes never wait for the next job to
     arrive; the rest of the prefetch stays in a local buffer that is handed back on shutdown.
     """
+    if isinstance(consumer.pool, AsyncPool):
+        # Coroutines: as many in flight as the limits by kind allow, claimed ahead by batches.
+        settings = ratchet_state(consumer.app).settings
+        single, children = settings.async_limit_single, settings.async_limit_batch_child
+        return Capacity(
+            running=single + children,
+            buffered=max(settings.claim_batch_size, 1),
+            single_limit=single,
+            batch_child_limit=children,
+        )
     concurrency = max(
         int(getattr(consumer.pool, "limit", 0) or consumer.controller.concurrency or 1), 1
     )

@@ -22,6 +22,7 @@ from celery.app.trace import TraceInfo, trace_ok_t
 from celery.exceptions import Ignore
 from celery.states import IGNORED
 
+from celery_ratchet.celery.aio import offload
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.message import CLAIM_HEADER, FENCE_HEADER
 from celery_ratchet.errors import StoreBusy, StoreUnavailable
@@ -76,7 +77,7 @@ def check_claim(app: Celery, job_id: str, request: Any) -> None:
         return
     logger.debug("ratchet: job %s: reading its claim before starting it", job_id)
     try:
-        held = ratchet_state(app).store.holds(job_id, token)
+        held = offload(ratchet_state(app).store.holds, job_id, token)
     except Exception as exc:  # unreachable, busy, or any refusal: never start unconfirmed
         reason = exc if isinstance(exc, (StoreUnavailable, StoreBusy)) else type(exc).__name__
         raise ClaimUnconfirmed(

@@ -12,6 +12,7 @@ documented; a do-not-retry exception is never retried by any of them.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from celery import Celery, signals
 from celery.exceptions import Ignore, Reject, Retry
 from celery.utils.imports import symbol_by_name
 
+from celery_ratchet.celery.aio import wrap_async
 from celery_ratchet.celery.options import HEADER, task_defaults
 from celery_ratchet.domain.retry import (
     DEFAULT_POLICY,
@@ -105,20 +107,43 @@ def wrap_run(app: Celery, task: Any) -> None:
         return
     run = task.run
 
-    @functools.wraps(run)
-    def run_with_retries(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return run(*args, **kwargs)
-        except (Retry, Ignore, Reject):
-            raise
-        except Exception as exc:
-            decision = decision_for(app, task, task.request, exc)
-            if decision is None or not decision.retry:
-                raise
-            limit = _UNLIMITED if decision.max_retries is None else decision.max_retries
-            raise task.retry(exc=exc, countdown=decision.delay, max_retries=limit) from exc
+    def retried(exc: Exception) -> BaseException:
+        decision = decision_for(app, task, task.request, exc)
+        if decision is None or not decision.retry:
+            return exc
+        limit = _UNLIMITED if decision.max_retries is None else decision.max_retries
+        return task.retry(exc=exc, countdown=decision.delay, max_retries=limit)  # type: ignore[no-any-return,unused-ignore]
 
-    task.run = run_with_retries
+    if inspect.iscoroutinefunction(run):
+        # An async task fails when its coroutine raises, not when run() returns it.
+        @functools.wraps(run)
+        async def run_async_with_retries(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await run(*args, **kwargs)
+            except (Retry, Ignore, Reject):
+                raise
+            except Exception as exc:
+                raised = retried(exc)
+                if raised is exc:
+                    raise
+                raise raised from exc
+
+        task.run = run_async_with_retries
+    else:
+
+        @functools.wraps(run)
+        def run_with_retries(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return run(*args, **kwargs)
+            except (Retry, Ignore, Reject):
+                raise
+            except Exception as exc:
+                raised = retried(exc)
+                if raised is exc:
+                    raise
+                raise raised from exc
+
+        task.run = run_with_retries
     setattr(task, _WRAPPED, True)
 
 
@@ -126,6 +151,7 @@ def install_retries(app: Celery) -> None:
     for task in list(app.tasks.values()):
         if not task.name.startswith("celery."):
             wrap_run(app, task)
+            wrap_async(task)
 
 
 def refuse_do_not_retry(exc: BaseException | None) -> None:

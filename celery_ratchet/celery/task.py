@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from typing import Any
 
 from celery import Celery, Task
 
+from celery_ratchet.celery.aio import wrap_async
 from celery_ratchet.celery.app import install
 from celery_ratchet.celery.compat import django_task_method
 from celery_ratchet.celery.retry import refuse_do_not_retry
@@ -31,6 +34,11 @@ class RatchetTask(Task):
     ratchet_retry_policy: Any = None
     #: ``"service"`` or ``{"name": ..., "failure_rate": ..., "window": ..., "open_seconds": ...}``.
     circuit_breaker: Any = None
+
+    def __init__(self) -> None:
+        # An ``async def`` task returns its outcome to Celery's tracer, on every pool and in
+        # an eager apply(), not a coroutine.
+        wrap_async(self)
 
     def retry(
         self,
@@ -58,6 +66,21 @@ class RatchetTask(Task):
         """``apply_async()`` once the current Django transaction commits (see
         :meth:`delay_on_commit`)."""
         django_task_method("apply_async_on_commit")(self, *args, **kwargs)
+
+    async def aapply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """``apply_async`` for async code: the job's insert runs in a thread, so the event
+        loop goes on meanwhile. Sent from a running task, the job is its child (as
+        ``apply_async`` makes it), though the send leaves the task's context."""
+        parent = self.app.current_worker_task
+        if parent is not None and parent.request.id:
+            options.setdefault("parent_id", parent.request.id)
+            options.setdefault("root_id", parent.request.root_id or parent.request.id)
+        send = functools.partial(self.apply_async, args, kwargs, **options)
+        return await asyncio.get_running_loop().run_in_executor(None, send)
+
+    async def adelay(self, *args: Any, **kwargs: Any) -> Any:
+        """``delay`` for async code: ``await task.adelay(1, 2)``."""
+        return await self.aapply_async(args, kwargs)
 
     @property
     def ratchet_log(self) -> Any:

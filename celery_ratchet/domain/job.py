@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -121,6 +122,17 @@ class ClaimedJob:
     #: Which registration of the claiming node this claim belongs to: the executing process
     #: checks it before the job starts (``runtime.fence``).
     fence: str | None = None
+
+    @functools.cached_property
+    def batch_child(self) -> bool:
+        """A child of a batch or a group: stored as one, or its message names its group."""
+        if self.job_type is JobType.BATCH_CHILD:
+            return True
+        try:
+            headers = json.loads(self.message.headers or "{}")
+        except ValueError:
+            return False
+        return isinstance(headers, dict) and headers.get("group") is not None
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,15 @@ class Capacity:
     buffered: int
     #: Jobs that actually execute at once (the pool's processes); 0 means ``running``.
     slots: int = 0
+    #: Of the jobs in flight, at most this many single jobs (every kind but batch
+    #: children) and this many batch children; 0: no limit by kind.
+    single_limit: int = 0
+    batch_child_limit: int = 0
+
+    def limit_for(self, job: ClaimedJob) -> int:
+        if job.batch_child:
+            return self.batch_child_limit
+        return self.single_limit
 
     @property
     def total(self) -> int:
@@ -153,6 +162,10 @@ class WorkerRuntime:
         self.hostname = hostname or socket.gethostname()
         self._ready: deque[ClaimedJob] = deque()
         self._in_flight: dict[str, str] = {}  # job id → claim token
+        #: With limits by kind: whether each job in flight is a batch child, and how many
+        #: of each kind (False: single, True: batch child) are in flight.
+        self._kinds: dict[str, bool] = {}
+        self._kind_counts = {False: 0, True: 0}
         #: Permits and breakers of jobs in flight, by (job id, claim token).
         self._permits: dict[tuple[str, str], str] = {}
         #: (breaker, whether this execution is its half-open probe)
@@ -443,6 +456,7 @@ class WorkerRuntime:
         with self._lock:
             if self._in_flight.get(job_id) == token:
                 del self._in_flight[job_id]
+                self._uncount_kind(job_id)
             self._permits.pop((job_id, token), None)
             self._protected.pop((job_id, token), None)  # an end with no outcome to count
         self._wake.set()
@@ -503,15 +517,19 @@ class WorkerRuntime:
                     return
                 if not self._ready or len(self._in_flight) >= self.capacity.running:
                     return
-                job = self._ready.popleft()
+                job = self._next_startable()
+                if job is None:  # every kind with jobs waiting is at its limit
+                    return
                 # In flight from the moment it leaves the buffer: the claim check
                 # (_reconcile) must never see a job that is about to start as a lost claim.
                 self._in_flight[job.job_id] = job.token
+                self._count_kind(job)
             until = self._breaker_hold(job)
             if until is not None:
                 with self._lock:
                     if self._in_flight.get(job.job_id) == job.token:
                         del self._in_flight[job.job_id]
+                        self._uncount_kind(job.job_id)
                 deferred.append((job, until))
                 continue
             with self._lock:
@@ -529,6 +547,31 @@ class WorkerRuntime:
                         error=f"could not start the job: {exc!r}",
                     )
                 )
+
+    def _next_startable(self) -> ClaimedJob | None:
+        """The first buffered job whose kind is under its limit, taken from the buffer
+        (under the lock)."""
+        capacity = self.capacity
+        if not (capacity.single_limit or capacity.batch_child_limit):
+            return self._ready.popleft()
+        for index, job in enumerate(self._ready):
+            child = job.batch_child
+            limit = capacity.limit_for(job)
+            if not limit or self._kind_counts[child] < limit:
+                del self._ready[index]
+                return job
+        return None
+
+    def _count_kind(self, job: ClaimedJob) -> None:
+        if self.capacity.single_limit or self.capacity.batch_child_limit:
+            child = job.batch_child
+            self._kinds[job.job_id] = child
+            self._kind_counts[child] += 1
+
+    def _uncount_kind(self, job_id: str) -> None:
+        child = self._kinds.pop(job_id, None)
+        if child is not None:
+            self._kind_counts[child] -= 1
 
     def _breaker_hold(self, job: ClaimedJob) -> datetime | None:
         """When the job's circuit breaker is open: the time to try it again."""

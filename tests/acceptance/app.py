@@ -6,11 +6,14 @@ the job store URL (here from RATCHET_URL). Its broker_url points at a closed por
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
+from collections.abc import Callable
+from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import text
 
@@ -155,3 +158,95 @@ def boom(message: str) -> None:
 # The serializers the app accepts, set per test (RATCHET_ACCEPTANCE_ACCEPT_CONTENT=json,pickle).
 if os.environ.get("RATCHET_ACCEPTANCE_ACCEPT_CONTENT"):
     app.conf.accept_content = os.environ["RATCHET_ACCEPTANCE_ACCEPT_CONTENT"].split(",")
+
+
+#: Coroutines of acc.async_sleep running in this process now, and the most seen at once.
+_async_running = 0
+_async_peak = 0
+
+
+@app.task(name="acc.async_sleep")
+async def async_sleep(seconds: float) -> int:
+    """Waits on the event loop; returns how many ran at once at most, so far, here."""
+    global _async_running, _async_peak
+    _async_running += 1
+    _async_peak = max(_async_peak, _async_running)
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        _async_running -= 1
+    return _async_peak
+
+
+@app.task(name="acc.async_noted", bind=True)
+async def async_noted(self, key: str, seconds: float) -> str:  # type: ignore[no-untyped-def]
+    """Notes each run (with its attempt) without blocking the loop, then waits."""
+    await asyncio.to_thread(record_run, f"{key}:{self.request.retries}")
+    await asyncio.sleep(seconds)
+    return key
+
+
+@app.task(name="acc.async_over_limit", bind=True, time_limit=1, backoff="fixed",
+          backoff_param=0.1, max_retries=2)  # fmt: skip
+async def async_over_limit(self, key: str) -> str:  # type: ignore[no-untyped-def]
+    """Its first attempt outlasts its time limit; the retry ends at once."""
+    attempt = self.request.retries
+    await asyncio.to_thread(record_run, f"{key}:start:{attempt}")
+    if attempt == 0:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            record_run(f"{key}:cancelled:{attempt}")
+            raise
+    return f"{key} done on attempt {attempt}"
+
+
+@app.task(name="acc.async_cancellable")
+async def async_cancellable(key: str, seconds: float) -> str:
+    """Notes its start, and its cancellation if it is cancelled."""
+    await asyncio.to_thread(record_run, f"{key}:start")
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        record_run(f"{key}:cancelled")
+        raise
+    return key
+
+
+@app.task(name="acc.async_soft_limited", soft_time_limit=0.5)
+async def async_soft_limited() -> str:
+    try:
+        await asyncio.sleep(5)
+    except SoftTimeLimitExceeded:
+        return "caught soft limit"
+    return "no limit"
+
+
+@app.task(name="acc.async_flaky", bind=True, max_retries=3)
+async def async_flaky(self, key: str) -> int:  # type: ignore[no-untyped-def]
+    """Retried twice by self.retry from inside the coroutine, then succeeds."""
+    await asyncio.sleep(0.01)
+    if self.request.retries < 2:
+        raise self.retry(countdown=0.1)
+    return int(self.request.retries)
+
+
+@app.task(name="acc.async_fan_out", bind=True)
+async def async_fan_out(self, n: int) -> list[str]:  # type: ignore[no-untyped-def]
+    """Sends n jobs from async code without blocking the loop; returns their ids."""
+    sent = [await double.adelay(i) for i in range(n)]
+    return [result.id for result in sent]
+
+
+def _note_signal(name: str) -> Callable[..., None]:
+    def note(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "name", None) == "acc.async_flaky":
+            record_run(f"{name}:{sender.request.retries}")
+
+    return note
+
+
+_SIGNALS = {"prerun": signals.task_prerun, "postrun": signals.task_postrun,
+            "retry": signals.task_retry, "success": signals.task_success}  # fmt: skip
+for _name, _signal in _SIGNALS.items():
+    _signal.connect(_note_signal(_name), weak=False)

@@ -62,6 +62,14 @@ def test_workflows(tmp_path: Path) -> None:
     assert "workflow parent: 0.93" in out and "escalated branch: 4" in out
 
 
+def test_async_tasks(tmp_path: Path) -> None:
+    out = run_example("async_tasks", tmp_path)
+    most = int(out.split("at once at most")[0].rsplit(", ", 1)[1])
+    assert most > 500, out  # the thousand waits overlap on one event loop
+    assert "cancelled, retried: order-7 confirmed on attempt 2" in out
+    assert "sent from async code: [3, 5, 5]" in out
+
+
 def test_multinode_on_postgresql(tmp_path: Path, servers: Servers) -> None:
     url = empty_store(servers.url("postgresql")).url
     out = run_example("multinode", tmp_path, RATCHET_URL=url)

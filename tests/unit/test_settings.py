@@ -60,3 +60,27 @@ def test_passwords_are_masked_in_urls() -> None:
         "cannot reach postgresql://app:***@db/shop or mysql://root:***@h:3306/x"
     )
     assert mask_password("sqlite:///ratchet.db") == "sqlite:///ratchet.db"
+
+
+def test_async_limits_default_to_the_seeds_and_read_their_environment_variables() -> None:
+    s = RatchetSettings.from_sources({}, {})
+    assert (s.async_limit_single, s.async_limit_batch_child) == (500, 2000)
+    conf = {"ratchet_async_limit_single": 50, "ratchet_async_limit_batch_child": 60}
+    s = RatchetSettings.from_sources(conf, {})
+    assert (s.async_limit_single, s.async_limit_batch_child) == (50, 60)
+    env = {
+        "RATCHET_VIRTUAL_THREAD_LIMIT_SINGLE": "7",
+        "RATCHET_VIRTUAL_THREAD_LIMIT_BATCH_CHILD": "8",
+    }
+    s = RatchetSettings.from_sources(conf, env)
+    assert (s.async_limit_single, s.async_limit_batch_child) == (7, 8)
+    # The setting's own variable wins over the seeds' name for it.
+    s = RatchetSettings.from_sources(conf, {**env, "RATCHET_ASYNC_LIMIT_SINGLE": "9"})
+    assert s.async_limit_single == 9
+
+
+def test_an_async_limit_below_one_names_its_variable() -> None:
+    with pytest.raises(ConfigurationError, match="ratchet_async_limit_batch_child"):
+        RatchetSettings.from_sources({}, {"RATCHET_VIRTUAL_THREAD_LIMIT_BATCH_CHILD": "0"})
+    with pytest.raises(ConfigurationError, match="RATCHET_VIRTUAL_THREAD_LIMIT_SINGLE"):
+        RatchetSettings.from_sources({}, {"RATCHET_VIRTUAL_THREAD_LIMIT_SINGLE": "many"})

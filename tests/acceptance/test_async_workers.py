@@ -1,0 +1,169 @@
+"""``async def`` tasks on real ``celery worker -P ratchet-async`` processes: thousands in
+flight on one event loop, time limits that cancel the coroutine, and jobs of a killed worker
+recovered like any other."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+import pytest
+from celery import Celery, group
+from celery.exceptions import TaskRevokedError
+from celery.result import AsyncResult
+
+from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.store.jobstore import JobStore
+from tests.acceptance.conftest import Cluster, side_effects, wait_until
+from tests.acceptance.test_chaos import held_by
+from tests.acceptance.test_faults import SHORT_GRACE
+
+pytestmark = pytest.mark.slow
+
+POOL = "ratchet-async"
+
+
+def run_keys(store: JobStore) -> list[str]:
+    return [key for key, _ in side_effects(store)]
+
+
+SLEEPERS = 2000
+
+
+def test_2000_coroutines_wait_at_once_on_one_worker_process(
+    server_app: Celery, server_cluster: Cluster, server_dialect: str
+) -> None:
+    store = ratchet_state(server_app).store
+    sleep = server_app.tasks["acc.async_sleep"]
+    singles = [sleep.delay(1) for _ in range(SLEEPERS // 2)]
+    batch = group(sleep.s(1) for _ in range(SLEEPERS // 2)).apply_async()
+    started = time.monotonic()
+    server_cluster.start("w1", pool=POOL)
+    try:
+        peaks = [r.get(timeout=180) for r in singles] + batch.get(timeout=180)
+    except Exception:
+        print(server_cluster.logs())
+        raise
+    took = time.monotonic() - started
+    print(f"\n[{server_dialect}] {SLEEPERS} x asyncio.sleep(1) on one process: {took:.1f}s "
+          f"from the worker's start, at most {max(peaks)} at once")  # fmt: skip
+    assert store.count_by_status() == {"SUCCEEDED": SLEEPERS}
+    # 500 single jobs at most at once (ratchet_async_limit_single), plus batch children.
+    assert max(peaks) > 500
+
+
+def test_a_coroutine_over_its_time_limit_is_cancelled_and_retried(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    store = ratchet_state(server_app).store
+    over = server_app.tasks["acc.async_over_limit"]
+    result = over.delay("late")
+    server_cluster.start("w1", pool=POOL)
+    try:
+        assert result.get(timeout=60) == "late done on attempt 1"
+    except Exception:
+        print(server_cluster.logs())
+        raise
+    runs = Counter(key for key, _ in side_effects(store))
+    assert runs == {"late:start:0": 1, "late:cancelled:0": 1, "late:start:1": 1}
+    assert store.count_by_status() == {"SUCCEEDED": 1}
+
+
+def test_jobs_of_a_killed_async_worker_are_recovered_and_finish_elsewhere(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    store = ratchet_state(server_app).store
+    noted = server_app.tasks["acc.async_noted"]
+    keys = [f"k{i}" for i in range(300)]
+    result = group(noted.s(key, 10) for key in keys).apply_async()
+    victim = server_cluster.start("victim", pool=POOL, **SHORT_GRACE)
+    try:
+        wait_until(lambda: len(side_effects(store)) == len(keys), 60, "every job running")
+        held = held_by(store, victim.pid)
+        assert held > 0
+        victim.kill()
+        server_cluster.start("rescuer", pool=POOL, **SHORT_GRACE)
+        assert sorted(result.get(timeout=120)) == sorted(keys)
+    except Exception:
+        print(server_cluster.logs())
+        raise
+    runs = Counter(key.partition(":")[0] for key in run_keys(store))
+    assert set(runs) == set(keys)
+    again = [key for key, count in runs.items() if count == 2]
+    assert set(runs.values()) <= {1, 2}, "a job ran more than once after the kill"
+    # Those the victim was running ran again on the rescuer; none of the others did.
+    assert 0 < len(again) <= held
+    assert store.count_by_status() == {"SUCCEEDED": len(keys)}
+    assert held_by(store, victim.pid) == 0
+
+
+def test_celery_features_work_for_coroutines_as_for_sync_tasks(
+    ratchet_app: Celery, cluster: Cluster
+) -> None:
+    """Signals and self.retry inside a coroutine, the soft time limit, a revoke that
+    terminates one coroutine (not the process), sends from async code, sync tasks."""
+    store = ratchet_state(ratchet_app).store
+    tasks = ratchet_app.tasks
+    long = tasks["acc.async_cancellable"].delay("long", 30)
+    other = tasks["acc.async_cancellable"].delay("other", 1)
+    flaky = tasks["acc.async_flaky"].delay("f")
+    soft = tasks["acc.async_soft_limited"].delay()
+    fan_out = tasks["acc.async_fan_out"].delay(5)
+    cluster.start("w1", pool=POOL, concurrency=2)
+    try:
+        wait_until(lambda: "long:start" in run_keys(store), 60, "the long coroutine to start")
+        ratchet_app.control.revoke(long.id, terminate=True, signal="SIGKILL")
+        with pytest.raises(TaskRevokedError):
+            long.get(timeout=30)
+        assert other.get(timeout=30) == "other", "the terminate reached another job"
+        assert flaky.get(timeout=30) == 2
+        assert soft.get(timeout=30) == "caught soft limit"
+        children = [AsyncResult(job_id, app=ratchet_app) for job_id in fan_out.get(timeout=30)]
+        assert [child.get(timeout=30) for child in children] == [0, 2, 4, 6, 8]
+        # A sync task on this pool: in a thread.
+        assert tasks["acc.double"].delay(21).get(timeout=30) == 42
+    except Exception:
+        print(cluster.logs())
+        raise
+    wait_until(lambda: "long:cancelled" in run_keys(store), 30, "the revoked one cancelled")
+    runs = run_keys(store)
+    flaky_signals = [key for key in runs if key.split(":")[0] in ("prerun", "postrun",
+                     "retry", "success")]  # fmt: skip
+    assert flaky_signals == [
+        "prerun:0", "retry:0", "postrun:0",
+        "prerun:1", "retry:1", "postrun:1",
+        "prerun:2", "success:2", "postrun:2",
+    ]  # fmt: skip
+    revoked = store.result(long.id)
+    assert revoked is not None and revoked.status is JobStatus.REVOKED
+    record = store.result(children[0].id)
+    assert record is not None and json.loads(record.headers or "{}")["parent_id"] == fan_out.id
+    assert store.count_by_status().get("RUNNING", 0) == 0
+
+
+def test_a_warm_stop_lets_running_coroutines_finish_and_hands_back_the_rest(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    store = ratchet_state(server_app).store
+    noted = server_app.tasks["acc.async_noted"]
+    keys = [f"s{i}" for i in range(40)]
+    results = [noted.delay(key, 2) for key in keys]
+    worker = server_cluster.start(
+        "w1", pool=POOL, RATCHET_ASYNC_LIMIT_SINGLE="10", RATCHET_CLAIM_BATCH_SIZE="10"
+    )
+    try:
+        wait_until(lambda: len(run_keys(store)) >= 10, 60, "ten coroutines running")
+        assert worker.stop() == 0
+        counts = store.count_by_status()
+        assert counts.get("RUNNING", 0) == 0, f"claims left behind: {counts}"
+        assert 10 <= counts.get("SUCCEEDED", 0) < len(keys)
+        assert store.list_nodes() == []
+        server_cluster.start("w2", pool=POOL)
+        assert [r.get(timeout=60) for r in results] == keys
+    except Exception:
+        print(server_cluster.logs())
+        raise
+    runs = Counter(key.partition(":")[0] for key in run_keys(store))
+    assert set(runs.values()) == {1}, "a job ran twice across the stop"
