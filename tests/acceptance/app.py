@@ -166,12 +166,18 @@ _async_peak = 0
 
 
 @app.task(name="acc.async_sleep")
-async def async_sleep(seconds: float) -> int:
-    """Waits on the event loop; returns how many ran at once at most, so far, here."""
+async def async_sleep(seconds: float, gather: int = 0) -> int:
+    """Waits on the event loop; returns how many ran at once at most, so far, here.
+
+    With ``gather``, first waits (up to two minutes) until that many have been running at
+    once, so how many the pool can hold does not depend on how fast the machine claims."""
     global _async_running, _async_peak
     _async_running += 1
     _async_peak = max(_async_peak, _async_running)
     try:
+        deadline = time.monotonic() + 120
+        while _async_peak < gather and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         await asyncio.sleep(seconds)
     finally:
         _async_running -= 1
