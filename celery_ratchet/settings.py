@@ -146,6 +146,11 @@ class RatchetSettings:
     job_archive_enabled: bool = True
     #: Job log lines older than this are deleted by the archiver.
     log_retention_days: float = 30.0
+    #: Dead-letter alerts: the registered Celery task name (as ``app.send_task`` takes it,
+    #: e.g. ``shop.alerts.on_dead_letters``) sent one summary per task name whose jobs
+    #: failed for good, at most once per ``dlq_alert_interval_seconds``. None: no alerts.
+    dlq_alert_task: str | None = None
+    dlq_alert_interval_seconds: float = 300.0
 
     @property
     def wakeups_by_notify(self) -> bool:
@@ -200,6 +205,7 @@ class RatchetSettings:
             "job_retention_days": self.job_retention_days,
             "job_archive_batch_size": self.job_archive_batch_size,
             "log_retention_days": self.log_retention_days,
+            "dlq_alert_interval_seconds": self.dlq_alert_interval_seconds,
         }
         if self.pool_size < 1 or self.max_overflow < 0:
             raise ConfigurationError(
@@ -226,6 +232,8 @@ class RatchetSettings:
             raise ConfigurationError(
                 f"ratchet_default_priority must be within 0-9, got {self.default_priority!r}"
             )
+        if self.dlq_alert_task is not None:
+            check_alert_task_name(self.dlq_alert_task)
         if self.node_orphan_grace_seconds <= self.node_heartbeat_interval_seconds:
             raise ConfigurationError(
                 "ratchet_node_orphan_grace_seconds "
@@ -233,6 +241,25 @@ class RatchetSettings:
                 f"ratchet_node_heartbeat_interval_seconds ({self.node_heartbeat_interval_seconds}),"
                 " or live nodes would be declared dead between two heartbeats"
             )
+
+
+def check_alert_task_name(name: str) -> None:
+    """``ratchet_dlq_alert_task`` is a Celery task name, sent by name like ``app.send_task``:
+    not an import path (``module:function``), which Celery cannot send."""
+    if ":" in name:
+        module, _, function = name.partition(":")
+        suggested = f"{module}.{function}"
+        raise ConfigurationError(
+            f"ratchet_dlq_alert_task = {name!r} looks like an import path; give the task's "
+            f"registered Celery name instead, e.g. {suggested!r} (Celery's name for "
+            f"a task defined as {function}() in module {module}), or the name= it was "
+            "registered with"
+        )
+    if not name.strip() or name != name.strip() or len(name) > 255:
+        raise ConfigurationError(
+            f"ratchet_dlq_alert_task = {name!r} must be a task name of 1-255 characters "
+            "without surrounding spaces"
+        )
 
 
 def _conf_get(conf: Mapping[str, Any], key: str) -> Any:
