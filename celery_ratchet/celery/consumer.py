@@ -23,6 +23,7 @@ from celery.utils.imports import symbol_by_name
 from celery.worker import state as worker_state
 from kombu.exceptions import ContentDisallowed, DecodeError
 
+from celery_ratchet.celery.alerts import dead_letter_alerts
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import exception_record
 from celery_ratchet.celery.batches import finish_stalled
@@ -43,6 +44,7 @@ from celery_ratchet.errors import (
     StoreBusy,
     StoreUnavailable,
 )
+from celery_ratchet.runtime.dlq import DeadLetterAlerts
 from celery_ratchet.runtime.fence import current_fence
 from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
 from celery_ratchet.store.jobstore import REVOKE_ONLY, quiet_outages
@@ -190,7 +192,7 @@ class JobConsumer(bootsteps.StartStopStep):
             on_revoke=functools.partial(_revoke_started, c),
             revoked_error=exception_record(TaskRevokedError("revoked")),
             wakeups=state.wakeup_sources(),
-            housekeeping=functools.partial(finish_stalled, app),
+            housekeeping=functools.partial(_housekeeping, app, dead_letter_alerts(app)),
             fence=self.fence,
         )
         dispatcher.runtime = runtime
@@ -248,6 +250,16 @@ def _revoke_started(consumer: Any, job_id: str, request: str) -> None:
     sig = "SIGTERM" if request == REVOKE_ONLY else request
     logger.info("ratchet: terminating job %s (%s)", job_id, sig)
     queued.terminate(pool, signal=platform_signals.signum(sig))
+
+
+def _housekeeping(app: Any, alerts: DeadLetterAlerts | None) -> None:
+    """Finish stalled batches and send the dead-letter alerts due; one failing does not keep
+    the other from running."""
+    try:
+        finish_stalled(app)
+    finally:
+        if alerts is not None:
+            alerts.send_due()
 
 
 def _register_recurring(app: Any) -> None:
