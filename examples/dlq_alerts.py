@@ -53,7 +53,8 @@ def main() -> None:
             result.get(timeout=60, propagate=False)
         dlq = celery_ratchet.dlq(app)
         letters = dlq.list(task_name=charge.name)
-        print(f"dead letters: {len(letters)}, alert: {sorted(set(dlq.alerts_of(letters).values()))}")
+        shown = sorted(set(dlq.alerts_of(letters).values()))
+        print(f"dead letters: {len(letters)}, alert: {shown}")
         deadline = time.monotonic() + 60
         while not ALERTS.exists() and time.monotonic() < deadline:
             time.sleep(0.2)  # the window closes 3 s after the first failure
