@@ -8,7 +8,7 @@ from typing import Any
 
 from celery import Celery
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.app import install, ratchet_state
 from celery_ratchet.celery.sender import JobBatch
 from celery_ratchet.domain.job import NewJob
 from celery_ratchet.runtime.dlq import DeadLetterAlerts
@@ -16,6 +16,7 @@ from celery_ratchet.runtime.dlq import DeadLetterAlerts
 
 def dead_letter_alerts(app: Celery) -> DeadLetterAlerts | None:
     """The alert sender of this app, or None when ``ratchet_dlq_alert_task`` is not set."""
+    install(app)  # the alert is sent by name: the send path must be ratchet's already
     state = ratchet_state(app)
     settings = state.settings
     task_name = settings.dlq_alert_task

@@ -259,7 +259,9 @@ def _housekeeping(app: Any, alerts: DeadLetterAlerts | None) -> None:
         finish_stalled(app)
     finally:
         if alerts is not None:
-            alerts.send_due()
+            sent = alerts.send_due()
+            if sent:  # PostgreSQL's insert notified already; Redis wake-ups are told here
+                ratchet_state(app).published(sorted({job.queue for job in sent}))
 
 
 def _register_recurring(app: Any) -> None:
@@ -308,6 +310,13 @@ def _check_task_options(app: Any, settings: Any) -> None:
     if problems:
         raise ConfigurationError(
             "ratchet options of tasks are invalid:\n  " + "\n  ".join(problems)
+        )
+    alert_task = settings.dlq_alert_task
+    if alert_task is not None and alert_task not in app.tasks:
+        logger.warning(
+            "ratchet: ratchet_dlq_alert_task %r is not a task registered on this worker; "
+            "its alerts are sent, but only a worker that has it can run them",
+            alert_task,
         )
 
 

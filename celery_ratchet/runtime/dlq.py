@@ -156,8 +156,8 @@ class DeadLetterAlerts:
         self.interval_seconds = interval_seconds
         self.alert_job = alert_job
 
-    def send_due(self) -> list[str]:
-        """Send the alerts due now; returns the ids of the alert jobs this node wrote."""
+    def send_due(self) -> list[NewJob]:
+        """Send the alerts due now; returns the alert jobs this node wrote."""
         sent = []
         for task_name in self.store.due_alert_windows(self.interval_seconds):
             alert = self.store.close_alert_window(task_name, self.interval_seconds, self._job)
@@ -165,7 +165,7 @@ class DeadLetterAlerts:
                 logger.warning(
                     "ratchet: dead-letter alert %s sent for task %s", alert.job_id, task_name
                 )
-                sent.append(alert.job_id)
+                sent.append(alert)
         return sent
 
     def _job(self, window: AlertWindow, job_ids: list[str], now: datetime) -> NewJob:
