@@ -16,6 +16,8 @@ from typing import Any
 
 #: Job ids an alert lists (newest first); its count covers all of them.
 MAX_LISTED_JOBS = 20
+#: The newest error is cut to this many characters: the alert must fit in a job.
+MAX_ERROR_CHARS = 2000
 
 _ALERT_IDS = uuid.UUID("6c1f0c7e-2a4b-4f8e-9d3a-5b7e1c2d4f60")
 
@@ -90,10 +92,13 @@ def summarize(
     (the count comes from the window, not from them: jobs requeued or purged since still
     count). ``newest_error``: the window's newest error as people read it."""
     listed = list(dict.fromkeys(job_ids))[: max(limit, 0)]
+    error = newest_error if newest_error is not None else window.newest_error
+    if error is not None and len(error) > MAX_ERROR_CHARS:
+        error = error[: MAX_ERROR_CHARS - 1] + "…"
     return AlertSummary(
         task_name=window.task_name,
         count=window.failed,
-        newest_error=newest_error if newest_error is not None else window.newest_error,
+        newest_error=error,
         newest_job_id=window.newest_job_id,
         job_ids=tuple(listed),
         since=window.opened_at,

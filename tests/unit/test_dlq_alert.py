@@ -10,6 +10,7 @@ import pytest
 
 from celery_ratchet.domain.dlq_alert import (
     DUE,
+    MAX_ERROR_CHARS,
     MAX_LISTED_JOBS,
     NOT_ALERTED,
     SENT,
@@ -66,6 +67,11 @@ def test_the_count_is_the_windows_even_when_jobs_were_requeued_since() -> None:
     summary = summarize(window(5), ["job-1"], T0, 300)
     assert (summary.count, summary.job_ids) == (5, ("job-1",))
     assert summary.as_message()["more_jobs"] == 4
+
+
+def test_a_long_error_is_cut_so_the_alert_fits_in_a_job() -> None:
+    summary = summarize(window(), [], T0, 300, newest_error="x" * 100_000)
+    assert summary.newest_error is not None and len(summary.newest_error) == MAX_ERROR_CHARS
 
 
 def test_a_readable_newest_error_replaces_the_stored_record() -> None:
