@@ -160,7 +160,16 @@ class DeadLetterAlerts:
         """Send the alerts due now; returns the alert jobs this node wrote."""
         sent = []
         for task_name in self.store.due_alert_windows(self.interval_seconds):
-            alert = self.store.close_alert_window(task_name, self.interval_seconds, self._job)
+            try:
+                alert = self.store.close_alert_window(task_name, self.interval_seconds, self._job)
+            except Exception as exc:  # one task name's alert must not hold up the others'
+                logger.warning(
+                    "ratchet: the dead-letter alert of task %s was not sent; its window stays "
+                    "open and is tried again: %s",
+                    task_name,
+                    exc,
+                )
+                continue
             if alert is not None:
                 logger.warning(
                     "ratchet: dead-letter alert %s sent for task %s", alert.job_id, task_name

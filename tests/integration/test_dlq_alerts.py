@@ -90,3 +90,31 @@ def test_a_worker_sends_and_runs_the_alert(
         1,
         ["dead-w"],
     )
+
+
+def test_an_alert_that_cannot_be_sent_keeps_its_window_and_holds_up_no_other(
+    servers: Servers, broker_trap: BrokerTrap
+) -> None:
+    app, _ = _app(empty_store(servers.url("sqlite")).url, broker_trap.url, 0.001)
+    store = ratchet_state(app).store
+    _fail(app, "charge-dead")
+    store.enqueue(new_job("refund-dead", task="shop.refund", queue="dead"))
+    [claimed] = store.claim("node", ["dead"], 1)
+    store.settle([Settlement("refund-dead", claimed.token, JobStatus.FAILED, error="{}")])
+    alerts = dead_letter_alerts(app)
+    assert alerts is not None
+    make = alerts.alert_job
+
+    def refusing(job_id: str, summary: dict[str, Any]) -> Any:
+        if summary["task_name"] == "shop.charge":
+            raise ValueError("refused")
+        return make(job_id, summary)
+
+    alerts.alert_job = refusing
+    sent: list[Any] = []
+    wait_until(lambda: sent.extend(alerts.send_due()) or sent, 10, "the windows to close")
+    assert [json.loads(a.message.payload)[0][0]["task_name"] for a in sent] == ["shop.refund"]
+    assert store.alert_states(["shop.charge"])["shop.charge"].failed == 1  # still open
+
+    alerts.alert_job = make
+    assert [json.loads(a.message.payload)[0][0]["count"] for a in alerts.send_due()] == [1]
