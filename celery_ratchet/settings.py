@@ -158,6 +158,11 @@ class RatchetSettings:
     #: ``RATCHET_VIRTUAL_THREAD_LIMIT_BATCH_CHILD``).
     async_limit_single: int = 500
     async_limit_batch_child: int = 2000
+    #: Dead-letter alerts: the registered Celery task name (as ``app.send_task`` takes it,
+    #: e.g. ``shop.alerts.on_dead_letters``) sent one summary per task name whose jobs
+    #: failed for good, at most once per ``dlq_alert_interval_seconds``. None: no alerts.
+    dlq_alert_task: str | None = None
+    dlq_alert_interval_seconds: float = 300.0
 
     @property
     def wakeups_by_notify(self) -> bool:
@@ -217,6 +222,7 @@ class RatchetSettings:
             "log_retention_days": self.log_retention_days,
             "async_limit_single": self.async_limit_single,
             "async_limit_batch_child": self.async_limit_batch_child,
+            "dlq_alert_interval_seconds": self.dlq_alert_interval_seconds,
         }
         if self.pool_size < 1 or self.max_overflow < 0:
             raise ConfigurationError(
@@ -243,6 +249,8 @@ class RatchetSettings:
             raise ConfigurationError(
                 f"ratchet_default_priority must be within 0-9, got {self.default_priority!r}"
             )
+        if self.dlq_alert_task is not None:
+            check_alert_task_name(self.dlq_alert_task)
         if self.node_orphan_grace_seconds <= self.node_heartbeat_interval_seconds:
             raise ConfigurationError(
                 "ratchet_node_orphan_grace_seconds "
@@ -250,6 +258,25 @@ class RatchetSettings:
                 f"ratchet_node_heartbeat_interval_seconds ({self.node_heartbeat_interval_seconds}),"
                 " or live nodes would be declared dead between two heartbeats"
             )
+
+
+def check_alert_task_name(name: str) -> None:
+    """``ratchet_dlq_alert_task`` is a Celery task name, sent by name like ``app.send_task``:
+    not an import path (``module:function``), which Celery cannot send."""
+    if ":" in name:
+        module, _, function = name.partition(":")
+        suggested = f"{module}.{function}"
+        raise ConfigurationError(
+            f"ratchet_dlq_alert_task = {name!r} looks like an import path; give the task's "
+            f"registered Celery name instead, e.g. {suggested!r} (Celery's name for "
+            f"a task defined as {function}() in module {module}), or the name= it was "
+            "registered with"
+        )
+    if not name.strip() or name != name.strip() or len(name) > 255:
+        raise ConfigurationError(
+            f"ratchet_dlq_alert_task = {name!r} must be a task name of 1-255 characters "
+            "without surrounding spaces"
+        )
 
 
 def _conf_get(conf: Mapping[str, Any], key: str) -> Any:

@@ -30,6 +30,21 @@ CREATE TABLE scheduler_batch_part (
 	PRIMARY KEY (batch_id, job_id)
 )ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
 
+CREATE TABLE scheduler_dlq_alert (
+	task_name VARCHAR(255) NOT NULL,
+	opened_at DATETIME(6),
+	failed INTEGER NOT NULL DEFAULT '0',
+	newest_job_id VARCHAR(255),
+	newest_error MEDIUMTEXT,
+	newest_at DATETIME(6),
+	first_opened_at DATETIME(6),
+	alerts_sent INTEGER NOT NULL DEFAULT '0',
+	last_sent_at DATETIME(6),
+	last_alert_id VARCHAR(255),
+	last_count INTEGER,
+	PRIMARY KEY (task_name)
+)ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
+
 CREATE TABLE scheduler_group_result (
 	group_id VARCHAR(255) NOT NULL,
 	result MEDIUMTEXT NOT NULL,

@@ -30,6 +30,21 @@ CREATE TABLE scheduler_batch_part (
 	PRIMARY KEY (batch_id, job_id)
 );
 
+CREATE TABLE scheduler_dlq_alert (
+	task_name VARCHAR(255) NOT NULL,
+	opened_at DATETIME,
+	failed INTEGER DEFAULT '0' NOT NULL,
+	newest_job_id VARCHAR(255),
+	newest_error TEXT,
+	newest_at DATETIME,
+	first_opened_at DATETIME,
+	alerts_sent INTEGER DEFAULT '0' NOT NULL,
+	last_sent_at DATETIME,
+	last_alert_id VARCHAR(255),
+	last_count INTEGER,
+	PRIMARY KEY (task_name)
+);
+
 CREATE TABLE scheduler_group_result (
 	group_id VARCHAR(255) NOT NULL,
 	result TEXT NOT NULL,

@@ -62,6 +62,7 @@ class RatchetState:
                     priority_boost_minutes=settings.priority_boost_interval_minutes,
                     notify=settings.wakeups_by_notify,
                     engine_options=engine_options(settings),
+                    dlq_alert_task=settings.dlq_alert_task,
                 )
                 self._store_pid = os.getpid()
             return self._store

@@ -23,6 +23,7 @@ from celery.utils.imports import symbol_by_name
 from celery.worker import state as worker_state
 from kombu.exceptions import ContentDisallowed, DecodeError
 
+from celery_ratchet.celery.alerts import dead_letter_alerts
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.asyncpool import AsyncPool
 from celery_ratchet.celery.backend import exception_record
@@ -44,6 +45,7 @@ from celery_ratchet.errors import (
     StoreBusy,
     StoreUnavailable,
 )
+from celery_ratchet.runtime.dlq import DeadLetterAlerts
 from celery_ratchet.runtime.fence import current_fence
 from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
 from celery_ratchet.store.jobstore import REVOKE_ONLY, quiet_outages
@@ -201,7 +203,7 @@ class JobConsumer(bootsteps.StartStopStep):
             on_revoke=functools.partial(_revoke_started, c),
             revoked_error=exception_record(TaskRevokedError("revoked")),
             wakeups=state.wakeup_sources(),
-            housekeeping=functools.partial(finish_stalled, app),
+            housekeeping=functools.partial(_housekeeping, app, dead_letter_alerts(app)),
             fence=self.fence,
         )
         dispatcher.runtime = runtime
@@ -261,6 +263,18 @@ def _revoke_started(consumer: Any, job_id: str, request: str) -> None:
     queued.terminate(pool, signal=platform_signals.signum(sig))
 
 
+def _housekeeping(app: Any, alerts: DeadLetterAlerts | None) -> None:
+    """Finish stalled batches and send the dead-letter alerts due; one failing does not keep
+    the other from running."""
+    try:
+        finish_stalled(app)
+    finally:
+        if alerts is not None:
+            sent = alerts.send_due()
+            if sent:  # PostgreSQL's insert notified already; Redis wake-ups are told here
+                ratchet_state(app).published(sorted({job.queue for job in sent}))
+
+
 def _register_recurring(app: Any) -> None:
     """Register the app's recurring jobs (``@recurring``, ``beat_schedule``) before claiming;
     waits for an unreachable store instead of starting without its schedules, unless the
@@ -307,6 +321,13 @@ def _check_task_options(app: Any, settings: Any) -> None:
     if problems:
         raise ConfigurationError(
             "ratchet options of tasks are invalid:\n  " + "\n  ".join(problems)
+        )
+    alert_task = settings.dlq_alert_task
+    if alert_task is not None and alert_task not in app.tasks:
+        logger.warning(
+            "ratchet: ratchet_dlq_alert_task %r is not a task registered on this worker; "
+            "its alerts are sent, but only a worker that has it can run them",
+            alert_task,
         )
 
 

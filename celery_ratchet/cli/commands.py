@@ -433,10 +433,13 @@ def dlq_list(
     limit: int = 50,
     as_json: bool = False,
 ) -> None:
-    """Failed jobs, newest first."""
-    found = DeadLetterQueue(cli.store).list(task_name=task_name, queue=queue, limit=limit)
-    columns = ["job_id", "task_name", "queue", "attempts", "finished_at", "last_error"]
-    emit([vars(j) for j in found], columns, as_json)
+    """Failed jobs, newest first. ``alert``: the dead-letter alert counting the job was sent
+    (``sent``), waits for its window to close (``due``), or there is none (``-``)."""
+    letters = DeadLetterQueue(cli.store)
+    found = letters.list(task_name=task_name, queue=queue, limit=limit)
+    alerts = letters.alerts_of(found)
+    columns = ["job_id", "task_name", "queue", "attempts", "finished_at", "alert", "last_error"]
+    emit([{**vars(j), "alert": alerts[j.job_id]} for j in found], columns, as_json)
 
 
 @dlq.command("show")

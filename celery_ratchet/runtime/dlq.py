@@ -4,17 +4,28 @@ dlq = celery_ratchet.dlq(app)        # or DeadLetterQueue(JobStore(url))
 dlq.list(task_name="shop.charge")
 dlq.show(job_id)                     # args, kwargs, exception, traceback, attempts
 dlq.retry(job_id); dlq.retry_all(task_name="shop.charge"); dlq.purge()
+dlq.alerts_of(dlq.list())            # job id -> "sent", "due" or "-" (dead-letter alerts)
+
+DeadLetterAlerts sends the alert of each closed window (see domain/dlq_alert.py).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from celery_ratchet.domain.job import JobStatus, JobSummary
+from celery_ratchet.domain.dlq_alert import AlertWindow, alert_id, alert_shown, summarize
+from celery_ratchet.domain.job import JobStatus, JobSummary, NewJob
 from celery_ratchet.store.jobstore import JobStore
+
+logger = logging.getLogger(__name__)
+
+#: Builds the alert job: (its job id, the summary, the alert task's one argument).
+AlertJobFactory = Callable[[str, dict[str, Any]], NewJob]
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,21 @@ class DeadLetterQueue:
             status=JobStatus.FAILED, task_name=task_name, queue=queue, limit=limit
         )
 
+    def alerts_of(self, letters: Sequence[JobSummary]) -> dict[str, str]:
+        """Whether each dead letter's alert was sent (``sent``), is waiting for its window
+        to close (``due``) or there is none (``-``), by job id."""
+        states = self.store.alert_states([j.task_name for j in letters])
+        shown = {}
+        for letter in letters:
+            state = states.get(letter.task_name)
+            shown[letter.job_id] = alert_shown(
+                letter.finished_at,
+                opened_at=state.opened_at if state else None,
+                first_opened_at=state.first_opened_at if state else None,
+                last_sent_at=state.last_sent_at if state else None,
+            )
+        return shown
+
     def show(self, job_id: str) -> DeadLetter | None:
         record = self.store.result(job_id)
         if record is None or record.status is not JobStatus.FAILED:
@@ -117,3 +143,46 @@ class DeadLetterQueue:
         return self.store.purge_failed(
             list(job_ids) if job_ids else None, task_name=task_name, queue=queue
         )
+
+
+class DeadLetterAlerts:
+    """Sends the alert of every closed window, once cluster-wide: each worker calls
+    :meth:`send_due` now and then; the database lets one of them close each window."""
+
+    def __init__(
+        self, store: JobStore, interval_seconds: float, alert_job: AlertJobFactory
+    ) -> None:
+        self.store = store
+        self.interval_seconds = interval_seconds
+        self.alert_job = alert_job
+
+    def send_due(self) -> list[NewJob]:
+        """Send the alerts due now; returns the alert jobs this node wrote."""
+        sent = []
+        for task_name in self.store.due_alert_windows(self.interval_seconds):
+            try:
+                alert = self.store.close_alert_window(task_name, self.interval_seconds, self._job)
+            except Exception as exc:  # one task name's alert must not hold up the others'
+                logger.warning(
+                    "ratchet: the dead-letter alert of task %s was not sent; its window stays "
+                    "open and is tried again: %s",
+                    task_name,
+                    exc,
+                )
+                continue
+            if alert is not None:
+                logger.warning(
+                    "ratchet: dead-letter alert %s sent for task %s", alert.job_id, task_name
+                )
+                sent.append(alert)
+        return sent
+
+    def _job(self, window: AlertWindow, job_ids: list[str], now: datetime) -> NewJob:
+        summary = summarize(
+            window,
+            job_ids,
+            now,
+            self.interval_seconds,
+            newest_error=_exception(window.newest_error),
+        )
+        return self.alert_job(alert_id(window.task_name, window.opened_at), summary.as_message())

@@ -38,6 +38,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.sql.elements import BindParameter
 
 from celery_ratchet.domain.batch import BatchPart
+from celery_ratchet.domain.dlq_alert import AlertWindow
 from celery_ratchet.domain.job import (
     ACTIVE_STATUSES,
     REVOCATIONS_WAKEUP,
@@ -63,6 +64,7 @@ from celery_ratchet.errors import (
     StoreBusy,
     StoreUnavailable,
 )
+from celery_ratchet.store import dlq_alerts
 from celery_ratchet.store.batches import (
     cancel_downstream,
     record_ended_parts,
@@ -452,8 +454,12 @@ class JobStore:
         priority_boost_minutes: float = DEFAULT_BOOST_MINUTES,
         notify: bool = False,
         engine_options: EngineOptions | None = None,
+        dlq_alert_task: str | None = None,
     ):
         self.url = url
+        #: The task sent dead-letter alerts: with one, each job failing for good is counted
+        #: into its task name's alert window, in the transaction that fails it.
+        self.dlq_alert_task = dlq_alert_task
         #: Aging: a waiting job gains one priority level per this many minutes (0: never).
         self.priority_boost_minutes = max(float(priority_boost_minutes), 0.0)
         self.display_url = mask_url(url)
@@ -1016,7 +1022,7 @@ class JobStore:
         handed_back = [s.job_id for s in settlements if s.status is JobStatus.PENDING]
 
         def settle_rows(conn: Connection) -> int:
-            changed = self._settle_rows(conn, params)
+            changed = self._settle_counting_dead_letters(conn, params)
             if handed_back:  # due again at once, for any node: wake the idle ones
                 self._announce_queues_of(conn, handed_back)
             for release in releases:  # one statement per resource, not per job
@@ -1028,6 +1034,27 @@ class JobStore:
             return changed
 
         return self._run(work, "job outcomes were not recorded")
+
+    def _settle_counting_dead_letters(self, conn: Connection, params: list[dict[str, Any]]) -> int:
+        """Settle, counting the jobs this settle fails into their alert windows. Those rows
+        are changed one at a time, so only the ones this settle changed count (the result
+        backend may have failed the same claim already, and counted it then)."""
+        failing = JobStatus.FAILED.value
+        if self.dlq_alert_task is None or all(p["p_status"] != failing for p in params):
+            return self._settle_rows(conn, params)
+        others = [p for p in params if p["p_status"] != failing]
+        changed = self._settle_rows(conn, others) if others else 0
+        newly_failed = []
+        for p in params:
+            if p["p_status"] == failing and conn.execute(self._settle_one, p).rowcount == 1:
+                changed += 1
+                newly_failed.append((p["p_job_id"], p["p_token"]))
+        self._count_dead_letters(conn, dlq_alerts.dead_letters(conn, newly_failed))
+        return changed
+
+    def _count_dead_letters(self, conn: Connection, letters: list[dlq_alerts.DeadLetter]) -> None:
+        if self.dlq_alert_task is not None and letters:
+            dlq_alerts.count_dead_letters(conn, letters, excluded=self.dlq_alert_task)
 
     def _settle_rows(self, conn: Connection, params: list[dict[str, Any]]) -> int:
         if self.family != "mysql":  # executemany: pipelined by psycopg and sqlite3
@@ -1118,6 +1145,8 @@ class JobStore:
                     record_part(conn, part)
                 if cancels:
                     cancel_downstream(conn, job_id, error)
+                if status is JobStatus.FAILED:
+                    self._count_dead_letters(conn, dlq_alerts.dead_letters(conn, [(job_id, token)]))
                 return True
 
         return self._run(work, "the result was not stored")
@@ -1855,6 +1884,10 @@ class JobStore:
                     cancel_downstream(conn, ids, error)
                     record_ended_parts(conn, ids, "FAILURE")
                     dead_lettered += ids
+                if dead_lettered:
+                    self._count_dead_letters(
+                        conn, dlq_alerts.dead_letters_by_id(conn, dead_lettered)
+                    )
                 orphans = requeued + dead_lettered
                 if orphans:
                     conn.execute(delete(p).where(p.c.job_id.in_(orphans)))
@@ -1864,6 +1897,46 @@ class JobStore:
                 return OrphanRecovery(sorted(requeued), sorted(dead_lettered), sorted(dead))
 
         return self._run(work, "orphaned jobs were not recovered")
+
+    # -- dead-letter alerts -------------------------------------------------------------------
+
+    def due_alert_windows(self, interval_seconds: float) -> list[str]:
+        """Task names whose alert window has closed (by the database clock)."""
+        return self._run(
+            lambda conn: dlq_alerts.due_windows(conn, interval_seconds),
+            "alert windows were not read",
+        )
+
+    def close_alert_window(
+        self,
+        task_name: str,
+        interval_seconds: float,
+        alert_job: Callable[[AlertWindow, list[str], datetime], NewJob],
+    ) -> NewJob | None:
+        """Close the task name's window if it is due and still open, inserting the alert job
+        ``alert_job`` makes from it in the same transaction: once cluster-wide per window.
+        None when there was nothing to close (not due, or closed by another node)."""
+
+        def work(conn: Connection) -> NewJob | None:
+            made: list[NewJob] = []
+
+            def insert_alert(window: AlertWindow, job_ids: list[str], now: datetime) -> str:
+                new = alert_job(window, job_ids, now)
+                check_fields(new)
+                conn.execute(self._insert, _params(new))
+                made.append(new)
+                return new.job_id
+
+            with transaction(conn):
+                closed = dlq_alerts.close_window(conn, task_name, interval_seconds, insert_alert)
+            return made[0] if closed is not None else None
+
+        return self._run(work, "the dead-letter alert was not sent")
+
+    def alert_states(self, task_names: Sequence[str]) -> dict[str, dlq_alerts.AlertState]:
+        return self._run(
+            lambda conn: dlq_alerts.alert_states(conn, task_names), "alert states were not read"
+        )
 
     def list_nodes(self) -> list[dict[str, Any]]:
         n = scheduler_node

@@ -320,3 +320,25 @@ scheduler_workflow_condition = Table(
     Column("decided_at", UTCDateTime),
     **_MYSQL_OPTIONS,
 )
+
+# Dead-letter alerts (the seeds' DLQ_ALERT): one row per task name. ``opened_at`` is the open
+# window (the finish time of its first failed job; NULL: none open) and ``failed`` what it
+# counted, both changed in the transaction that fails each job; the window is closed, and
+# its alert job inserted, by one compare-and-swap on ``alerts_sent``.
+scheduler_dlq_alert = Table(
+    "scheduler_dlq_alert",
+    metadata,
+    Column("task_name", String(255), primary_key=True),
+    Column("opened_at", UTCDateTime),
+    Column("failed", Integer, nullable=False, server_default="0"),
+    Column("newest_job_id", String(255)),
+    Column("newest_error", _long_text()),
+    Column("newest_at", UTCDateTime),
+    #: When the first window of this task name opened: dead letters before it had no alert.
+    Column("first_opened_at", UTCDateTime),
+    Column("alerts_sent", Integer, nullable=False, server_default="0"),
+    Column("last_sent_at", UTCDateTime),
+    Column("last_alert_id", String(255)),
+    Column("last_count", Integer),
+    **_MYSQL_OPTIONS,
+)

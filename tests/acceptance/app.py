@@ -155,6 +155,12 @@ def boom(message: str) -> None:
     raise RuntimeError(message)
 
 
+@app.task(name="acc.on_dead_letters")
+def on_dead_letters(summary: dict[str, object]) -> dict[str, object]:
+    """The dead-letter alert task of the workers started with RATCHET_DLQ_ALERT_TASK."""
+    return summary
+
+
 # The serializers the app accepts, set per test (RATCHET_ACCEPTANCE_ACCEPT_CONTENT=json,pickle).
 if os.environ.get("RATCHET_ACCEPTANCE_ACCEPT_CONTENT"):
     app.conf.accept_content = os.environ["RATCHET_ACCEPTANCE_ACCEPT_CONTENT"].split(",")

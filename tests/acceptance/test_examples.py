@@ -41,6 +41,14 @@ def test_reliability(tmp_path: Path) -> None:
     assert "1 permit: overlapping = False" in out
 
 
+def test_dlq_alerts(tmp_path: Path) -> None:
+    out = run_example("dlq_alerts", tmp_path)
+    assert "dead letters: 10, alert: ['due']" in out
+    assert "alert: 10 dead letters of dlq_alerts.charge" in out
+    assert "newest error: ValueError: order" in out
+    assert "after the alert: ['sent']" in out
+
+
 def test_transactional(tmp_path: Path) -> None:
     out = run_example("transactional", tmp_path)
     assert "job rows for order 2: 0" in out and "order 1: order 1 shipped" in out

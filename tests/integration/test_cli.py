@@ -16,6 +16,7 @@ from celery_ratchet.domain.batch import BatchKind, BatchPart, NewBatch
 from celery_ratchet.domain.job import JobStatus, Settlement
 from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.ddl import ddl_script
+from celery_ratchet.store.jobstore import JobStore
 from tests.conftest import empty_store
 from tests.helpers import new_job
 
@@ -143,6 +144,34 @@ def test_dlq_list_show_retry_purge(tmp_path: Path) -> None:
     assert json.loads(run("list", "--json")) == []
     missing = runner.invoke(cli, ["--url", url, "dlq", "show", "dead-0"])
     assert missing.exit_code == 2 and "no failed job" in missing.output
+
+
+def test_dlq_list_shows_whether_the_alert_of_each_job_was_sent(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'alerts.db'}"
+    empty_store(url)
+    store = JobStore(url, dlq_alert_task="tests.on_dead_letters")
+
+    def fail(job_id: str) -> None:
+        store.enqueue(new_job(job_id, task="tests.charge"))
+        [claimed] = store.claim("n", ["celery"], 1)
+        store.settle([Settlement(job_id, claimed.token, JobStatus.FAILED, error="{}")])
+
+    fail("sent-0")
+    store.close_alert_window(
+        "tests.charge",
+        0,
+        lambda w, ids, now: new_job("alert-1", task="tests.on_dead_letters", queue="alerts"),
+    )
+    fail("due-0")
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["--url", url, "dlq", "list", "--task", "tests.charge", "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert {j["job_id"]: j["alert"] for j in json.loads(listed.output)} == {
+        "sent-0": "sent",
+        "due-0": "due",
+    }
+    table = runner.invoke(cli, ["--url", url, "dlq", "list"]).output
+    assert "ALERT" in table.splitlines()[0]
 
 
 def _celery(*args: str, url: str, **env: str) -> subprocess.CompletedProcess[str]:
