@@ -8,6 +8,7 @@ from celery import Celery, Task
 
 from celery_ratchet.celery.app import install
 from celery_ratchet.celery.retry import refuse_do_not_retry
+from celery_ratchet.celery.sender import follow_in_open_batch
 
 
 class RatchetTask(Task):
@@ -44,6 +45,13 @@ class RatchetTask(Task):
         """Celery's retry, except that a do-not-retry failure is raised as it is."""
         refuse_do_not_retry(exc)
         return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
+
+    def AsyncResult(self, task_id: str, **kwargs: Any) -> Any:
+        """Celery's, and followed by the batch being written, if any: a group member whose
+        business key an active job holds gets that job's id once the group is stored."""
+        result = super().AsyncResult(task_id, **kwargs)
+        follow_in_open_batch(result)
+        return result
 
     @property
     def ratchet_log(self) -> Any:
