@@ -61,6 +61,7 @@ from celery_ratchet.errors import (
     InvalidJob,
     RatchetError,
     SchemaMissing,
+    SchemaOutdated,
     StoreBusy,
     StoreUnavailable,
 )
@@ -354,6 +355,13 @@ def _is_active_key_conflict(exc: IntegrityError) -> bool:
     text_ = str(orig)
     # MySQL/MariaDB name the index; SQLite names the indexed column.
     return ACTIVE_KEY_INDEX in text_ or "scheduler_job.business_key" in text_
+
+
+def _lacks_active_key_index(exc: DBAPIError) -> bool:
+    """PostgreSQL and SQLite refuse an ON CONFLICT target that no unique index matches."""
+    if getattr(exc.orig, "sqlstate", None) == "42P10":  # invalid_column_reference
+        return True
+    return "does not match any PRIMARY KEY or UNIQUE constraint" in str(exc.orig)
 
 
 def _no_guard() -> contextlib.AbstractContextManager[Any]:
@@ -821,6 +829,16 @@ class JobStore:
                 if not _is_active_key_conflict(exc):  # the job id is taken
                     return self._reuse_or_refuse(conn, params, retried, guard)
                 inserted = False
+            except DBAPIError as exc:
+                if _lacks_active_key_index(exc):
+                    raise SchemaOutdated(
+                        f"the job store at {self.display_url} lacks the unique index "
+                        f"{ACTIVE_KEY_INDEX} on active business keys (its schema predates "
+                        "this version and was not brought up to date); run `ratchet --url "
+                        "URL schema apply`, or start a worker once with ratchet_create_schema "
+                        "on; no job was enqueued"
+                    ) from exc
+                raise
             if inserted:
                 return None
             holder = self._holder_of(conn, params["p_business_key"])
@@ -1601,7 +1619,7 @@ class JobStore:
                 return 0, None
             params = [{"p_job_id": r.job_id, "p_headers": rewrite_headers(r.headers)} for r in rows]
             with transaction(conn):
-                changed = conn.execute(requeue, params).rowcount
+                changed = self._requeue_each(conn, requeue, params)
                 # The chain steps its failure revoked wait for it again.
                 restore_downstream(conn, [r.job_id for r in rows])
                 self._announce_queues_of(conn, [r.job_id for r in rows])
@@ -1615,6 +1633,30 @@ class JobStore:
             if last is None:
                 return done
             done, after = done + changed, last
+
+    def _requeue_each(self, conn: Connection, requeue: Any, params: list[dict[str, Any]]) -> int:
+        """Requeue FAILED rows in one statement; when one's business key is held by an active
+        job meanwhile, one by one, leaving those FAILED (two active jobs of a key may not be)."""
+        try:
+            with savepoint(conn, "ratchet_requeue"):
+                return int(conn.execute(requeue, params).rowcount)
+        except IntegrityError as exc:
+            if not _is_active_key_conflict(exc):
+                raise
+        changed = 0
+        for p in params:
+            try:
+                with savepoint(conn, "ratchet_requeue"):
+                    changed += conn.execute(requeue, p).rowcount
+            except IntegrityError as exc:
+                if not _is_active_key_conflict(exc):
+                    raise
+                logger.warning(
+                    "ratchet: failed job %s left in the dead-letter queue: another active job "
+                    "holds its business key",
+                    p["p_job_id"],
+                )
+        return changed
 
     def purge_failed(
         self,
