@@ -143,10 +143,16 @@ def job_from_message(
         business_key=business_key,
         # A chord's member cannot be stood in for by another job: the chord counts its own.
         on_duplicate=OnDuplicate.RAISE
-        if headers.get("chord")
+        if _in_chord(body)
         else OnDuplicate(on_duplicate or OnDuplicate.EXISTING),
         tags=tuple(tags),
     )
+
+
+def _in_chord(body: Any) -> bool:
+    """Whether the message is of a chord's (or a batch's) member: Celery embeds the chord."""
+    embed = body[2] if isinstance(body, (tuple, list)) and len(body) == 3 else None
+    return isinstance(embed, dict) and bool(embed.get("chord"))
 
 
 def waiting_steps(job: NewJob, body: Any) -> list[NewJob]:
