@@ -52,14 +52,28 @@ class PayloadTooLarge(RatchetError, ValueError):
 
 
 class DuplicateJob(RatchetError):
-    """A job with this task id is already pending or running."""
+    """A job with this task id is already pending or running; or, with ``business_key``
+    set, the job's business key is held by an active job (PENDING, WAITING or RUNNING),
+    whose id is ``job_id``. Nothing was written."""
 
-    def __init__(self, job_id: str) -> None:
+    def __init__(
+        self, job_id: str, *, business_key: str | None = None, reason: str | None = None
+    ) -> None:
         self.job_id = job_id
-        super().__init__(
-            f"a job with task id {job_id!r} is already pending or running; "
-            f"use a new task_id, or revoke the existing job first"
-        )
+        self.business_key = business_key
+        if business_key is None:
+            message = (
+                f"a job with task id {job_id!r} is already pending or running; "
+                f"use a new task_id, or revoke the existing job first"
+            )
+        else:
+            # The key itself stays out of the message: it is often made of the job's data.
+            message = (
+                f"the business key of this job is held by active job {job_id!r} (PENDING, "
+                f"WAITING or RUNNING), so no second job was created; "
+                + (reason or "use AsyncResult(job_id) to follow that one, or revoke it first")
+            )
+        super().__init__(message)
 
 
 class SerializerNotAllowed(RatchetError, ValueError):

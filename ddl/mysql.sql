@@ -89,6 +89,7 @@ CREATE TABLE scheduler_job (
 	result_meta MEDIUMTEXT,
 	last_error MEDIUMTEXT,
 	error_traceback MEDIUMTEXT,
+	active_business_key VARCHAR(255) GENERATED ALWAYS AS (CASE WHEN business_key IS NOT NULL AND status IN ('PENDING', 'WAITING', 'RUNNING') AND job_type <> 'RECURRING' THEN business_key END) STORED,
 	PRIMARY KEY (id)
 )ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
 
@@ -103,6 +104,8 @@ CREATE INDEX ix_scheduler_job_owner ON scheduler_job (status, picked_by);
 CREATE INDEX ix_scheduler_job_ready_status ON scheduler_job (status, resource, queue, priority DESC, scheduled_time, id);
 
 CREATE UNIQUE INDEX ux_scheduler_job_job_id ON scheduler_job (job_id);
+
+CREATE UNIQUE INDEX ux_scheduler_job_active_key ON scheduler_job (active_business_key);
 
 CREATE TABLE scheduler_job_archive (
 	id BIGINT NOT NULL,

@@ -104,6 +104,8 @@ CREATE INDEX ix_scheduler_job_ready ON scheduler_job (queue, priority DESC, sche
 
 CREATE INDEX ix_scheduler_job_ready_resource ON scheduler_job (resource, queue, priority DESC, scheduled_time, id) WHERE status = 'PENDING' AND resource IS NOT NULL;
 
+CREATE UNIQUE INDEX ux_scheduler_job_active_key ON scheduler_job (business_key) WHERE business_key IS NOT NULL AND status IN ('PENDING', 'WAITING', 'RUNNING') AND job_type <> 'RECURRING';
+
 CREATE UNIQUE INDEX ux_scheduler_job_job_id ON scheduler_job (job_id);
 
 CREATE TABLE scheduler_job_archive (

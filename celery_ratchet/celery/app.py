@@ -167,6 +167,7 @@ def install(app: Celery) -> Celery:
     """Make ``app`` send to and run from its job store. Idempotent; ``task_cls`` does this."""
     from celery_ratchet.celery import batches, housekeeping, retry, workflows
     from celery_ratchet.celery.consumer import JobConsumer
+    from celery_ratchet.celery.sender import follow_held_keys
 
     with _INSTALL_LOCK:
         if getattr(app, "_ratchet_installed", False):
@@ -180,6 +181,7 @@ def install(app: Celery) -> Celery:
         app.events_cls = "celery_ratchet.celery.events:RatchetEvents"
         app.__dict__.pop("events", None)
         app.steps["consumer"].add(JobConsumer)
+        follow_held_keys(app)
         censor_ratchet_urls()
         retry.connect(app)
         housekeeping.register_tasks(app)

@@ -23,6 +23,7 @@ from celery_ratchet.domain.job import (
     JobType,
     Message,
     NewJob,
+    OnDuplicate,
     error_record,
 )
 from celery_ratchet.domain.priority import to_numeric
@@ -101,6 +102,7 @@ def job_from_message(
     timezone_: tzinfo,
     resource: str | None = None,
     business_key: str | None = None,
+    on_duplicate: str | None = None,
     tags: Sequence[str] = (),
 ) -> NewJob:
     check_serializer(serializer, allow_pickle)
@@ -139,8 +141,18 @@ def job_from_message(
         group_id=headers.get("group"),
         resource=resource,
         business_key=business_key,
+        # A chord's member cannot be stood in for by another job: the chord counts its own.
+        on_duplicate=OnDuplicate.RAISE
+        if _in_chord(body)
+        else OnDuplicate(on_duplicate or OnDuplicate.EXISTING),
         tags=tuple(tags),
     )
+
+
+def _in_chord(body: Any) -> bool:
+    """Whether the message is of a chord's (or a batch's) member: Celery embeds the chord."""
+    embed = body[2] if isinstance(body, (tuple, list)) and len(body) == 3 else None
+    return isinstance(embed, dict) and bool(embed.get("chord"))
 
 
 def waiting_steps(job: NewJob, body: Any) -> list[NewJob]:

@@ -2,9 +2,11 @@
 
 Names follow the seeds: ``resource``, ``backoff`` (none | fixed | exponential),
 ``backoff_param`` (seconds), ``max_retries``, ``timeout`` (seconds), ``priority`` (a level
-name or 0-9), ``business_key`` and ``tags``. The same names set as task attributes are the
-defaults of every call. What the worker needs later (retry settings, tags) travels in the
-message header ``ratchet``; what the claim needs (resource, priority) goes on the row.
+name or 0-9), ``business_key``, ``on_duplicate`` (``existing``, the default: a send whose
+business key an active job holds gets that job's result; ``raise``: DuplicateJob) and
+``tags``. The same names set as task attributes are the defaults of every call. What the
+worker needs later (retry settings, tags) travels in the message header ``ratchet``; what
+the claim needs (resource, priority, business key) goes on the row.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from celery_ratchet.domain.job import OnDuplicate
 from celery_ratchet.domain.priority import to_numeric
 from celery_ratchet.domain.retry import Backoff
 from celery_ratchet.errors import ConfigurationError, InvalidJob
@@ -21,10 +24,12 @@ from celery_ratchet.settings import RatchetSettings
 HEADER = "ratchet"
 OPTIONS = frozenset(
     {"resource", "backoff", "backoff_param", "max_retries", "timeout", "priority",
-     "business_key", "tags"}
+     "business_key", "on_duplicate", "tags"}
 )  # fmt: skip
 #: Task attributes read as defaults; ``priority`` is Celery's own attribute already.
-_TASK_ATTRIBUTES = ("resource", "backoff", "backoff_param", "timeout", "business_key", "tags")
+_TASK_ATTRIBUTES = (
+    "resource", "backoff", "backoff_param", "timeout", "business_key", "on_duplicate", "tags",
+)  # fmt: skip
 
 
 def task_defaults(task: Any) -> dict[str, Any]:
@@ -72,6 +77,16 @@ def resolve(
             raise InvalidJob("priority", f"{where}: {exc}") from None
     if "tags" in options:
         options["tags"] = _tags(where, options["tags"])
+    if "on_duplicate" in options:
+        try:
+            options["on_duplicate"] = OnDuplicate(options["on_duplicate"]).value
+        except ValueError:
+            raise InvalidJob(
+                "on_duplicate",
+                f"{where}: ratchet option on_duplicate must be 'existing' (follow the active "
+                f"job holding the business key) or 'raise' (DuplicateJob); "
+                f"got {options['on_duplicate']!r}",
+            ) from None
     resource = options.get("resource")
     if require_capacity and resource is not None and resource not in settings.resources:
         configured = ", ".join(sorted(settings.resources)) or "none"

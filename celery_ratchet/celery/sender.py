@@ -6,6 +6,10 @@ callbacks all pass through here with routing, ids, eta and links already resolve
 A "producer" acquired from the pool is a :class:`JobBatch`: jobs sent through it are written
 together, in one statement, when it is released. A group holds one producer for all its
 members, so a group of 1,000 is one multi-row insert, and all or none of it is stored.
+
+A send whose business key an active job holds creates nothing: its ``AsyncResult`` is made
+to point at the holder (``app.send_task`` is wrapped for that, see :func:`follow_held_keys`);
+the results of a group's or ``bulk()``'s members are pointed so when the batch is written.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import Celery, signals
 from celery.app.amqp import AMQP
@@ -30,6 +34,8 @@ from celery_ratchet.domain.job import NewJob
 from celery_ratchet.errors import DuplicateJob, StoreUnavailable, UnsupportedRouting
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class _NoTransport:
@@ -76,6 +82,8 @@ class JobBatch:
         self.jobs: list[NewJob] = []
         self.waiting: list[NewJob] = []
         self._on_stored: list[Callable[[], None]] = []
+        #: Results handed out for jobs of this batch: pointed at the holder of a taken key.
+        self._results: list[Any] = []
         self._connection: _NoBrokerConnection | None = None
 
     def add(
@@ -85,10 +93,16 @@ class JobBatch:
         self.waiting.extend(waiting or ())
         self._on_stored.append(on_stored)
 
+    def follow(self, result: Any) -> None:
+        """``result`` is of a job sent through this batch: if the job's business key turns
+        out to be held by an active job, the result is pointed at that job on flush."""
+        self._results.append(result)
+
     def flush(self) -> None:
         jobs, self.jobs = self.jobs, []
         waiting, self.waiting = self.waiting, []
         callbacks, self._on_stored = self._on_stored, []
+        results, self._results = self._results, []
         if not jobs:
             return
         conf = self.app.conf
@@ -99,16 +113,15 @@ class JobBatch:
         if groups:  # a group's row, for `ratchet batches` (a chord's exists already)
             state.batches.open_groups(groups, within)
         if within is not None:
-            store.enqueue_within(within, jobs, waiting)
-            for stored in callbacks:
-                stored()
-            return
-        _with_retry(
-            lambda again: store.enqueue_many(jobs, waiting, maybe_committed=again),
-            conf.task_publish_retry,
-            dict(conf.task_publish_retry_policy or {}),
-        )
-        ratchet_state(self.app).published([j.queue for j in jobs])
+            held = store.enqueue_within(within, jobs, waiting)
+        else:
+            held = _with_retry(
+                lambda again: store.enqueue_many(jobs, waiting, maybe_committed=again),
+                conf.task_publish_retry,
+                dict(conf.task_publish_retry_policy or {}),
+            )
+            ratchet_state(self.app).published([j.queue for j in jobs if j.job_id not in held])
+        _point_at_holders(held, results)
         for stored in callbacks:
             stored()
 
@@ -116,6 +129,7 @@ class JobBatch:
         try:
             self.flush()
         finally:
+            _open_batches.set(tuple(b for b in _open_batches.get() if b is not self))
             if self._connection is not None:
                 self._connection.release()
                 self._connection = None
@@ -125,7 +139,7 @@ class JobBatch:
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
         if exc_type is not None:  # the sending code failed part-way: store none of it
-            self.jobs, self._on_stored = [], []
+            self.jobs, self._on_stored, self._results = [], [], []
         self.release()
 
     @property
@@ -142,6 +156,18 @@ class JobBatch:
         """Broadcasts (remote control, events) have no broker to go to; they go nowhere."""
 
 
+#: Batches acquired from the pool and not yet released, innermost last: a group's members'
+#: results are made (frozen) while its batch is open, before their jobs are written.
+_open_batches: ContextVar[tuple[JobBatch, ...]] = ContextVar("ratchet_open_batches", default=())
+
+
+def follow_in_open_batch(result: Any) -> None:
+    """A result made while a batch is open may be of one of its jobs: see JobBatch.follow."""
+    batches = _open_batches.get()
+    if batches:
+        batches[-1].follow(result)
+
+
 class JobBatchPool:
     """The producer pool of a ratchet app: every acquire yields a fresh :class:`JobBatch`."""
 
@@ -152,7 +178,9 @@ class JobBatchPool:
         self.app = app
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> JobBatch:
-        return JobBatch(self.app)
+        batch = JobBatch(self.app)
+        _open_batches.set((*_open_batches.get(), batch))
+        return batch
 
     def release(self, batch: JobBatch) -> None:
         batch.release()
@@ -232,6 +260,7 @@ class RatchetAMQP(AMQP):
             job = job_from_message(
                 resource=options.get("resource"),
                 business_key=options.get("business_key"),
+                on_duplicate=options.get("on_duplicate"),
                 tags=options.get("tags", ()),
                 headers=headers2,
                 properties=properties,
@@ -270,14 +299,16 @@ class RatchetAMQP(AMQP):
             if job.group_id:
                 state.batches.open_groups([job.group_id], within)
             if within is not None:
-                state.store.enqueue_within(within, [job], waiting)
+                held = state.store.enqueue_within(within, [job], waiting)
             else:
-                _with_retry(
+                held = _with_retry(
                     lambda again: state.store.enqueue_many([job], waiting, maybe_committed=again),
                     retries,
                     policy,
                 )
-                state.published([job.queue])
+                if not held:
+                    state.published([job.queue])
+            _point_at_holders(held, [])
             published()
 
         return send_task_message
@@ -330,15 +361,14 @@ def _reschedule(store: Any, token: str, job: NewJob, maybe_committed: bool) -> N
         )
 
 
-def _with_retry(action: Callable[[bool], None], retry: bool, policy: dict[str, Any]) -> None:
+def _with_retry(action: Callable[[bool], T], retry: bool, policy: dict[str, Any]) -> T:
     """Run ``action``; on :class:`StoreUnavailable` retry as ``task_publish_retry_policy``
     says (max_retries, interval_start, interval_step, interval_max), then raise.
 
     ``action`` is told whether an earlier try failed: that try may have committed and lost
     only its reply, so finding its own rows is success, not a duplicate."""
     if not retry:
-        action(False)
-        return
+        return action(False)
     max_retries = policy.get("max_retries", 3)
     interval = float(policy.get("interval_start", 0))
     step = float(policy.get("interval_step", 0.2))
@@ -346,8 +376,7 @@ def _with_retry(action: Callable[[bool], None], retry: bool, policy: dict[str, A
     attempt = 0
     while True:
         try:
-            action(attempt > 0)
-            return
+            return action(attempt > 0)
         except StoreUnavailable:
             if max_retries is not None and attempt >= max_retries:
                 raise
@@ -357,6 +386,50 @@ def _with_retry(action: Callable[[bool], None], retry: bool, policy: dict[str, A
 
 
 _within: ContextVar[Any] = ContextVar("ratchet_transaction", default=None)
+#: Where a send outside a caller's batch leaves the holders of taken business keys.
+_held: ContextVar[dict[str, str] | None] = ContextVar("ratchet_held_keys", default=None)
+
+
+def _point_at_holders(held: dict[str, str], results: list[Any]) -> None:
+    if not held:
+        return
+    for result in results:
+        holder = held.get(result.id)
+        if holder is not None:
+            result.id = holder
+    sink = _held.get()
+    if sink is not None:
+        sink.update(held)
+
+
+def follow_held_keys(app: Celery) -> None:
+    """Make ``app.send_task`` (which ``apply_async`` and ``delay`` call) return the result of
+    the active job holding the business key, when the send created no job for that reason.
+    Celery builds the result from the id it chose before the send; only after the write is
+    it known whether that id exists."""
+    send_task = app.send_task
+    if getattr(send_task, "_ratchet", False):
+        return
+
+    def send_following_held_keys(*args: Any, **kwargs: Any) -> Any:
+        producer = kwargs.get("producer")
+        if isinstance(producer, JobBatch):  # written later: pointed when the batch is
+            result = send_task(*args, **kwargs)
+            producer.follow(result)
+            return result
+        held: dict[str, str] = {}
+        token = _held.set(held)
+        try:
+            result = send_task(*args, **kwargs)
+        finally:
+            _held.reset(token)
+        holder = held.get(result.id) if held else None
+        if holder is not None:
+            result.id = holder
+        return result
+
+    send_following_held_keys._ratchet = True  # type: ignore[attr-defined]
+    app.send_task = send_following_held_keys
 
 
 def current_transaction() -> Any:

@@ -12,6 +12,7 @@ from celery_ratchet.celery.aio import wrap_async
 from celery_ratchet.celery.app import install
 from celery_ratchet.celery.compat import django_task_method
 from celery_ratchet.celery.retry import refuse_do_not_retry
+from celery_ratchet.celery.sender import follow_in_open_batch
 
 
 class RatchetTask(Task):
@@ -81,6 +82,13 @@ class RatchetTask(Task):
     async def adelay(self, *args: Any, **kwargs: Any) -> Any:
         """``delay`` for async code: ``await task.adelay(1, 2)``."""
         return await self.aapply_async(args, kwargs)
+
+    def AsyncResult(self, task_id: str, **kwargs: Any) -> Any:
+        """Celery's, and followed by the batch being written, if any: a group member whose
+        business key an active job holds gets that job's id once the group is stored."""
+        result = super().AsyncResult(task_id, **kwargs)
+        follow_in_open_batch(result)
+        return result
 
     @property
     def ratchet_log(self) -> Any:

@@ -62,6 +62,15 @@ class JobType(str, enum.Enum):
     SYSTEM = "SYSTEM"
 
 
+class OnDuplicate(str, enum.Enum):
+    """What a send does when its business key is held by an active job."""
+
+    #: Create nothing; the send's result is the active job's (an idempotent enqueue).
+    EXISTING = "existing"
+    #: Create nothing; raise DuplicateJob naming the active job.
+    RAISE = "raise"
+
+
 @dataclass(frozen=True)
 class Message:
     """A serialized task message: what the worker hands to the executor."""
@@ -95,6 +104,8 @@ class NewJob:
     tags: tuple[str, ...] = ()
     #: A chain step stored ahead of time: WAITING until this job succeeds.
     depends_on: str | None = None
+    #: With a business key held by an active job: follow that job, or raise.
+    on_duplicate: OnDuplicate = OnDuplicate.EXISTING
 
 
 @dataclass(frozen=True)

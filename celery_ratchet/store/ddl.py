@@ -6,18 +6,25 @@ statements, so the shipped files and what the code creates cannot drift apart.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Index, Table, create_mock_engine, inspect
+from sqlalchemy import Index, Table, create_mock_engine, func, inspect, select, text
 from sqlalchemy.engine import Connection, Dialect
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable
 
 from celery_ratchet.errors import SchemaNotCreated, SchemaOutdated, StoreBusy
 from celery_ratchet.store.engine import family, transaction
-from celery_ratchet.store.schema import metadata
+from celery_ratchet.store.schema import (
+    ACTIVE_KEY_INDEX,
+    ACTIVE_KEY_WHERE,
+    MYSQL_ACTIVE_KEY_COLUMN,
+    MYSQL_ACTIVE_KEY_DEFINITION,
+    metadata,
+    scheduler_job,
+)
 
 #: Dialect name → URL prefix used to render DDL without a live database.
 DIALECTS = {
@@ -61,12 +68,22 @@ def _table_options(table: Table, dialect: Dialect) -> str:
     return "\n WITH (" + ", ".join(f"{name} = {value}" for name, value in options.items()) + ")"
 
 
+def _active_key_index_mysql() -> str:
+    return f"CREATE UNIQUE INDEX {ACTIVE_KEY_INDEX} ON scheduler_job ({MYSQL_ACTIVE_KEY_COLUMN})"
+
+
 def table_statements(table: Table, dialect: Dialect) -> list[str]:
-    create = str(CreateTable(table).compile(dialect=dialect))
-    statements = [_clean(create) + _table_options(table, dialect)]
+    create = _clean(str(CreateTable(table).compile(dialect=dialect)))
+    mysql_active_key = table is scheduler_job and family(dialect.name) == "mysql"
+    if mysql_active_key:
+        primary_key = "\n\tPRIMARY KEY (id)"
+        create = create.replace(primary_key, f"\n\t{MYSQL_ACTIVE_KEY_DEFINITION},{primary_key}")
+    statements = [create + _table_options(table, dialect)]
     for index in sorted(table.indexes, key=lambda ix: str(ix.name)):
         if index_applies(index, dialect.name):
             statements.append(_clean(str(CreateIndex(index).compile(dialect=dialect))))
+    if mysql_active_key:
+        statements.append(_active_key_index_mysql())
     return statements
 
 
@@ -126,9 +143,81 @@ def add_missing_columns(conn: Connection) -> list[str]:
         indexes = {i["name"] for i in inspector.get_indexes(table.name)}
         for index in sorted(table.indexes, key=lambda ix: str(ix.name)):
             if index_applies(index, conn.dialect.name) and index.name not in indexes:
-                conn.exec_driver_sql(_clean(str(CreateIndex(index).compile(dialect=conn.dialect))))
+                statement = _clean(str(CreateIndex(index).compile(dialect=conn.dialect)))
+                if index.name == ACTIVE_KEY_INDEX:
+                    _add_active_key_index(conn, [statement])
+                else:
+                    conn.exec_driver_sql(statement)
                 added.append(f"index {index.name}")
+        if table is scheduler_job and family(conn.dialect.name) == "mysql":
+            added += _add_mysql_active_key(conn, columns, indexes)
     return added
+
+
+def _add_mysql_active_key(
+    conn: Connection, columns: set[str], indexes: set[str | None]
+) -> list[str]:
+    statements, added = [], []
+    if MYSQL_ACTIVE_KEY_COLUMN not in columns:
+        statements.append(f"ALTER TABLE scheduler_job ADD COLUMN {MYSQL_ACTIVE_KEY_DEFINITION}")
+        added.append(f"scheduler_job.{MYSQL_ACTIVE_KEY_COLUMN}")
+    if ACTIVE_KEY_INDEX not in indexes:
+        statements.append(_active_key_index_mysql())
+        added.append(f"index {ACTIVE_KEY_INDEX}")
+    if statements:
+        _add_active_key_index(conn, statements)
+    return added
+
+
+def _add_active_key_index(conn: Connection, statements: list[str]) -> None:
+    """Make business keys unique among active jobs in a table an earlier version filled,
+    where two active jobs may hold one key: then say which, instead of a driver error."""
+    _refuse_duplicate_keys(conn)
+    try:
+        for statement in statements:
+            conn.exec_driver_sql(statement)
+    except IntegrityError as exc:  # a duplicate written by an older process meanwhile
+        _refuse_duplicate_keys(conn)
+        raise SchemaOutdated(
+            _DUPLICATE_KEYS.format(jobs="(written just now)", index=ACTIVE_KEY_INDEX)
+        ) from exc
+
+
+_DUPLICATE_KEYS = (
+    "business keys must be unique among active jobs, but some are each held by more than one "
+    "PENDING, WAITING or RUNNING job {jobs}; the unique index {index} was not created. "
+    "Cancel the extra jobs (`ratchet jobs cancel JOB_ID ...`; `ratchet jobs --key KEY` "
+    "lists a key's jobs) or let them finish, then start again or run `ratchet schema apply`"
+)
+
+
+def _refuse_duplicate_keys(conn: Connection) -> None:
+    job = scheduler_job
+    active = text(ACTIVE_KEY_WHERE)
+    keys = list(
+        conn.execute(
+            select(job.c.business_key)
+            .where(active)
+            .group_by(job.c.business_key)
+            .having(func.count() > 1)
+            .limit(5)
+        ).scalars()
+    )
+    duplicates: Iterable[str] = (
+        conn.execute(
+            select(job.c.job_id)
+            .where(active, job.c.business_key.in_(keys))
+            .order_by(job.c.id)
+            .limit(10)
+        ).scalars()
+        if keys
+        else []
+    )
+    shown = ", ".join(repr(job_id) for job_id in duplicates)
+    if shown:
+        raise SchemaOutdated(
+            _DUPLICATE_KEYS.format(jobs=f"(among them jobs {shown})", index=ACTIVE_KEY_INDEX)
+        )
 
 
 def schema_differences(conn: Connection) -> list[str]:
@@ -151,6 +240,11 @@ def schema_differences(conn: Connection) -> list[str]:
             for ix in table.indexes
             if index_applies(ix, conn.dialect.name) and ix.name not in indexes
         ]
+        if table is scheduler_job and family(conn.dialect.name) == "mysql":
+            if MYSQL_ACTIVE_KEY_COLUMN not in columns:
+                problems.append(f"missing column {table.name}.{MYSQL_ACTIVE_KEY_COLUMN}")
+            if ACTIVE_KEY_INDEX not in indexes:
+                problems.append(f"missing index {ACTIVE_KEY_INDEX} on {table.name}")
     return problems
 
 

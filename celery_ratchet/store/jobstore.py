@@ -49,6 +49,7 @@ from celery_ratchet.domain.job import (
     JobSummary,
     JobType,
     NewJob,
+    OnDuplicate,
     ResultRecord,
     Settlement,
     error_record,
@@ -61,6 +62,7 @@ from celery_ratchet.errors import (
     InvalidJob,
     RatchetError,
     SchemaMissing,
+    SchemaOutdated,
     StoreBusy,
     StoreUnavailable,
 )
@@ -100,6 +102,9 @@ from celery_ratchet.store.engine import (
 )
 from celery_ratchet.store.redact import mask_url
 from celery_ratchet.store.schema import (
+    ACTIVE_KEY_INDEX,
+    ACTIVE_KEY_WHERE,
+    MYSQL_ACTIVE_KEY_COLUMN,
     UTCDateTime,
     metadata,
     scheduler_group_result,
@@ -281,13 +286,20 @@ NOTIFY_CHANNEL = "ratchet_jobs"
 
 @functools.lru_cache(maxsize=32)
 def _insert_statement(
-    dialect: Any, rows: int = 1, ignore_existing: bool = False, notify: bool = False
+    dialect: Any,
+    rows: int = 1,
+    ignore_existing: bool = False,
+    notify: bool = False,
+    keyed: bool = False,
 ) -> Any:
     """The enqueue INSERT as plain SQL, for ``rows`` rows at once: the hottest statement,
     with nothing to return and nothing to compile per call. ``ignore_existing`` skips rows
     whose job id is taken (recurring occurrences, which are unique per fire time).
     ``notify`` (PostgreSQL): each inserted row notifies its queue to listening workers, in
-    the same statement (no extra round trip) and only once the row is committed."""
+    the same statement (no extra round trip) and only once the row is committed.
+    ``keyed`` (one row with a business key): PostgreSQL and SQLite insert nothing when an
+    active job holds the key (the partial unique index is the arbiter; a taken job id still
+    raises); MySQL has no such clause: its duplicate-key error names the index instead."""
     now = str(db_now().compile(dialect=dialect))
 
     def suffix(i: int) -> str:
@@ -318,6 +330,8 @@ def _insert_statement(
             "postgresql": ("INSERT INTO", " ON CONFLICT (job_id) DO NOTHING"),
             "sqlite": ("INSERT OR IGNORE INTO", ""),
         }.get(dialect.name, ("INSERT INTO", " ON DUPLICATE KEY UPDATE job_id = job_id"))
+    if keyed and dialect.name in ("postgresql", "sqlite"):
+        on_conflict = f" ON CONFLICT (business_key) WHERE {ACTIVE_KEY_WHERE} DO NOTHING"
     returning = ""
     if notify and dialect.name == "postgresql":
         returning = f" RETURNING pg_notify('{NOTIFY_CHANNEL}', queue)"
@@ -328,6 +342,32 @@ def _insert_statement(
 
 def _bulk_params(params: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {f"{name}_{i}": p[name] for i, p in enumerate(params) for name in _PARAM_NAMES}
+
+
+#: Tries to place a keyed job when the key's holder ends between the conflict and the look-up.
+_KEY_TRIES = 10
+
+
+def _is_active_key_conflict(exc: IntegrityError) -> bool:
+    """Whether the unique index on active business keys refused the row (not a job id)."""
+    orig = exc.orig
+    diag = getattr(orig, "diag", None)
+    if diag is not None:  # psycopg
+        return getattr(diag, "constraint_name", None) == ACTIVE_KEY_INDEX
+    text_ = str(orig)
+    # MySQL/MariaDB name the index; SQLite names the indexed column.
+    return ACTIVE_KEY_INDEX in text_ or "scheduler_job.business_key" in text_
+
+
+def _lacks_active_key_index(exc: DBAPIError) -> bool:
+    """PostgreSQL and SQLite refuse an ON CONFLICT target that no unique index matches."""
+    if getattr(exc.orig, "sqlstate", None) == "42P10":  # invalid_column_reference
+        return True
+    return "does not match any PRIMARY KEY or UNIQUE constraint" in str(exc.orig)
+
+
+def _no_guard() -> contextlib.AbstractContextManager[Any]:
+    return contextlib.nullcontext()
 
 
 def _held(job_id: Any, token: Any) -> tuple[Any, ...]:
@@ -473,8 +513,25 @@ class JobStore:
         #: PostgreSQL: inserts notify listening workers (LISTEN/NOTIFY wake-ups).
         self.notify = notify and self.family == "postgresql"
         self._insert = _insert_statement(self.engine.dialect, notify=self.notify)
+        self._insert_keyed_row = _insert_statement(
+            self.engine.dialect, notify=self.notify, keyed=True
+        )
+        if self.family == "mysql":
+            # A locking read sees the latest committed row, even inside a caller's
+            # REPEATABLE READ transaction whose snapshot predates the holder.
+            self._key_holder = text(
+                f"SELECT job_id FROM scheduler_job WHERE {MYSQL_ACTIVE_KEY_COLUMN} = :key "
+                "LOCK IN SHARE MODE"
+            )
+        else:
+            self._key_holder = text(
+                f"SELECT job_id FROM scheduler_job WHERE business_key = :key AND {ACTIVE_KEY_WHERE}"
+            )
         released = _new_job_values()
         released.pop("group_id")  # a step keeps the group its signature was frozen with
+        # A chain step stored ahead holds no business key (see waiting_steps): releasing it
+        # gives it none, so the release never meets the unique index on active keys.
+        released.pop("business_key")
         self._release_waiting_silently = (
             update(job)
             .where(job.c.job_id == bindparam("p_job_id"), job.c.status == JobStatus.WAITING.value)
@@ -489,10 +546,13 @@ class JobStore:
             f"SELECT {RETURNED} FROM scheduler_job "
             "WHERE claim_token = :token AND status = 'RUNNING'"
         ).columns(scheduled_time=UTCDateTime())
+        rescheduled = _new_job_values()
+        # A retry or replace is the same job: it keeps its business key (and stays active).
+        rescheduled.pop("business_key")
         self._replace_running = (
             update(job)
             .where(*_held(bindparam("p_job_id"), bindparam("p_token")))
-            .values(**_new_job_values(), **_CLEARED_CLAIM)
+            .values(**rescheduled, **_CLEARED_CLAIM)
         )
         owned = _held(bindparam("p_job_id"), bindparam("p_token"))
         finished = {"status": bindparam("p_status"), "finished_at": db_now()}
@@ -557,6 +617,7 @@ class JobStore:
         """No more ``pg_notify`` on inserts: nothing receives them (see ``send_probe``)."""
         self.notify = False
         self._insert = _insert_statement(self.engine.dialect, notify=False)
+        self._insert_keyed_row = _insert_statement(self.engine.dialect, keyed=True)
         self._release_waiting = self._release_waiting_silently
         self._replace_running = self._replace_running_silently
 
@@ -651,9 +712,10 @@ class JobStore:
 
     # -- enqueue ----------------------------------------------------------------------------
 
-    def enqueue(self, new: NewJob, *, maybe_committed: bool = False) -> None:
-        """Insert one job; a finished job with the same id is replaced, an active one is not."""
-        self.enqueue_many([new], maybe_committed=maybe_committed)
+    def enqueue(self, new: NewJob, *, maybe_committed: bool = False) -> dict[str, str]:
+        """Insert one job; a finished job with the same id is replaced, an active one is not.
+        Returns what :meth:`enqueue_many` does."""
+        return self.enqueue_many([new], maybe_committed=maybe_committed)
 
     def enqueue_many(
         self,
@@ -661,21 +723,27 @@ class JobStore:
         waiting: Sequence[NewJob] = (),
         *,
         maybe_committed: bool = False,
-    ) -> None:
+    ) -> dict[str, str]:
         """Insert jobs with multi-row INSERTs in one transaction: all or nothing.
 
         ``waiting`` are chain steps stored ahead of time (WAITING, never claimed); one whose id
         exists already is left alone. A job whose id is such a waiting step releases it.
 
+        A job whose business key an active job holds is not inserted; the result maps its
+        id to the holder's (``on_duplicate`` RAISE, or the head of a chain: DuplicateJob,
+        and nothing is written). Jobs without a key take the plain multi-row path.
+
         ``maybe_committed``: an earlier call with these jobs failed in a way that may have
         committed them (a lost reply). A row holding the same id and message is then ours:
         success, whatever its state; a finished one is not run again."""
         if not jobs and not waiting:
-            return
+            return {}
         params = [_params(j) for j in jobs]
+        keyed = any(j.business_key is not None for j in jobs)
+        heads = {w.depends_on for w in waiting}
         tries = 0
 
-        def work(conn: Connection) -> None:
+        def work(conn: Connection) -> dict[str, str]:
             nonlocal tries
             tries += 1
             # After a broken connection the earlier try may have committed: finding our own
@@ -685,39 +753,118 @@ class JobStore:
             # with the rest of its chain at submission. Releasing it is all there is to do.
             from_a_task = len(params) == 1 and params[0]["p_parent_id"] is not None
             if from_a_task and conn.execute(self._release_waiting, params[0]).rowcount == 1:
-                return
-            if waiting:
+                return {}
+            if keyed and len(params) == 1 and not waiting:
+                # Autocommit: one statement, nothing to roll back to.
+                return self._insert_each(conn, jobs, params, retried, _no_guard, heads)
+            if waiting or keyed:
                 with transaction(conn):
                     self._insert_waiting(conn, waiting)
-                    self._insert_each(conn, params, retried)
-                return
+                    return self._insert_each(
+                        conn, jobs, params, retried, lambda: savepoint(conn), heads
+                    )
             if len(params) == 1:
                 try:
                     conn.execute(self._insert, params[0])
                 except IntegrityError:
-                    self._reuse_or_refuse(conn, params[0], retried)
-                return
+                    self._reuse_or_refuse(conn, params[0], retried, _no_guard)
+                return {}
             try:
                 with transaction(conn):
                     self._insert_many(conn, params)
-                return
+                return {}
             except IntegrityError:
                 pass
             # An id already taken: one row at a time, still all or nothing.
             with transaction(conn):
-                self._insert_each(conn, params, retried)
+                return self._insert_each(conn, jobs, params, retried, lambda: savepoint(conn))
 
-        self._run(work, "no job was enqueued")
+        return self._run(work, "no job was enqueued")
 
-    def _insert_each(self, conn: Connection, params: list[dict[str, Any]], retried: bool) -> None:
-        for p in params:
+    def _insert_each(
+        self,
+        conn: Connection,
+        jobs: Sequence[NewJob],
+        params: list[dict[str, Any]],
+        retried: bool,
+        guard: Callable[[], contextlib.AbstractContextManager[Any]],
+        heads: set[str | None] | None = None,
+    ) -> dict[str, str]:
+        """One row at a time, each under ``guard`` (a savepoint in a transaction); returns
+        the ids of jobs whose business key was held, mapped to the holders'."""
+        held: dict[str, str] = {}
+        for new, p in zip(jobs, params, strict=True):
+            if new.business_key is not None:
+                holder = self._insert_keyed(conn, p, retried, guard)
+            else:
+                try:
+                    with guard():
+                        conn.execute(self._insert, p)
+                    continue
+                except IntegrityError:
+                    holder = self._reuse_or_refuse(conn, p, retried, guard)
+            if holder is None:
+                continue
+            if new.job_id in (heads or ()):
+                raise DuplicateJob(
+                    holder,
+                    business_key=new.business_key,
+                    reason="a chain cannot follow a job that is not its first step: "
+                    "send the chain again once that job has ended",
+                )
+            if new.on_duplicate is OnDuplicate.RAISE:
+                raise DuplicateJob(holder, business_key=new.business_key)
+            held[new.job_id] = holder
+        return held
+
+    def _insert_keyed(
+        self,
+        conn: Connection,
+        params: dict[str, Any],
+        retried: bool,
+        guard: Callable[[], contextlib.AbstractContextManager[Any]],
+    ) -> str | None:
+        """Insert a job with a business key unless an active job holds the key: the
+        database's unique index decides, so concurrent sends of a key make one job. None
+        when the row is in (inserted, or ours from an earlier try), else the holder's id."""
+        for _ in range(_KEY_TRIES):
             try:
-                with savepoint(conn):
-                    conn.execute(self._insert, p)
-            except IntegrityError:
-                self._reuse_or_refuse(conn, p, retried)
+                with guard():
+                    inserted = conn.execute(self._insert_keyed_row, params).rowcount == 1
+            except IntegrityError as exc:
+                if not _is_active_key_conflict(exc):  # the job id is taken
+                    return self._reuse_or_refuse(conn, params, retried, guard)
+                inserted = False
+            except DBAPIError as exc:
+                if _lacks_active_key_index(exc):
+                    raise SchemaOutdated(
+                        f"the job store at {self.display_url} lacks the unique index "
+                        f"{ACTIVE_KEY_INDEX} on active business keys (its schema predates "
+                        "this version and was not brought up to date); run `ratchet --url "
+                        "URL schema apply`, or start a worker once with ratchet_create_schema "
+                        "on; no job was enqueued"
+                    ) from exc
+                raise
+            if inserted:
+                return None
+            holder = self._holder_of(conn, params["p_business_key"])
+            if holder == params["p_job_id"]:
+                return None  # this very job: sent before, still active
+            if holder is not None:
+                return holder
+            # The holder ended between the conflict and the look-up: the key is free now.
+        raise StoreBusy(
+            f"the business key of job {params['p_job_id']!r} kept changing hands "
+            f"({_KEY_TRIES} tries); no job was enqueued"
+        )
+
+    def _holder_of(self, conn: Connection, business_key: str) -> str | None:
+        holder = conn.execute(self._key_holder, {"key": business_key}).scalar()
+        return None if holder is None else str(holder)
 
     def _insert_waiting(self, conn: Connection, steps: Sequence[NewJob]) -> None:
+        if not steps:
+            return
         rows = [
             {**{k[2:]: v for k, v in _params(s).items() if k[2:] in _WAITING_COLUMNS},
              "status": JobStatus.WAITING.value, "scheduled_time": WAITING_DUE,
@@ -728,12 +875,13 @@ class JobStore:
 
     def enqueue_within(
         self, conn: Connection, jobs: Sequence[NewJob], waiting: Sequence[NewJob] = ()
-    ) -> None:
+    ) -> dict[str, str]:
         """Insert jobs on the caller's own connection, inside the caller's transaction: they
         exist if and only if that transaction commits. A taken task id raises DuplicateJob
-        without spoiling the caller's transaction (a savepoint holds each try)."""
+        without spoiling the caller's transaction (a savepoint holds each try); a business
+        key held by an active job is as in :meth:`enqueue_many`."""
         if not jobs:
-            return
+            return {}
         self._check_same_database(conn)
         if not self._schema_ready:
             # DDL cannot run inside the caller's transaction (MySQL would commit it, SQLite
@@ -747,22 +895,18 @@ class JobStore:
                 )
             self._schema_ready = True
         params = [_params(j) for j in jobs]
+        keyed = any(j.business_key is not None for j in jobs)
         with conn.begin_nested():
-            if waiting:
-                self._insert_waiting(conn, waiting)
-            try:
-                with conn.begin_nested():
-                    self._insert_many(conn, params)
-                return
-            except IntegrityError:
-                pass
-            for p in params:
+            self._insert_waiting(conn, waiting)
+            if not keyed:
                 try:
                     with conn.begin_nested():
-                        conn.execute(self._insert, p)
+                        self._insert_many(conn, params)
+                    return {}
                 except IntegrityError:
-                    with conn.begin_nested():
-                        self._reuse_or_refuse(conn, p, retried=False)
+                    pass
+            heads = {w.depends_on for w in waiting}
+            return self._insert_each(conn, jobs, params, False, conn.begin_nested, heads)
 
     def _check_same_database(self, conn: Connection) -> None:
         mine, theirs = self.engine.url, conn.engine.url
@@ -800,9 +944,18 @@ class JobStore:
             statement = _insert_statement(conn.dialect, len(chunk), ignore_existing)
             conn.execute(statement, chunk[0] if len(chunk) == 1 else _bulk_params(chunk))
 
-    def _reuse_or_refuse(self, conn: Connection, params: dict[str, Any], retried: bool) -> None:
+    def _reuse_or_refuse(
+        self,
+        conn: Connection,
+        params: dict[str, Any],
+        retried: bool,
+        guard: Callable[[], contextlib.AbstractContextManager[Any]],
+    ) -> str | None:
+        """The job id is taken: release the waiting step of that id, or re-arm the finished
+        job of that id, or raise DuplicateJob. Returns the holder's id when re-arming met
+        the job's business key held by another active job (then nothing was written)."""
         if conn.execute(self._release_waiting, params).rowcount == 1:
-            return
+            return None
         if params["p_parent_id"] is not None:
             depends_on = conn.execute(
                 select(job.c.depends_on).where(job.c.job_id == params["p_job_id"])
@@ -811,7 +964,7 @@ class JobStore:
                 # A chain step released already, sent again by a second execution of the
                 # step before it (recovered from a dead node): the step runs once.
                 logger.info("ratchet: chain step %s was released already", params["p_job_id"])
-                return
+                return None
         # Before anything re-arms a finished row: one that holds this very message was
         # written by an earlier try of this send whose reply was lost, and may have run.
         if retried and self._holds_message(conn, params):
@@ -819,9 +972,22 @@ class JobStore:
                 "ratchet: job %s was stored by an earlier try whose reply was lost",
                 params["p_job_id"],
             )
-            return
-        if conn.execute(self._reuse_finished, params).rowcount == 1:
-            return
+            return None
+        try:
+            with guard():
+                if conn.execute(self._reuse_finished, params).rowcount == 1:
+                    return None
+        except IntegrityError as exc:
+            key = params["p_business_key"]
+            if key is None or not _is_active_key_conflict(exc):
+                raise
+            holder = self._holder_of(conn, key)
+            if holder is not None:
+                return holder
+            raise StoreBusy(
+                f"the business key of job {params['p_job_id']!r} changed hands while the "
+                "job was re-armed; no job was enqueued, send it again"
+            ) from exc
         raise DuplicateJob(params["p_job_id"])
 
     def _holds_message(self, conn: Connection, params: dict[str, Any]) -> bool:
@@ -1482,7 +1648,7 @@ class JobStore:
                 return 0, None
             params = [{"p_job_id": r.job_id, "p_headers": rewrite_headers(r.headers)} for r in rows]
             with transaction(conn):
-                changed = conn.execute(requeue, params).rowcount
+                changed = self._requeue_each(conn, requeue, params)
                 # The chain steps its failure revoked wait for it again.
                 restore_downstream(conn, [r.job_id for r in rows])
                 self._announce_queues_of(conn, [r.job_id for r in rows])
@@ -1496,6 +1662,30 @@ class JobStore:
             if last is None:
                 return done
             done, after = done + changed, last
+
+    def _requeue_each(self, conn: Connection, requeue: Any, params: list[dict[str, Any]]) -> int:
+        """Requeue FAILED rows in one statement; when one's business key is held by an active
+        job meanwhile, one by one, leaving those FAILED (two active jobs of a key may not be)."""
+        try:
+            with savepoint(conn, "ratchet_requeue"):
+                return int(conn.execute(requeue, params).rowcount)
+        except IntegrityError as exc:
+            if not _is_active_key_conflict(exc):
+                raise
+        changed = 0
+        for p in params:
+            try:
+                with savepoint(conn, "ratchet_requeue"):
+                    changed += conn.execute(requeue, p).rowcount
+            except IntegrityError as exc:
+                if not _is_active_key_conflict(exc):
+                    raise
+                logger.warning(
+                    "ratchet: failed job %s left in the dead-letter queue: another active job "
+                    "holds its business key",
+                    p["p_job_id"],
+                )
+        return changed
 
     def purge_failed(
         self,

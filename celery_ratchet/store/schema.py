@@ -184,6 +184,33 @@ Index("ix_scheduler_job_finished", scheduler_job.c.status, scheduler_job.c.finis
 Index("ix_scheduler_job_depends_on", scheduler_job.c.depends_on)
 Index("ix_scheduler_job_group", scheduler_job.c.group_id, scheduler_job.c.status)
 
+# Business keys are unique among active jobs: one PENDING, WAITING or RUNNING job per key,
+# held by the database so that concurrent sends of a key make one job. Recurring masters
+# are left out: their job id (from their key) makes them unique already, and an ordinary
+# job may share a schedule's name. PostgreSQL and SQLite: a partial unique index.
+ACTIVE_KEY_STATUSES = ("PENDING", "WAITING", "RUNNING")
+ACTIVE_KEY_WHERE = (
+    "business_key IS NOT NULL AND status IN ('PENDING', 'WAITING', 'RUNNING') "
+    "AND job_type <> 'RECURRING'"
+)
+ACTIVE_KEY_INDEX = "ux_scheduler_job_active_key"
+Index(
+    ACTIVE_KEY_INDEX,
+    scheduler_job.c.business_key,
+    unique=True,
+    postgresql_where=text(ACTIVE_KEY_WHERE),
+    sqlite_where=text(ACTIVE_KEY_WHERE),
+    info={"dialects": ("postgresql", "sqlite")},
+)
+#: MySQL/MariaDB have no partial index: a stored generated column holds the key while the job
+#: is active (NULL otherwise, and NULLs never collide), with a unique index on it. Not a
+#: column of the table above: it exists on MySQL/MariaDB only (see ddl.table_statements).
+MYSQL_ACTIVE_KEY_COLUMN = "active_business_key"
+MYSQL_ACTIVE_KEY_DEFINITION = (
+    f"{MYSQL_ACTIVE_KEY_COLUMN} VARCHAR(255) GENERATED ALWAYS AS "
+    f"(CASE WHEN {ACTIVE_KEY_WHERE} THEN business_key END) STORED"
+)
+
 scheduler_job_archive = Table(
     "scheduler_job_archive",
     metadata,

@@ -54,6 +54,15 @@ def test_transactional(tmp_path: Path) -> None:
     assert "job rows for order 2: 0" in out and "order 1: order 1 shipped" in out
 
 
+def test_business_keys(tmp_path: Path) -> None:
+    out = run_example("business_keys", tmp_path)
+    assert "acme's three sends share one job: True" in out
+    assert "globex has its own: True" in out
+    assert "retried webhook delivery got the same job: True" in out
+    assert "DuplicateJob names the active job: True" in out
+    assert "after it ran, acme's next sync is a new job: True" in out
+
+
 def test_recurring(tmp_path: Path) -> None:
     out = run_example("recurring", tmp_path)
     fired, distinct = (

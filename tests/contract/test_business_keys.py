@@ -1,0 +1,230 @@
+"""Business keys are unique among active jobs (PENDING, WAITING, RUNNING), on every database:
+a second send of a key creates nothing and learns the holder's id, or raises; once the holder
+ends the key is free. The database's unique index decides, not a read before the insert."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import bindparam, create_engine, inspect, text
+
+from celery_ratchet.domain.job import JobStatus, NewJob, OnDuplicate, Settlement
+from celery_ratchet.domain.schedule import MasterSpec
+from celery_ratchet.errors import DuplicateJob, SchemaOutdated
+from celery_ratchet.runtime import recurring
+from celery_ratchet.store.ddl import bring_up_to_date
+from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.schema import ACTIVE_KEY_INDEX, MYSQL_ACTIVE_KEY_COLUMN
+from tests.helpers import new_job
+
+
+def keyed(key: str, job_id: str | None = None, **changes: object) -> NewJob:
+    return dataclasses.replace(new_job(job_id), business_key=key, **changes)  # type: ignore[arg-type]
+
+
+def rows_with_key(store: JobStore, key: str) -> list[tuple[str, str]]:
+    with store.engine.connect() as conn:
+        found = conn.execute(
+            text("SELECT job_id, status FROM scheduler_job WHERE business_key = :k ORDER BY id"),
+            {"k": key},
+        )
+        return [(r.job_id, r.status) for r in found]
+
+
+def test_a_second_send_of_an_active_key_creates_nothing_and_names_the_holder(
+    store: JobStore,
+) -> None:
+    assert store.enqueue(keyed("order-42", "first")) == {}
+    assert store.enqueue(keyed("order-42", "second")) == {"second": "first"}
+    assert rows_with_key(store, "order-42") == [("first", "PENDING")]
+
+
+def test_on_duplicate_raise_names_the_active_job_and_writes_nothing(store: JobStore) -> None:
+    store.enqueue(keyed("order-42", "first"))
+    with pytest.raises(DuplicateJob) as raised:
+        store.enqueue(keyed("order-42", "second", on_duplicate=OnDuplicate.RAISE))
+    assert raised.value.job_id == "first"
+    assert raised.value.business_key == "order-42"
+    assert "order-42" not in str(raised.value)  # the key may be data; the message names ids
+    assert rows_with_key(store, "order-42") == [("first", "PENDING")]
+
+
+def test_a_running_job_holds_its_key_through_a_retry(store: JobStore) -> None:
+    store.enqueue(keyed("tenant-7", "t"))
+    [claimed] = store.claim("n", ["celery"], 1)
+    assert store.enqueue(keyed("tenant-7")) != {}
+    # A retry reschedules the row from a message that carries no key: the row keeps it.
+    retry = dataclasses.replace(new_job("t"), due=datetime.now(timezone.utc) + timedelta(hours=1))
+    assert store.replace_running(claimed.token, retry)
+    assert rows_with_key(store, "tenant-7") == [("t", "PENDING")]
+    assert store.enqueue(keyed("tenant-7", "again")) == {"again": "t"}
+
+
+@pytest.mark.parametrize("ending", [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.REVOKED])
+def test_the_key_is_free_once_its_job_ends(store: JobStore, ending: JobStatus) -> None:
+    store.enqueue(keyed("hook-1", "old"))
+    if ending is JobStatus.REVOKED:
+        store.request_revoke(["old"], '{"exc_type": "TaskRevokedError"}')
+    else:
+        [claimed] = store.claim("n", ["celery"], 1)
+        store.settle([Settlement("old", claimed.token, ending)])
+    assert store.enqueue(keyed("hook-1", "new")) == {}
+    assert rows_with_key(store, "hook-1") == [("old", ending.value), ("new", "PENDING")]
+
+
+def test_a_finished_job_id_sent_again_follows_the_holder_of_its_key(store: JobStore) -> None:
+    store.enqueue(keyed("k", "done"))
+    [claimed] = store.claim("n", ["celery"], 1)
+    store.settle([Settlement("done", claimed.token, JobStatus.SUCCEEDED)])
+    store.enqueue(keyed("k", "holder"))
+    # Re-arming the finished row would make a second active job of the key.
+    assert store.enqueue(keyed("k", "done")) == {"done": "holder"}
+    assert rows_with_key(store, "k") == [("done", "SUCCEEDED"), ("holder", "PENDING")]
+
+
+def test_many_at_once_keep_one_job_per_key_and_insert_the_rest(store: JobStore) -> None:
+    store.enqueue(keyed("a", "a-held"))
+    jobs = [keyed("a", "a1"), keyed("b", "b1"), new_job("plain"), keyed("b", "b2")]
+    assert store.enqueue_many(jobs) == {"a1": "a-held", "b2": "b1"}
+    assert rows_with_key(store, "a") == [("a-held", "PENDING")]
+    assert rows_with_key(store, "b") == [("b1", "PENDING")]
+    assert store.result("plain") is not None
+
+
+def test_raise_inside_many_writes_none_of_them(store: JobStore) -> None:
+    store.enqueue(keyed("a", "a-held"))
+    jobs = [new_job("plain"), keyed("a", "a1", on_duplicate=OnDuplicate.RAISE)]
+    with pytest.raises(DuplicateJob):
+        store.enqueue_many(jobs)
+    assert store.result("plain") is None
+
+
+def test_a_chain_whose_first_step_key_is_held_is_refused_whole(store: JobStore) -> None:
+    store.enqueue(keyed("a", "a-held"))
+    step = dataclasses.replace(new_job("step-2"), depends_on="head", parent_id="head")
+    with pytest.raises(DuplicateJob, match="chain"):
+        store.enqueue_many([keyed("a", "head")], [step])
+    assert store.result("step-2") is None
+
+
+def test_a_recurring_master_does_not_hold_its_key_for_jobs(store: JobStore) -> None:
+    spec = MasterSpec("every:60")
+    recurring.register(store, "report", spec, task_name="t", priority=4, message=new_job().message)
+    assert store.enqueue(keyed("report", "one-off")) == {}
+
+
+@pytest.fixture
+def own_engine(store: JobStore) -> Iterator[object]:
+    engine = create_engine(store.engine.url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE bk_orders (id INTEGER)"))
+    try:
+        yield engine
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE bk_orders"))
+        engine.dispose()
+
+
+def test_a_held_key_inside_a_callers_transaction_leaves_it_usable(
+    store: JobStore, own_engine: object
+) -> None:
+    store.enqueue(keyed("order-42", "first"))
+    engine = own_engine
+    with engine.begin() as conn:  # type: ignore[attr-defined]
+        conn.execute(text("INSERT INTO bk_orders (id) VALUES (1)"))
+        held = store.enqueue_within(conn, [keyed("order-42", "second"), keyed("new", "n")])
+        assert held == {"second": "first"}
+        # PostgreSQL would refuse every further statement of an aborted transaction.
+        conn.execute(text("INSERT INTO bk_orders (id) VALUES (2)"))
+        with pytest.raises(DuplicateJob):
+            store.enqueue_within(conn, [keyed("order-42", "third", on_duplicate=OnDuplicate.RAISE)])
+        conn.execute(text("INSERT INTO bk_orders (id) VALUES (3)"))
+    with engine.connect() as conn:  # type: ignore[attr-defined]
+        assert conn.execute(text("SELECT COUNT(*) FROM bk_orders")).scalar() == 3
+    assert rows_with_key(store, "order-42") == [("first", "PENDING")]
+    assert rows_with_key(store, "new") == [("n", "PENDING")]
+
+
+def _drop_active_key_index(store: JobStore) -> None:
+    with store.engine.connect() as conn:
+        if store.family == "mysql":
+            conn.execute(text(f"ALTER TABLE scheduler_job DROP INDEX {ACTIVE_KEY_INDEX}"))
+            conn.execute(text(f"ALTER TABLE scheduler_job DROP COLUMN {MYSQL_ACTIVE_KEY_COLUMN}"))
+        else:
+            conn.execute(text(f"DROP INDEX {ACTIVE_KEY_INDEX}"))
+
+
+def _index_present(store: JobStore) -> bool:
+    with store.engine.connect() as conn:
+        return ACTIVE_KEY_INDEX in {i["name"] for i in inspect(conn).get_indexes("scheduler_job")}
+
+
+def _written_by_an_older_version(store: JobStore, key: str, *job_ids: str) -> None:
+    for job_id in job_ids:
+        store.enqueue(new_job(job_id))
+    with store.engine.connect() as conn:
+        conn.execute(
+            text("UPDATE scheduler_job SET business_key = :k WHERE job_id IN :ids").bindparams(
+                bindparam("ids", expanding=True)
+            ),
+            {"k": key, "ids": list(job_ids)},
+        )
+
+
+def test_an_older_table_gets_the_unique_index_through_the_upgrade(store: JobStore) -> None:
+    _drop_active_key_index(store)
+    _written_by_an_older_version(store, "k", "one")
+    assert any(ACTIVE_KEY_INDEX in p for p in store.schema_differences())
+    with store.engine.connect() as conn:
+        added = bring_up_to_date(conn)
+    assert f"index {ACTIVE_KEY_INDEX}" in added
+    assert store.schema_differences() == []
+    assert store.enqueue(keyed("k", "two")) == {"two": "one"}
+
+
+def test_an_upgrade_over_duplicate_active_keys_says_which_jobs(store: JobStore) -> None:
+    _drop_active_key_index(store)
+    # What an earlier version let through: two active jobs of one key.
+    _written_by_an_older_version(store, "k", "one", "two")
+    with store.engine.connect() as conn, pytest.raises(SchemaOutdated) as raised:
+        bring_up_to_date(conn)
+    message = str(raised.value)
+    assert "'one'" in message and "'two'" in message and "ratchet jobs cancel" in message
+    assert not _index_present(store)
+    store.request_revoke(["two"], '{"exc_type": "TaskRevokedError"}')
+    with store.engine.connect() as conn:
+        bring_up_to_date(conn)
+    assert _index_present(store)
+    assert store.schema_differences() == []
+
+
+def test_a_dead_letter_retry_leaves_a_job_whose_key_is_held_failed(store: JobStore) -> None:
+    store.enqueue(keyed("k", "dead"))
+    store.enqueue(new_job("other-dead"))
+    for claimed in store.claim("n", ["celery"], 2):
+        store.settle([Settlement(claimed.job_id, claimed.token, JobStatus.FAILED)])
+    store.enqueue(keyed("k", "holder"))
+    assert store.retry_failed() == 1
+    assert rows_with_key(store, "k") == [("dead", "FAILED"), ("holder", "PENDING")]
+    assert store.result("other-dead").status is JobStatus.PENDING  # type: ignore[union-attr]
+
+
+def test_a_missing_index_is_a_clear_error_not_a_driver_error(store: JobStore) -> None:
+    if store.family == "mysql":
+        pytest.skip("MySQL/MariaDB insert without the index; the column is what they lack")
+    _drop_active_key_index(store)
+    with pytest.raises(SchemaOutdated, match="schema apply"):
+        store.enqueue(keyed("k", "one"))
+
+
+def test_unique_ids_are_unaffected(store: JobStore) -> None:
+    job_id = uuid.uuid4().hex
+    store.enqueue(keyed("k", job_id))
+    with pytest.raises(DuplicateJob) as raised:
+        store.enqueue(new_job(job_id))  # the id is taken by an active job
+    assert raised.value.business_key is None

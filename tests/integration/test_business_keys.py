@@ -1,0 +1,146 @@
+"""Business keys through Celery's own calls, with an in-process worker on each database:
+``apply_async``/``delay``, groups, ``bulk()``, ``celery_ratchet.transaction()``, chords,
+retries. A send whose key an active job holds returns that job's result (or raises)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from celery import Celery, chord, group
+from sqlalchemy import create_engine, text
+
+import celery_ratchet
+from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.errors import DuplicateJob, InvalidJob
+from celery_ratchet.store.engine import normalize_url
+from tests.helpers import wait_until
+
+#: A queue the worker does not consume: jobs sent there stay PENDING, holding their keys.
+PARKED = "parked"
+
+
+def key() -> str:
+    return f"order-{uuid.uuid4().hex[:8]}"
+
+
+def jobs_of(app: Celery, business_key: str) -> list[tuple[str, str]]:
+    with ratchet_state(app).store.engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT job_id, status FROM scheduler_job WHERE business_key = :k ORDER BY id"),
+            {"k": business_key},
+        )
+        return [(r.job_id, r.status) for r in rows]
+
+
+def send(app: Celery, k: str, queue: str = PARKED, **ratchet: Any) -> Any:
+    return app.tasks["t.add"].apply_async(
+        (1, 2), queue=queue, ratchet={"business_key": k, **ratchet}
+    )
+
+
+def test_a_second_send_returns_the_result_of_the_active_job(worker_app: Celery) -> None:
+    k = key()
+    first = send(worker_app, k)
+    again = send(worker_app, k)
+    assert again.id == first.id
+    assert jobs_of(worker_app, k) == [(first.id, "PENDING")]
+    with pytest.raises(DuplicateJob) as raised:
+        send(worker_app, k, on_duplicate="raise")
+    assert raised.value.job_id == first.id
+    assert jobs_of(worker_app, k) == [(first.id, "PENDING")]
+
+
+def test_an_unknown_on_duplicate_is_refused(worker_app: Celery) -> None:
+    with pytest.raises(InvalidJob, match="on_duplicate"):
+        send(worker_app, key(), on_duplicate="replace")
+
+
+def test_once_the_job_has_run_the_key_takes_a_new_job(worker_app: Celery) -> None:
+    k = key()
+    first = send(worker_app, k, queue="celery")
+    assert first.get(timeout=30) == 3
+    second = send(worker_app, k, queue="celery")
+    assert second.id != first.id
+    assert second.get(timeout=30) == 3
+    assert [status for _, status in jobs_of(worker_app, k)] == ["SUCCEEDED", "SUCCEEDED"]
+
+
+def test_a_job_waiting_for_its_retry_still_holds_its_key(worker_app: Celery) -> None:
+    k = key()
+    options = {"backoff": "fixed", "backoff_param": 60, "max_retries": 3}
+    first = worker_app.tasks["t.fail"].apply_async(
+        ("boom",), ratchet={"business_key": k, **options}
+    )
+
+    def retried() -> bool:
+        record = ratchet_state(worker_app).store.result(first.id)
+        return record is not None and record.status == "PENDING" and record.attempts >= 1
+
+    wait_until(retried, 30, "the failed job rescheduled for its retry")
+    assert send(worker_app, k).id == first.id
+    assert jobs_of(worker_app, k) == [(first.id, "PENDING")]
+    first.revoke()
+
+
+def test_group_members_of_a_held_key_point_at_its_job(worker_app: Celery) -> None:
+    k, fresh = key(), key()
+    holder = send(worker_app, k)
+    add = worker_app.tasks["t.add"]
+    members = [
+        add.s(1, 1).set(queue=PARKED, ratchet={"business_key": k}),
+        add.s(2, 2).set(queue=PARKED, ratchet={"business_key": fresh}),
+        add.s(3, 3).set(queue=PARKED, ratchet={"business_key": fresh}),
+        add.s(4, 4).set(queue=PARKED),
+    ]
+    result = group(members).apply_async()
+    ids = [r.id for r in result.results]
+    assert ids[0] == holder.id
+    assert ids[2] == ids[1]
+    assert jobs_of(worker_app, fresh) == [(ids[1], "PENDING")]
+    assert ratchet_state(worker_app).store.result(ids[3]) is not None
+
+
+def test_bulk_points_results_at_the_holder_when_the_block_ends(worker_app: Celery) -> None:
+    k = key()
+    holder = send(worker_app, k)
+    add = worker_app.tasks["t.add"]
+    with celery_ratchet.bulk(worker_app) as producer:
+        results = [
+            add.apply_async((i, i), queue=PARKED, producer=producer, ratchet={"business_key": k})
+            for i in range(3)
+        ]
+    assert {r.id for r in results} == {holder.id}
+    assert jobs_of(worker_app, k) == [(holder.id, "PENDING")]
+
+
+def test_in_a_transaction_a_held_key_leaves_the_transaction_usable(worker_app: Celery) -> None:
+    k = key()
+    holder = send(worker_app, k)
+    engine = create_engine(normalize_url(ratchet_state(worker_app).store.url))
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE IF NOT EXISTS bk_note (id VARCHAR(64))"))
+        with engine.begin() as conn:
+            with celery_ratchet.transaction(conn):
+                again = send(worker_app, k)
+            conn.execute(text("INSERT INTO bk_note (id) VALUES (:i)"), {"i": again.id})
+        assert again.id == holder.id
+        with engine.connect() as conn:
+            noted = conn.execute(text("SELECT id FROM bk_note")).scalars().all()
+        assert holder.id in noted
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE bk_note"))
+        engine.dispose()
+
+
+def test_a_chord_member_whose_key_is_held_refuses_the_whole_chord(worker_app: Celery) -> None:
+    k = key()
+    send(worker_app, k)
+    add = worker_app.tasks["t.add"]
+    header = [add.s(5, 5).set(queue=PARKED, ratchet={"business_key": k}), add.s(6, 6)]
+    with pytest.raises(DuplicateJob):
+        chord(header)(worker_app.tasks["t.tsum"].s())
+    assert len(jobs_of(worker_app, k)) == 1
