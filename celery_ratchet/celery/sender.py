@@ -24,6 +24,7 @@ from kombu.connection import Connection
 
 from celery_ratchet.celery import options as options_
 from celery_ratchet.celery.app import NO_BROKER, ratchet_state
+from celery_ratchet.celery.django_db import is_django_connection, within_django
 from celery_ratchet.celery.events import send_task_sent
 from celery_ratchet.celery.message import CLAIM_HEADER, job_from_message, waiting_steps
 from celery_ratchet.domain.job import NewJob
@@ -375,10 +376,20 @@ def transaction(connection_or_session: Any) -> Iterator[None]:
 
     The job rows exist if and only if that transaction commits, so a worker never sees a
     job whose data is not there yet (or never will be). The connection must reach the job
-    store's database. On PostgreSQL the wake-up notification is delivered at the commit;
-    elsewhere workers find the jobs by polling.
+    store's database. Under Django, give ``django.db.connection`` (or ``connections[alias]``)
+    inside ``transaction.atomic()``: the jobs are written in Django's transaction. On
+    PostgreSQL the wake-up notification is delivered at the commit; elsewhere workers find
+    the jobs by polling.
     """
     target = connection_or_session
+    if is_django_connection(target):
+        with within_django(target) as lent:
+            token = _within.set(lent)
+            try:
+                yield
+            finally:
+                _within.reset(token)
+        return
     if not hasattr(target, "dialect"):  # a Session: the connection of its transaction
         target = target.connection()
     token = _within.set(target)
