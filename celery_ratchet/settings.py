@@ -146,6 +146,10 @@ class RatchetSettings:
     job_archive_enabled: bool = True
     #: Job log lines older than this are deleted by the archiver.
     log_retention_days: float = 30.0
+    #: A Django database alias (``"default"``): sends made while a transaction is open on it
+    #: are written in that transaction, through Django's connection. Must be the job store's
+    #: database.
+    django_connection: str | None = None
 
     @property
     def wakeups_by_notify(self) -> bool:

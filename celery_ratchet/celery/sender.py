@@ -24,7 +24,11 @@ from kombu.connection import Connection
 
 from celery_ratchet.celery import options as options_
 from celery_ratchet.celery.app import NO_BROKER, ratchet_state
-from celery_ratchet.celery.django_db import is_django_connection, within_django
+from celery_ratchet.celery.django_db import (
+    django_transaction_of,
+    is_django_connection,
+    within_django,
+)
 from celery_ratchet.celery.events import send_task_sent
 from celery_ratchet.celery.message import CLAIM_HEADER, job_from_message, waiting_steps
 from celery_ratchet.domain.job import NewJob
@@ -96,14 +100,14 @@ class JobBatch:
         state = ratchet_state(self.app)
         store = state.store
         groups = [j.group_id for j in jobs if j.group_id]
-        within = _within.get()
-        if groups:  # a group's row, for `ratchet batches` (a chord's exists already)
-            state.batches.open_groups(groups, within)
-        if within is not None:
-            store.enqueue_within(within, jobs, waiting)
-            for stored in callbacks:
-                stored()
-            return
+        with joined(self.app) as within:
+            if groups:  # a group's row, for `ratchet batches` (a chord's exists already)
+                state.batches.open_groups(groups, within)
+            if within is not None:
+                store.enqueue_within(within, jobs, waiting)
+                for stored in callbacks:
+                    stored()
+                return
         _with_retry(
             lambda again: store.enqueue_many(jobs, waiting, maybe_committed=again),
             conf.task_publish_retry,
@@ -267,18 +271,19 @@ class RatchetAMQP(AMQP):
             if isinstance(producer, JobBatch):
                 producer.add(job, published, waiting)
                 return
-            within = _within.get()
-            if job.group_id:
-                state.batches.open_groups([job.group_id], within)
-            if within is not None:
-                state.store.enqueue_within(within, [job], waiting)
-            else:
-                _with_retry(
-                    lambda again: state.store.enqueue_many([job], waiting, maybe_committed=again),
-                    retries,
-                    policy,
-                )
-                state.published([job.queue])
+            with joined(app) as within:
+                if job.group_id:
+                    state.batches.open_groups([job.group_id], within)
+                if within is not None:
+                    state.store.enqueue_within(within, [job], waiting)
+                    published()
+                    return
+            _with_retry(
+                lambda again: state.store.enqueue_many([job], waiting, maybe_committed=again),
+                retries,
+                policy,
+            )
+            state.published([job.queue])
             published()
 
         return send_task_message
@@ -360,9 +365,30 @@ def _with_retry(action: Callable[[bool], None], retry: bool, policy: dict[str, A
 _within: ContextVar[Any] = ContextVar("ratchet_transaction", default=None)
 
 
-def current_transaction() -> Any:
-    """The caller's connection inside ``celery_ratchet.transaction()``, else ``None``."""
-    return _within.get()
+@contextmanager
+def joined(app: Celery) -> Iterator[Any]:
+    """The connection whose transaction the writes of this moment join, or ``None`` (the
+    store's own connections, committed at once): the caller's inside
+    ``celery_ratchet.transaction()``; else, when ``ratchet_django_connection`` names a Django
+    database, Django's connection while a transaction is open on it."""
+    explicit = _within.get()
+    if explicit is not None:
+        yield explicit
+        return
+    state = ratchet_state(app)
+    alias = state.settings.django_connection
+    if alias is None:
+        yield None
+        return
+    with django_transaction_of(alias, state.store) as lent:
+        if lent is None:
+            yield None
+            return
+        token = _within.set(lent)
+        try:
+            yield lent
+        finally:
+            _within.reset(token)
 
 
 @contextmanager

@@ -21,6 +21,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
 from celery_ratchet.errors import ConfigurationError
+from celery_ratchet.store.engine import same_database
 
 #: The SQLAlchemy driver for each DB-API module a framework may hand over.
 _DRIVERS = {
@@ -129,3 +130,12 @@ def lend(
         yield conn
     finally:
         conn.close()
+
+
+def reaches_store(
+    store_url: URL, *, vendor: str, host: str | None, port: int | None, database: str | None
+) -> bool:
+    """Whether a ``vendor`` connection to ``host:port/database`` reaches the job store's
+    database (``store_url``: the store engine's URL)."""
+    other = URL.create(vendor, host=host, port=port, database=database)
+    return same_database(store_url, other)

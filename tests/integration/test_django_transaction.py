@@ -1,7 +1,8 @@
-"""``celery_ratchet.transaction(django.db.connection)``: inside ``transaction.atomic()`` the
-jobs are written through Django's own connection, so they exist if and only if Django's
-transaction commits; PostgreSQL's wake-up is delivered at that commit. Another database than
-the store's, and a block outside atomic(), are refused naming what to do."""
+"""Jobs written in Django's transaction, through Django's own connection, so that they exist if
+and only if it commits; PostgreSQL's wake-up is delivered at that commit. Explicitly with
+``celery_ratchet.transaction(django.db.connection)`` inside ``transaction.atomic()``, or for
+every send with ``CELERY_RATCHET_DJANGO_CONNECTION``. Another database than the store's, and
+an explicit block outside atomic(), are refused naming what to do."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from tests.conftest import Servers, empty_store
 
@@ -40,6 +43,7 @@ else:
     }
 DATABASES["other"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": "other.sqlite3"}
 CELERY_RATCHET_URL = os.environ["SHOP_DB"]
+CELERY_RATCHET_DJANGO_CONNECTION = os.environ.get("SHOP_JOIN") or None
 CELERY_BROKER_URL = "amqp://guest:guest@127.0.0.1:1//"
 """
 
@@ -55,12 +59,12 @@ def ship(order_id):
     return order_id
 """
 
-CLIENT = """
+PRELUDE = """
 import json
 import django
 
 django.setup()
-from celery import group
+from celery import chord, group
 from django.db import connection, connections, transaction
 
 import celery_ratchet
@@ -87,6 +91,15 @@ if connection.vendor == "postgresql":
     listener = psycopg.connect(store.url, autocommit=True)
     listener.execute("LISTEN ratchet_jobs")
 
+def notified(timeout):
+    if listener is None:
+        return None
+    return len(list(listener.notifies(timeout=timeout, stop_after=1)))
+"""
+
+CLIENT = (
+    PRELUDE
+    + """
 with transaction.atomic():
     with connection.cursor() as cursor:
         cursor.execute("INSERT INTO shop_order (id) VALUES (1)")
@@ -94,14 +107,23 @@ with transaction.atomic():
         shopapp.ship.delay(1)
         group(shopapp.ship.s(10), shopapp.ship.s(11)).apply_async()
     seen["inside"] = stored()
-    if listener is not None:
-        seen["notified_inside"] = len(list(listener.notifies(timeout=0.2, stop_after=1)))
+    seen["notified_inside"] = notified(0.2)
     with connection.cursor() as cursor:  # Django's transaction is still usable
         cursor.execute("SELECT count(*) FROM shop_order")
         seen["orders_inside"] = cursor.fetchone()[0]
 seen["after_commit"] = stored()
-if listener is not None:
-    seen["notified_after"] = len(list(listener.notifies(timeout=5, stop_after=1)))
+seen["notified_after"] = notified(5)
+
+with transaction.atomic():
+    with celery_ratchet.transaction(connection):
+        taken = shopapp.ship.delay(5).id
+        try:
+            shopapp.ship.apply_async((6,), task_id=taken)
+        except celery_ratchet.DuplicateJob:
+            seen["duplicate"] = True
+    with connection.cursor() as cursor:  # still usable, and it commits the first send
+        cursor.execute("INSERT INTO shop_order (id) VALUES (5)")
+seen["after_duplicate"] = stored()
 
 try:
     with transaction.atomic():
@@ -127,6 +149,83 @@ except celery_ratchet.RatchetError as exc:
 seen["at_end"] = stored()
 print(json.dumps(seen))
 """
+)
+
+
+JOINING_CLIENT = (
+    PRELUDE
+    + """
+with transaction.atomic():
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO shop_order (id) VALUES (1)")
+    shopapp.ship.delay(1)
+    group(shopapp.ship.s(10), shopapp.ship.s(11)).apply_async()
+    seen["inside"] = stored()
+    seen["notified_inside"] = notified(0.2)
+seen["after_commit"] = stored()
+seen["notified_after"] = notified(5)
+
+def batches():
+    with store.engine.connect() as conn:
+        return conn.exec_driver_sql("SELECT count(*) FROM scheduler_batch").scalar()
+
+batches_before = batches()
+try:
+    with transaction.atomic():
+        shopapp.ship.delay(2)
+        chord([shopapp.ship.s(20), shopapp.ship.s(21)])(shopapp.ship.si(22))
+        seen["chord_batches_inside"] = batches() - batches_before
+        raise RuntimeError("roll back")
+except RuntimeError:
+    pass
+seen["after_rollback"] = stored()
+seen["chord_batches_after_rollback"] = batches() - batches_before
+
+shopapp.ship.delay(3)  # autocommit: stored at once
+seen["autocommit"] = stored()
+
+shopapp.app.conf.ratchet_django_connection = "other"
+ratchet_state(shopapp.app).reset()
+store = ratchet_state(shopapp.app).store
+try:
+    shopapp.ship.delay(4)
+except celery_ratchet.RatchetError as exc:
+    seen["other_database"] = str(exc)
+
+shopapp.app.conf.ratchet_django_connection = "missing"
+ratchet_state(shopapp.app).reset()
+store = ratchet_state(shopapp.app).store
+try:
+    shopapp.ship.delay(7)
+except celery_ratchet.RatchetError as exc:
+    seen["unknown_alias"] = str(exc)
+seen["at_end"] = stored()
+print(json.dumps(seen))
+"""
+)
+
+
+def _run(tmp_path: Path, url: str, client: str, **env: str) -> dict[str, Any]:
+    (tmp_path / "shopsettings.py").write_text(SETTINGS)
+    (tmp_path / "shopapp.py").write_text(textwrap.dedent(APP))
+    environment = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("RATCHET_")},
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+        "DJANGO_SETTINGS_MODULE": "shopsettings",
+        "SHOP_DB": url,
+        **env,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", client],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return seen
 
 
 @pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
@@ -135,30 +234,15 @@ def test_jobs_sent_in_djangos_transaction_exist_iff_it_commits(
 ) -> None:
     pytest.importorskip("django")
     url = servers.url(dialect)
-    empty_store(url)
-    (tmp_path / "shopsettings.py").write_text(SETTINGS)
-    (tmp_path / "shopapp.py").write_text(textwrap.dedent(APP))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
-        "DJANGO_SETTINGS_MODULE": "shopsettings",
-        "SHOP_DB": url,
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", CLIENT],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    _drop_orders(url)
+    seen = _run(tmp_path, url, CLIENT)
 
     assert seen["inside"] == []  # written in Django's transaction: invisible before its commit
     assert seen["orders_inside"] == 1
     assert seen["after_commit"] == [1, 10, 11]
-    assert seen["after_rollback"] == [1, 10, 11]  # the rolled-back block left no job
+    assert seen["duplicate"] is True  # refused, and Django's transaction went on to commit
+    assert seen["after_duplicate"] == [1, 5, 10, 11]
+    assert seen["after_rollback"] == [1, 5, 10, 11]  # the rolled-back block left no job
     if dialect == "postgresql":
         assert seen["notified_inside"] == 0
         assert seen["notified_after"] == 1  # the wake-up arrives with the commit
@@ -167,4 +251,36 @@ def test_jobs_sent_in_djangos_transaction_exist_iff_it_commits(
     assert "Django's database 'other'" in refusal
     assert "CELERY_RATCHET_URL" in refusal
     assert "delay_on_commit()" in refusal
-    assert seen["at_end"] == [1, 10, 11]
+    assert seen["at_end"] == [1, 5, 10, 11]
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+def test_with_the_setting_every_send_joins_djangos_open_transaction(
+    servers: Servers, dialect: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("django")
+    url = servers.url(dialect)
+    _drop_orders(url)
+    seen = _run(tmp_path, url, JOINING_CLIENT, SHOP_JOIN="default")
+
+    assert seen["inside"] == []
+    assert seen["after_commit"] == [1, 10, 11]
+    assert seen["after_rollback"] == [1, 10, 11]
+    assert seen["chord_batches_inside"] == 0  # the chord's row too is in Django's transaction
+    assert seen["chord_batches_after_rollback"] == 0
+    if dialect == "postgresql":
+        assert seen["notified_inside"] == 0
+        assert seen["notified_after"] == 1
+    assert seen["autocommit"] == [1, 3, 10, 11]
+    refusal = seen["other_database"]
+    assert "ratchet_django_connection = 'other'" in refusal
+    assert "DATABASES['other'] is sqlite" in refusal
+    assert "CELERY_RATCHET_URL" in refusal and "delay_on_commit()" in refusal
+    assert "'missing'" in seen["unknown_alias"] and "DATABASES" in seen["unknown_alias"]
+    assert seen["at_end"] == [1, 3, 10, 11]
+
+
+def _drop_orders(url: str) -> None:
+    store = empty_store(url)
+    with store.engine.connect() as conn:
+        conn.execute(text("DROP TABLE IF EXISTS shop_order"))
