@@ -31,6 +31,19 @@ USE_TZ = True
 _db = urlsplit(os.environ["SHOP_DB"])
 if _db.scheme == "sqlite":
     DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": _db.path[1:]}}
+elif _db.scheme == "mysql":
+    import pymysql
+
+    pymysql.install_as_MySQLdb()  # Django's MySQL backend on PyMySQL
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": _db.path.lstrip("/"),
+            "USER": _db.username or "root",
+            "HOST": _db.hostname,
+            "PORT": _db.port,
+        }
+    }
 else:
     DATABASES = {
         "default": {
@@ -228,7 +241,7 @@ def _run(tmp_path: Path, url: str, client: str, **env: str) -> dict[str, Any]:
     return seen
 
 
-@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("dialect", ["postgresql", "mysql", "sqlite"])
 def test_jobs_sent_in_djangos_transaction_exist_iff_it_commits(
     servers: Servers, dialect: str, tmp_path: Path
 ) -> None:
@@ -254,7 +267,7 @@ def test_jobs_sent_in_djangos_transaction_exist_iff_it_commits(
     assert seen["at_end"] == [1, 5, 10, 11]
 
 
-@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("dialect", ["postgresql", "mysql", "sqlite"])
 def test_with_the_setting_every_send_joins_djangos_open_transaction(
     servers: Servers, dialect: str, tmp_path: Path
 ) -> None:
