@@ -16,6 +16,10 @@ from typing import Any
 from celery_ratchet.errors import ConfigurationError
 from celery_ratchet.store.lent import lend, reaches_store
 
+#: Where a lent connection keeps Django's ``on_commit`` (in its ``info``): what the store's
+#: commit would do (wake workers over Redis) is done at Django's commit instead.
+AFTER_COMMIT = "ratchet_after_commit"
+
 _REMEDY = (
     "point ratchet_url (CELERY_RATCHET_URL in Django's settings) at that database, or "
     "send with delay_on_commit() instead, which stores the job through ratchet_url once "
@@ -49,6 +53,7 @@ def _lent(wrapper: Any) -> Iterator[Any]:
         described_as=f"Django's database {alias!r} (DATABASES[{alias!r}])",
         remedy=_REMEDY,
     ) as conn:
+        conn.info[AFTER_COMMIT] = wrapper.on_commit
         yield conn
 
 

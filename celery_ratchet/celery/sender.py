@@ -25,6 +25,7 @@ from kombu.connection import Connection
 from celery_ratchet.celery import options as options_
 from celery_ratchet.celery.app import NO_BROKER, ratchet_state
 from celery_ratchet.celery.django_db import (
+    AFTER_COMMIT,
     django_transaction_of,
     is_django_connection,
     within_django,
@@ -105,6 +106,7 @@ class JobBatch:
                 state.batches.open_groups(groups, within)
             if within is not None:
                 store.enqueue_within(within, jobs, waiting)
+                _wake_after_commit(within, state, [j.queue for j in jobs])
                 for stored in callbacks:
                     stored()
                 return
@@ -276,6 +278,7 @@ class RatchetAMQP(AMQP):
                     state.batches.open_groups([job.group_id], within)
                 if within is not None:
                     state.store.enqueue_within(within, [job], waiting)
+                    _wake_after_commit(within, state, [job.queue])
                     published()
                     return
             _with_retry(
@@ -287,6 +290,14 @@ class RatchetAMQP(AMQP):
             published()
 
         return send_task_message
+
+
+def _wake_after_commit(conn: Any, state: Any, queues: list[str]) -> None:
+    """Jobs written in Django's transaction wake workers over Redis once it commits (with
+    ``ratchet_events_url``); PostgreSQL's NOTIFY needs nothing: it rides the transaction."""
+    after_commit = getattr(conn, "info", {}).get(AFTER_COMMIT)
+    if after_commit is not None and state.settings.events_url:
+        after_commit(lambda: state.published(queues))
 
 
 def _queue_name(amqp: AMQP, queue: Any, exchange: Any, routing_key: str | None) -> str:

@@ -297,3 +297,49 @@ def _drop_orders(url: str) -> None:
     store = empty_store(url)
     with store.engine.connect() as conn:
         conn.execute(text("DROP TABLE IF EXISTS shop_order"))
+
+
+REDIS_CLIENT = (
+    PRELUDE.replace("listener = None", "listener = None  # PostgreSQL only")
+    + """
+import redis
+
+pubsub = redis.Redis.from_url(os.environ["RATCHET_EVENTS_URL"]).pubsub()
+pubsub.subscribe("ratchet:jobs")
+pubsub.get_message(timeout=5)  # the subscription's confirmation
+
+def woken(timeout):
+    message = pubsub.get_message(timeout=timeout, ignore_subscribe_messages=True)
+    return None if message is None else message["data"].decode()
+
+try:
+    with transaction.atomic():
+        shopapp.ship.delay(2)
+        raise RuntimeError("roll back")
+except RuntimeError:
+    pass
+seen["after_rollback"] = woken(0.5)
+with transaction.atomic():
+    shopapp.ship.delay(1)
+    seen["inside"] = woken(0.5)
+seen["after_commit"] = woken(5)
+print(json.dumps(seen))
+"""
+)
+
+
+def test_redis_wakes_workers_when_djangos_transaction_commits(
+    servers: Servers, tmp_path: Path
+) -> None:
+    pytest.importorskip("django")
+    from tests.integration.test_wakeups import REDIS, _redis_reachable
+
+    _redis_reachable()
+    url = servers.url("sqlite")
+    _drop_orders(url)
+    client = REDIS_CLIENT.replace("import json\n", "import json\nimport os\n", 1)
+    seen = _run(tmp_path, url, client, SHOP_JOIN="default", RATCHET_EVENTS_URL=REDIS)
+
+    assert seen["after_rollback"] is None  # a rolled-back job wakes nobody
+    assert seen["inside"] is None
+    assert seen["after_commit"] == "celery"
