@@ -415,8 +415,8 @@ def transaction(connection_or_session: Any) -> Iterator[None]:
     job whose data is not there yet (or never will be). The connection must reach the job
     store's database. Under Django, give ``django.db.connection`` (or ``connections[alias]``)
     inside ``transaction.atomic()``: the jobs are written in Django's transaction. On
-    PostgreSQL the wake-up notification is delivered at the commit; elsewhere workers find
-    the jobs by polling.
+    PostgreSQL the wake-up notification is delivered at the commit (under Django, the Redis
+    one of ``ratchet_events_url`` too); otherwise workers find the jobs by polling.
     """
     target = connection_or_session
     if is_django_connection(target):
