@@ -163,6 +163,10 @@ class RatchetSettings:
     #: failed for good, at most once per ``dlq_alert_interval_seconds``. None: no alerts.
     dlq_alert_task: str | None = None
     dlq_alert_interval_seconds: float = 300.0
+    #: A Django database alias (``"default"``): sends made while a transaction is open on it
+    #: are written in that transaction, through Django's connection. Must be the job store's
+    #: database.
+    django_connection: str | None = None
 
     @property
     def wakeups_by_notify(self) -> bool:

@@ -26,7 +26,7 @@ from celery_ratchet.celery.aio import offload
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.message import CLAIM_HEADER, check_serializer, safe_accept
 from celery_ratchet.celery.pool import RUNNING, stop_mode
-from celery_ratchet.celery.sender import current_transaction
+from celery_ratchet.celery.sender import joined
 from celery_ratchet.domain.job import JobStatus, ResultRecord, error_record
 from celery_ratchet.errors import StoreUnavailable
 from celery_ratchet.store.jobstore import JobStore
@@ -326,10 +326,12 @@ class RatchetBackend(BaseBackend):
                 header.save(backend=self)
 
     def set_chord_size(self, group_id: str, chord_size: int) -> None:
-        ratchet_state(self.app).batches.set_total(group_id, chord_size, current_transaction())
+        with joined(self.app) as conn:
+            ratchet_state(self.app).batches.set_total(group_id, chord_size, conn)
 
     def add_to_chord(self, chord_id: str, result: Any) -> None:
-        ratchet_state(self.app).batches.add_children(chord_id, 1, current_transaction())
+        with joined(self.app) as conn:
+            ratchet_state(self.app).batches.add_children(chord_id, 1, conn)
 
     def on_chord_part_return(self, request: Any, state: str, result: Any, **kwargs: Any) -> None:
         batches.on_part_return(self, request, state, result, _claim_token(request))

@@ -25,7 +25,7 @@ from kombu.utils import json as kjson
 from kombu.utils.uuid import uuid
 
 from celery_ratchet.celery.app import ratchet_state
-from celery_ratchet.celery.sender import current_transaction, transaction
+from celery_ratchet.celery.sender import joined, transaction
 from celery_ratchet.domain.batch import (
     FAILED_STATES,
     BatchKind,
@@ -68,11 +68,12 @@ def open_chord(app: Celery, group_id: str, body: Any) -> None:
     if existing is not None and existing.kind is BatchKind.BATCH:
         return  # celery_ratchet.batch() opened it with its own callbacks
     # A frozen chord applied again reuses its id for a new run: start afresh.
-    batches.open(
-        NewBatch(group_id, BatchKind.CHORD, None, on_success=encode_signature(body)),
-        restart=existing is not None,
-        conn=current_transaction(),
-    )
+    with joined(app) as conn:
+        batches.open(
+            NewBatch(group_id, BatchKind.CHORD, None, on_success=encode_signature(body)),
+            restart=existing is not None,
+            conn=conn,
+        )
 
 
 def part_of(backend: Any, request: Any, state: str, result: Any) -> BatchPart | None:
@@ -392,18 +393,19 @@ class BatchBuilder:
         for sig in (on_success, on_failure, on_progress):
             if sig is not None:
                 sig.freeze()
-        ratchet_state(app).batches.open(
-            NewBatch(
-                batch_id,
-                BatchKind.BATCH,
-                len(self._children),
-                name=self.name,
-                on_success=_encoded(on_success),
-                on_failure=_encoded(on_failure),
-                on_progress=_encoded(on_progress),
-            ),
-            conn=current_transaction(),
-        )
+        with joined(app) as conn:
+            ratchet_state(app).batches.open(
+                NewBatch(
+                    batch_id,
+                    BatchKind.BATCH,
+                    len(self._children),
+                    name=self.name,
+                    on_success=_encoded(on_success),
+                    on_failure=_encoded(on_failure),
+                    on_progress=_encoded(on_progress),
+                ),
+                conn=conn,
+            )
         marker = app.signature(BATCH_MARKER_TASK, args=(batch_id,))
         children = [child.clone() for child in self._children]
         result = group(children, app=app).apply_async(task_id=batch_id, chord=marker)

@@ -28,6 +28,12 @@ from kombu.connection import Connection
 
 from celery_ratchet.celery import options as options_
 from celery_ratchet.celery.app import NO_BROKER, ratchet_state
+from celery_ratchet.celery.django_db import (
+    AFTER_COMMIT,
+    django_transaction_of,
+    is_django_connection,
+    within_django,
+)
 from celery_ratchet.celery.events import send_task_sent
 from celery_ratchet.celery.message import CLAIM_HEADER, job_from_message, waiting_steps
 from celery_ratchet.domain.job import NewJob
@@ -109,18 +115,22 @@ class JobBatch:
         state = ratchet_state(self.app)
         store = state.store
         groups = [j.group_id for j in jobs if j.group_id]
-        within = _within.get()
-        if groups:  # a group's row, for `ratchet batches` (a chord's exists already)
-            state.batches.open_groups(groups, within)
-        if within is not None:
-            held = store.enqueue_within(within, jobs, waiting)
-        else:
-            held = _with_retry(
-                lambda again: store.enqueue_many(jobs, waiting, maybe_committed=again),
-                conf.task_publish_retry,
-                dict(conf.task_publish_retry_policy or {}),
-            )
-            ratchet_state(self.app).published([j.queue for j in jobs if j.job_id not in held])
+        with joined(self.app) as within:
+            if groups:  # a group's row, for `ratchet batches` (a chord's exists already)
+                state.batches.open_groups(groups, within)
+            if within is not None:
+                held = store.enqueue_within(within, jobs, waiting)
+                _wake_after_commit(within, state, [j.queue for j in jobs if j.job_id not in held])
+                _point_at_holders(held, results)
+                for stored in callbacks:
+                    stored()
+                return
+        held = _with_retry(
+            lambda again: store.enqueue_many(jobs, waiting, maybe_committed=again),
+            conf.task_publish_retry,
+            dict(conf.task_publish_retry_policy or {}),
+        )
+        ratchet_state(self.app).published([j.queue for j in jobs if j.job_id not in held])
         _point_at_holders(held, results)
         for stored in callbacks:
             stored()
@@ -295,23 +305,35 @@ class RatchetAMQP(AMQP):
             if isinstance(producer, JobBatch):
                 producer.add(job, published, waiting)
                 return
-            within = _within.get()
-            if job.group_id:
-                state.batches.open_groups([job.group_id], within)
-            if within is not None:
-                held = state.store.enqueue_within(within, [job], waiting)
-            else:
-                held = _with_retry(
-                    lambda again: state.store.enqueue_many([job], waiting, maybe_committed=again),
-                    retries,
-                    policy,
-                )
-                if not held:
-                    state.published([job.queue])
+            with joined(app) as within:
+                if job.group_id:
+                    state.batches.open_groups([job.group_id], within)
+                if within is not None:
+                    held = state.store.enqueue_within(within, [job], waiting)
+                    if not held:
+                        _wake_after_commit(within, state, [job.queue])
+                    _point_at_holders(held, [])
+                    published()
+                    return
+            held = _with_retry(
+                lambda again: state.store.enqueue_many([job], waiting, maybe_committed=again),
+                retries,
+                policy,
+            )
+            if not held:
+                state.published([job.queue])
             _point_at_holders(held, [])
             published()
 
         return send_task_message
+
+
+def _wake_after_commit(conn: Any, state: Any, queues: list[str]) -> None:
+    """Jobs written in Django's transaction wake workers over Redis once it commits (with
+    ``ratchet_events_url``); PostgreSQL's NOTIFY needs nothing: it rides the transaction."""
+    after_commit = getattr(conn, "info", {}).get(AFTER_COMMIT)
+    if after_commit is not None and state.settings.events_url:
+        after_commit(lambda: state.published(queues))
 
 
 def _queue_name(amqp: AMQP, queue: Any, exchange: Any, routing_key: str | None) -> str:
@@ -432,9 +454,30 @@ def follow_held_keys(app: Celery) -> None:
     app.send_task = send_following_held_keys
 
 
-def current_transaction() -> Any:
-    """The caller's connection inside ``celery_ratchet.transaction()``, else ``None``."""
-    return _within.get()
+@contextmanager
+def joined(app: Celery) -> Iterator[Any]:
+    """The connection whose transaction the writes of this moment join, or ``None`` (the
+    store's own connections, committed at once): the caller's inside
+    ``celery_ratchet.transaction()``; else, when ``ratchet_django_connection`` names a Django
+    database, Django's connection while a transaction is open on it."""
+    explicit = _within.get()
+    if explicit is not None:
+        yield explicit
+        return
+    state = ratchet_state(app)
+    alias = state.settings.django_connection
+    if alias is None:
+        yield None
+        return
+    with django_transaction_of(alias, state.store) as lent:
+        if lent is None:
+            yield None
+            return
+        token = _within.set(lent)
+        try:
+            yield lent
+        finally:
+            _within.reset(token)
 
 
 @contextmanager
@@ -448,10 +491,20 @@ def transaction(connection_or_session: Any) -> Iterator[None]:
 
     The job rows exist if and only if that transaction commits, so a worker never sees a
     job whose data is not there yet (or never will be). The connection must reach the job
-    store's database. On PostgreSQL the wake-up notification is delivered at the commit;
-    elsewhere workers find the jobs by polling.
+    store's database. Under Django, give ``django.db.connection`` (or ``connections[alias]``)
+    inside ``transaction.atomic()``: the jobs are written in Django's transaction. On
+    PostgreSQL the wake-up notification is delivered at the commit (under Django, the Redis
+    one of ``ratchet_events_url`` too); otherwise workers find the jobs by polling.
     """
     target = connection_or_session
+    if is_django_connection(target):
+        with within_django(target) as lent:
+            token = _within.set(lent)
+            try:
+                yield
+            finally:
+                _within.reset(token)
+        return
     if not hasattr(target, "dialect"):  # a Session: the connection of its transaction
         target = target.connection()
     token = _within.set(target)

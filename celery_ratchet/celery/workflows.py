@@ -40,7 +40,7 @@ from celery.result import AsyncResult
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import exception_record
 from celery_ratchet.celery.batches import decode_signature, encode_signature, send_within
-from celery_ratchet.celery.sender import current_transaction
+from celery_ratchet.celery.sender import joined
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.errors import PredicateNotAllowed, RatchetError
 from celery_ratchet.store.batches import decide
@@ -220,7 +220,8 @@ class WorkflowBuilder:
                     "branch": encode_signature(branch.sig),
                 }
             )
-        ratchet_state(app).batches.add_conditions(parent_id, rows, current_transaction())
+        with joined(app) as conn:
+            ratchet_state(app).batches.add_conditions(parent_id, rows, conn)
         parent.link(app.signature(ADVANCE_TASK, kwargs={"parent_id": parent_id}))
         parent.link_error(app.signature(FAILED_TASK, kwargs={"parent_id": parent_id}))
         parent.apply_async()

@@ -100,6 +100,28 @@ def family(dialect_name: str) -> str:
     return "mysql" if dialect_name in ("mysql", "mariadb") else dialect_name
 
 
+#: Names of "this machine": a store at 127.0.0.1 and a connection to localhost are one server.
+_LOCAL_HOSTS = {None, "", "localhost", "127.0.0.1", "::1"}
+_DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306}
+
+
+def _where(url: URL) -> tuple[str, str | None, int | None, str | None]:
+    kind = family(url.get_backend_name())
+    if kind == "sqlite":
+        database = url.database
+        if database and database != ":memory:":
+            database = str(Path(database).expanduser().resolve())
+        return kind, None, None, database
+    host = "localhost" if url.host in _LOCAL_HOSTS else url.host
+    return kind, host, url.port or _DEFAULT_PORTS.get(kind), url.database
+
+
+def same_database(a: URL, b: URL) -> bool:
+    """Whether two URLs reach the same database: the same kind, server (default ports and
+    the names of this machine counted as equal) and database name (SQLite: the same file)."""
+    return _where(a) == _where(b)
+
+
 def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -96,6 +96,7 @@ from celery_ratchet.store.engine import (
     is_unavailable,
     prepared_statement_conflict,
     refused,
+    same_database,
     savepoint,
     transaction,
     unavailable,
@@ -909,17 +910,16 @@ class JobStore:
             return self._insert_each(conn, jobs, params, False, conn.begin_nested, heads)
 
     def _check_same_database(self, conn: Connection) -> None:
-        mine, theirs = self.engine.url, conn.engine.url
-        same = family(mine.get_backend_name()) == family(theirs.get_backend_name()) and (
-            mine.host,
-            mine.port,
-            mine.database,
-        ) == (theirs.host, theirs.port, theirs.database)
-        if not same:
+        theirs = conn.engine.url
+        if not same_database(self.engine.url, theirs):
             shown = mask_url(theirs.render_as_string(hide_password=False))
+            described = conn.info.get("ratchet_described_as", "this connection")
+            remedy = conn.info.get(
+                "ratchet_remedy", "give a connection to that database, or send outside the block"
+            )
             raise ConfigurationError(
-                f"transactional enqueue needs the job store's database: this connection is to "
-                f"{shown}, ratchet_url is {self.display_url}"
+                f"transactional enqueue needs the job store's database: {described} is to "
+                f"{shown}, ratchet_url is {self.display_url}; {remedy}"
             )
 
     def _insert_many(

@@ -1,0 +1,141 @@
+"""SQLAlchemy connections over a DB-API connection that belongs to someone else.
+
+A web framework (Django) holds its own DB-API connection and its own transaction on it. To
+write jobs in that transaction, the store's statements must run on that very connection, as
+a SQLAlchemy :class:`Connection` the store already knows how to use. The connection is lent,
+not given: committing, rolling back and closing stay its owner's, so SQLAlchemy's own
+transaction handling (autobegin, the rollback when a connection is returned) touches nothing.
+Savepoints (``begin_nested``) are plain SQL and do run, inside the owner's transaction.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from sqlalchemy import create_engine
+from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.pool import NullPool
+
+from celery_ratchet.errors import ConfigurationError
+from celery_ratchet.store.engine import same_database
+
+#: The SQLAlchemy driver for each DB-API module a framework may hand over.
+_DRIVERS = {
+    "psycopg": "postgresql+psycopg",
+    "psycopg2": "postgresql+psycopg2",
+    "MySQLdb": "mysql+mysqldb",
+    "pymysql": "mysql+pymysql",
+    "sqlite3": "sqlite+pysqlite",
+}
+
+
+class _Lent:
+    """The owner's DB-API connection, with commit, rollback and close left to the owner."""
+
+    def __init__(self, dbapi_connection: Any) -> None:
+        self._dbapi_connection = dbapi_connection
+
+    def commit(self) -> None:
+        """The owner commits."""
+
+    def rollback(self) -> None:
+        """The owner rolls back."""
+
+    def close(self) -> None:
+        """The owner closes."""
+
+    def add_notice_handler(self, *_: Any) -> None:
+        # SQLAlchemy's psycopg dialect adds one at every connect: on a connection lent again
+        # and again they would pile up on the owner's connection.
+        """Notices stay the owner's."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dbapi_connection, name)
+
+
+_lending: ContextVar[_Lent | None] = ContextVar("ratchet_lent_connection", default=None)
+_engines: dict[tuple[str, str | None, int | None, str | None], Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def _lent_now() -> _Lent:
+    lent = _lending.get()
+    if lent is None:  # only lend() connects these engines
+        raise RuntimeError("a lent-connection engine was used outside lend()")
+    return lent
+
+
+def driver_of(dbapi_connection: Any) -> str:
+    """The SQLAlchemy driver name (``postgresql+psycopg``) of a DB-API connection."""
+    module = type(dbapi_connection).__module__.split(".")[0]
+    try:
+        return _DRIVERS[module]
+    except KeyError:
+        raise ConfigurationError(
+            f"transactional enqueue through a {module} connection is not supported: "
+            f"the drivers it works with are {', '.join(sorted(_DRIVERS))}"
+        ) from None
+
+
+def _engine(driver: str, host: str | None, port: int | None, database: str | None) -> Engine:
+    key = (driver, host, port, database)
+    with _engines_lock:
+        engine = _engines.get(key)
+        if engine is None:
+            url = URL.create(driver, host=host, port=port, database=database)
+            options: dict[str, Any] = {}
+            if driver.startswith("postgresql"):
+                # No hstore lookup: it wants the driver's own connection class, and the job
+                # store has no hstore column.
+                options["use_native_hstore"] = False
+            engine = _engines[key] = create_engine(
+                url,
+                creator=_lent_now,
+                # A fresh record per lend: the pool never keeps the owner's connection.
+                poolclass=NullPool,
+                hide_parameters=True,
+                **options,
+            )
+        return engine
+
+
+@contextmanager
+def lend(
+    dbapi_connection: Any,
+    *,
+    host: str | None,
+    port: int | None,
+    database: str | None,
+    described_as: str,
+    remedy: str,
+) -> Iterator[Connection]:
+    """A SQLAlchemy connection running on ``dbapi_connection`` in its owner's transaction.
+
+    ``host``, ``port`` and ``database`` say where that connection goes (the job store checks
+    that it is its own database); ``described_as`` and ``remedy`` name the connection and what
+    to do in the error raised when it is another database."""
+    engine = _engine(driver_of(dbapi_connection), host, port, database)
+    token = _lending.set(_Lent(dbapi_connection))
+    try:
+        conn = engine.connect()
+    finally:
+        _lending.reset(token)
+    conn.info["ratchet_described_as"] = described_as
+    conn.info["ratchet_remedy"] = remedy
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def reaches_store(
+    store_url: URL, *, vendor: str, host: str | None, port: int | None, database: str | None
+) -> bool:
+    """Whether a ``vendor`` connection to ``host:port/database`` reaches the job store's
+    database (``store_url``: the store engine's URL)."""
+    other = URL.create(vendor, host=host, port=port, database=database)
+    return same_database(store_url, other)

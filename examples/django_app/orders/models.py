@@ -1,0 +1,9 @@
+from __future__ import annotations
+
+from django.db import models
+
+
+class Order(models.Model):
+    item = models.CharField(max_length=100)
+    quantity = models.PositiveIntegerField()
+    shipped = models.BooleanField(default=False)
