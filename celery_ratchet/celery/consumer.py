@@ -33,6 +33,7 @@ from celery_ratchet.celery.message import JobMessage, runs_code, safe_accept, se
 from celery_ratchet.celery.options import resolve as resolve_options
 from celery_ratchet.celery.pool import guard, request_stop, reset_stop
 from celery_ratchet.celery.recurring import occurrence, register_all
+from celery_ratchet.celery.remote import RemoteCommands
 from celery_ratchet.celery.request import ratchet_request_class
 from celery_ratchet.celery.retry import install_retries
 from celery_ratchet.celery.transport import wake as wake_main_loop
@@ -192,6 +193,7 @@ class JobConsumer(bootsteps.StartStopStep):
             wakeups=state.wakeup_sources(),
             housekeeping=functools.partial(finish_stalled, app),
             fence=self.fence,
+            control=RemoteCommands(c),
         )
         dispatcher.runtime = runtime
         self.runtime = state.runtime = runtime
@@ -235,6 +237,9 @@ def _revoke_started(consumer: Any, job_id: str, request: str) -> None:
         return
     started = queued.time_start is not None
     if started and request == REVOKE_ONLY:
+        return
+    # Terminated already by the revoke broadcast's own handler (`celery control terminate`).
+    if getattr(queued, "_already_revoked", False) or queued._terminate_on_ack is not None:
         return
     pool = consumer.pool
     # Prefork sets terminate_job on the instance when it starts; the base one only raises.

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
 from celery_ratchet.domain.breaker import BreakerConfig, BreakerState, CircuitBreaker
+from celery_ratchet.domain.control import CONTROL_WAKEUP
 from celery_ratchet.domain.job import (
     PROBE_WAKEUP,
     REVOCATIONS_WAKEUP,
@@ -32,6 +33,7 @@ from celery_ratchet.domain.job import (
 from celery_ratchet.domain.liveness import LivenessJudge
 from celery_ratchet.domain.schedule import MasterSpec, plan
 from celery_ratchet.errors import StoreBusy, StoreUnavailable
+from celery_ratchet.runtime.control import CONTROL_POLL_SECONDS, CommandRunner, ControlLoop
 from celery_ratchet.runtime.fence import Fence, new_tag, stamp
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.jobstore import JobStore
@@ -135,8 +137,18 @@ class WorkerRuntime:
         wakeups: Sequence[WakeupSource] = (),
         housekeeping: Callable[[], object] | None = None,
         fence: Fence | None = None,
+        control: CommandRunner | None = None,
     ) -> None:
         self.store = store
+        #: Runs the remote control commands broadcast through the store (``celery inspect``).
+        self.control: ControlLoop | None = None
+        if control is not None:
+            self.control = ControlLoop(
+                store,
+                control,
+                hostname=hostname or socket.gethostname(),
+                poll_seconds=self._control_poll,
+            )
         #: Called every HOUSEKEEPING_INTERVAL (finishing batches cut short by a dead node).
         self.housekeeping = housekeeping
         self.settings = settings
@@ -209,8 +221,17 @@ class WorkerRuntime:
             ("housekeeping", self._housekeeping_loop),
         ):
             self._spawn(name, target)
+        if self.control is not None:
+            self.control.start()
         for source in self.wakeups:
             source.start(self._woken)
+
+    def _control_poll(self) -> float:
+        """Longest wait between two looks for control commands: while broadcasts are
+        announced, only the safety net for a lost notification."""
+        if self._told():
+            return self.settings.wakeup_poll_interval
+        return min(CONTROL_POLL_SECONDS, self.settings.poll_interval)
 
     def _subscribed(self) -> bool:
         return any(getattr(source, "live", True) for source in self.wakeups)
@@ -247,6 +268,9 @@ class WorkerRuntime:
         self._heard.set()
         if queue == REVOCATIONS_WAKEUP:
             self._revoke_hint.set()
+        elif queue == CONTROL_WAKEUP:
+            if self.control is not None:
+                self.control.hint()
         elif queue == SCHEDULES_QUEUE:
             if self.occurrence is not None:
                 self._masters_changed.set()
@@ -364,6 +388,8 @@ class WorkerRuntime:
         self._settlements.put(_CLOSED)  # wakes the settler now
         for source in self.wakeups:
             source.stop()
+        if self.control is not None:
+            self.control.close(timeout=max(0.1, deadline - time.monotonic()))
         for thread in self._threads:
             thread.join(timeout=max(0.1, deadline - time.monotonic()))
         left = self._unwritten_count()
