@@ -45,15 +45,16 @@ class RatchetControl(Control):
         return replies if kwargs.get("reply") else reached
 
     def _revoke_in_store(self, task_id: str | list[str], terminate: bool, signal: Any) -> int:
+        """Pending jobs become REVOKED; running ones are marked, so that their node drops
+        them if not started yet. Terminating a started job is left to the broadcast, whose
+        handler (Celery's) terminates it and says so in its reply."""
         ids = [task_id] if isinstance(task_id, str) else list(task_id)
         store = ratchet_state(self.app).store
-        sig = _signal_name(signal) if terminate else None
+        if terminate:
+            _signal_name(signal)  # an unknown signal is refused before anything changes
         touched: list[str] = []
         pending, running = store.request_revoke(
-            ids,
-            exception_record(TaskRevokedError("revoked")),
-            terminate_signal=sig,
-            batches=touched,
+            ids, exception_record(TaskRevokedError("revoked")), batches=touched
         )
         if running:  # their nodes check at once (PostgreSQL: the store notified already)
             ratchet_state(self.app).published([REVOCATIONS_WAKEUP])

@@ -14,6 +14,7 @@ from celery.worker.control import Panel
 from kombu.matcher import match
 from kombu.utils.json import dumps, loads
 
+from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.transport import wake as wake_main_loop
 from celery_ratchet.domain.control import ControlCommand
 
@@ -33,6 +34,10 @@ def addressed_to(hostname: str, command: ControlCommand) -> bool:
     if command.pattern and command.matcher:
         return bool(match(hostname.encode(), command.pattern.encode(), command.matcher))
     return True
+
+
+#: Commands that change the queues a worker consumes from (Celery applies them on its loop).
+_QUEUE_COMMANDS = frozenset({"add_consumer", "cancel_consumer"})
 
 
 class _Outcome:
@@ -83,6 +88,8 @@ class RemoteCommands:
         self.consumer.app.clock.forward()
         try:
             outcome.reply = Panel.data[name](self.state, **arguments)
+            if name in _QUEUE_COMMANDS:  # after Celery's own change, queued just before
+                self.consumer.call_soon(self._claim_from_consumed_queues)
         except SystemExit:
             outcome.shutdown = True
             raise
@@ -91,3 +98,9 @@ class RemoteCommands:
             outcome.reply = {"error": repr(exc)}
         finally:
             outcome.done.set()
+
+    def _claim_from_consumed_queues(self) -> None:
+        """The node claims from the queues Celery now consumes from."""
+        runtime = ratchet_state(self.consumer.app).runtime
+        if runtime is not None:
+            runtime.set_queues(sorted(self.consumer.app.amqp.queues.consume_from))

@@ -318,6 +318,17 @@ class WorkerRuntime:
                 self._throttle.warn("register", "ratchet: node not registered: %s; retrying", exc)
                 self._stopping.wait(self.settings.poll_interval)
 
+    def set_queues(self, queues: Sequence[str]) -> None:
+        """Claim from ``queues`` from now on (``celery control add_consumer`` and
+        ``cancel_consumer``); the node's row lists them."""
+        self.queues = list(queues)
+        try:
+            self.store.set_node_queues(self.node_id, self.queues)
+        except Exception as exc:  # only the listing is behind; claims use the new queues
+            self._throttle.warn("queues", "ratchet: node queues not recorded: %s", exc)
+        logger.info("ratchet: node %s consuming %s", self.node_id, ",".join(self.queues))
+        self.wake()
+
     def request_stop(self) -> None:
         """Start no more jobs, from now on (safe in a signal handler: it only sets flags);
         :meth:`stop_claiming` then waits for the claim loop and hands the buffer back."""

@@ -129,3 +129,29 @@ def test_replies_are_deleted_once_gathered(worker_app: Celery) -> None:
 def test_arguments_that_are_not_json_are_refused(worker_app: Celery) -> None:
     with pytest.raises(ControlCommandRefused, match="as JSON"):
         worker_app.control.broadcast("ping", arguments={"x": object()})
+
+
+def test_add_and_cancel_consumer_change_the_queues_claimed_from(worker_app: Celery) -> None:
+    node = _node(worker_app)
+    control = worker_app.control
+    store = ratchet_state(worker_app).store
+    waiting = worker_app.tasks["t.add"].apply_async((2, 3), queue="extra")
+    assert control.add_consumer("extra", reply=True, timeout=2) == [
+        {node: {"ok": "add consumer extra"}}
+    ]
+    try:
+        assert waiting.get(timeout=TIMEOUT) == 5
+        queues = control.inspect(timeout=1).active_queues()
+        assert queues is not None and {q["name"] for q in queues[node]} == {"celery", "extra"}
+        assert any("extra" in n["queues"].split(",") for n in store.list_nodes())
+    finally:
+        assert control.cancel_consumer("extra", reply=True, timeout=2) == [
+            {node: {"ok": "no longer consuming from extra"}}
+        ]
+    queues = control.inspect(timeout=1).active_queues()
+    assert queues is not None and [q["name"] for q in queues[node]] == ["celery"]
+    wait_until(
+        lambda: all(n["queues"] == "celery" for n in store.list_nodes()),
+        TIMEOUT,
+        "the node to list its queues again",
+    )
