@@ -12,6 +12,7 @@ import sys
 import pytest
 from celery import Celery
 
+from celery_ratchet.celery.app import ratchet_state
 from tests.acceptance.conftest import ROOT, Cluster, wait_until
 
 pytestmark = pytest.mark.slow
@@ -99,6 +100,63 @@ def test_inspect_status_and_control_commands_answer_as_stock(
         assert shutdown.returncode == NO_NODE_REPLIED
         assert "No nodes replied within time constraint" in shutdown.stderr
         assert worker.process.wait(60) == 0
+    except Exception:
+        print(cluster.logs())
+        raise
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"], indirect=True)
+def test_purge_deletes_pending_jobs_and_says_how_many(ratchet_app: Celery) -> None:
+    double = ratchet_app.tasks["acc.double"]
+    jobs = [double.delay(n) for n in range(3)]
+    purge = celery(ratchet_app, "purge", "-f")
+    assert purge.returncode == 0, purge.stderr
+    assert "Purged 3 messages from 1 known task queue." in purge.stdout
+    store = ratchet_state(ratchet_app).store
+    assert all(store.result(job.id) is None for job in jobs)
+    again = celery(ratchet_app, "purge", "-f")
+    assert "No messages purged from 1 queue." in again.stdout
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"], indirect=True)
+def test_call_result_and_the_other_commands(ratchet_app: Celery, cluster: Cluster) -> None:
+    cluster.start("w1")
+    node = f"w1@{socket.gethostname()}"
+    try:
+        wait_until(
+            lambda: celery(ratchet_app, "inspect", "ping").returncode == 0,
+            60,
+            "the worker to answer ping",
+        )
+        call = celery(ratchet_app, "call", "acc.double", "--args", "[21]")
+        assert call.returncode == 0, call.stderr
+        task_id = call.stdout.strip()
+        wait_until(
+            lambda: celery(ratchet_app, "result", task_id).stdout.strip() == "42",
+            60,
+            "celery result to print the job's result",
+        )
+        for command, expected in [
+            (("inspect", "reserved"), "- empty -"),
+            (("inspect", "scheduled"), "- empty -"),
+            (("inspect", "active_queues"), "'name': 'celery'"),
+            (("inspect", "query_task", task_id), "{}"),
+            (("inspect", "conf"), '"ratchet_poll_interval": 0.2'),
+            (("inspect", "report"), "software -> celery:"),
+            (("control", "time_limit", "acc.double", "60", "120"), "time limits set"),
+            (("control", "pool_grow", "1"), "pool will grow"),
+            (("control", "pool_shrink", "1"), "pool will shrink"),
+            (("control", "enable_events"), "task events enabled"),
+            (("control", "disable_events"), "task events disabled"),
+            (("control", "add_consumer", "extra"), "add consumer extra"),
+            (("control", "cancel_consumer", "extra"), "no longer consuming from extra"),
+            (("control", "revoke", "not-a-job"), "flagged as revoked"),
+            (("inspect", "revoked"), "not-a-job"),
+        ]:
+            done = celery(ratchet_app, *command)
+            assert done.returncode == 0, (command, done.stderr)
+            assert replied(node, done.stdout), (command, done.stdout)
+            assert expected in done.stdout, (command, done.stdout)
     except Exception:
         print(cluster.logs())
         raise
