@@ -15,10 +15,6 @@ from celery_ratchet.store.jobstore import JobStore
 
 logger = logging.getLogger(__name__)
 
-#: Longest wait between two looks for commands while no wake-up channel announces them: a
-#: ``celery inspect ping`` waits one second for replies by default.
-CONTROL_POLL_SECONDS = 0.5
-
 #: Runs one command; returns the reply as JSON text, or None for no reply (the command is
 #: not for this node, the sender wants none, or the node is shutting down).
 CommandRunner = Callable[[ControlCommand], "str | None"]

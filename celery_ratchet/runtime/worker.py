@@ -33,7 +33,7 @@ from celery_ratchet.domain.job import (
 from celery_ratchet.domain.liveness import LivenessJudge
 from celery_ratchet.domain.schedule import MasterSpec, plan
 from celery_ratchet.errors import StoreBusy, StoreUnavailable
-from celery_ratchet.runtime.control import CONTROL_POLL_SECONDS, CommandRunner, ControlLoop
+from celery_ratchet.runtime.control import CommandRunner, ControlLoop
 from celery_ratchet.runtime.fence import Fence, new_tag, stamp
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.jobstore import JobStore
@@ -231,7 +231,7 @@ class WorkerRuntime:
         announced, only the safety net for a lost notification."""
         if self._told():
             return self.settings.wakeup_poll_interval
-        return min(CONTROL_POLL_SECONDS, self.settings.poll_interval)
+        return self.settings.control_poll_interval
 
     def _subscribed(self) -> bool:
         return any(getattr(source, "live", True) for source in self.wakeups)
