@@ -53,14 +53,18 @@ logger = logging.getLogger(__name__)
 _MALFORMED = (InvalidTaskError, ContentDisallowed, DecodeError, KeyError, TypeError, ValueError)
 
 
-def capacity_for(consumer: Any) -> Capacity:
-    """Jobs in the pool at once, and claimed ahead, from ``-c`` and the prefetch multiplier.
+def capacity_for(consumer: Any, processes: int | None = None) -> Capacity:
+    """Jobs in the pool at once, and claimed ahead, from ``-c`` (or the pool's ``processes``
+    now, after ``pool_grow``) and the prefetch multiplier.
 
     The pool gets twice its concurrency so its processes never wait for the next job to
     arrive; the rest of the prefetch stays in a local buffer that is handed back on shutdown.
     """
     concurrency = max(
-        int(getattr(consumer.pool, "limit", 0) or consumer.controller.concurrency or 1), 1
+        int(
+            processes or getattr(consumer.pool, "limit", 0) or consumer.controller.concurrency or 1
+        ),
+        1,
     )
     multiplier = int(consumer.app.conf.worker_prefetch_multiplier or 0)
     running = concurrency * 2

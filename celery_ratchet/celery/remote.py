@@ -40,6 +40,10 @@ def addressed_to(hostname: str, command: ControlCommand) -> bool:
 _QUEUE_COMMANDS = frozenset({"add_consumer", "cancel_consumer"})
 
 
+#: Commands that change how many jobs the pool runs at once.
+_POOL_COMMANDS = frozenset({"pool_grow", "pool_shrink"})
+
+
 class _Outcome:
     def __init__(self) -> None:
         self.done = threading.Event()
@@ -90,6 +94,8 @@ class RemoteCommands:
             outcome.reply = Panel.data[name](self.state, **arguments)
             if name in _QUEUE_COMMANDS:  # after Celery's own change, queued just before
                 self.consumer.call_soon(self._claim_from_consumed_queues)
+            elif name in _POOL_COMMANDS:
+                self._take_as_many_as_the_pool_runs()
         except SystemExit:
             outcome.shutdown = True
             raise
@@ -104,3 +110,12 @@ class RemoteCommands:
         runtime = ratchet_state(self.consumer.app).runtime
         if runtime is not None:
             runtime.set_queues(sorted(self.consumer.app.amqp.queues.consume_from))
+
+    def _take_as_many_as_the_pool_runs(self) -> None:
+        """The node claims for the pool's processes now, not those it started with."""
+        from celery_ratchet.celery.consumer import capacity_for
+
+        runtime = ratchet_state(self.consumer.app).runtime
+        processes = getattr(self.consumer.pool, "num_processes", None)
+        if runtime is not None and isinstance(processes, int) and processes > 0:
+            runtime.set_capacity(capacity_for(self.consumer, processes))

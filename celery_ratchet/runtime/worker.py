@@ -329,6 +329,17 @@ class WorkerRuntime:
         logger.info("ratchet: node %s consuming %s", self.node_id, ",".join(self.queues))
         self.wake()
 
+    def set_capacity(self, capacity: Capacity) -> None:
+        """Take this much work from now on (the pool grew or shrank)."""
+        self.capacity = capacity
+        logger.info(
+            "ratchet: node %s runs %d jobs at once, %d handed to the executor",
+            self.node_id,
+            capacity.executing,
+            capacity.running,
+        )
+        self.wake()
+
     def request_stop(self) -> None:
         """Start no more jobs, from now on (safe in a signal handler: it only sets flags);
         :meth:`stop_claiming` then waits for the claim loop and hands the buffer back."""

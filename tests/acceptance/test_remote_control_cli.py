@@ -157,6 +157,9 @@ def test_call_result_and_the_other_commands(ratchet_app: Celery, cluster: Cluste
             assert done.returncode == 0, (command, done.stderr)
             assert replied(node, done.stdout), (command, done.stdout)
             assert expected in done.stdout, (command, done.stdout)
+        log = cluster.workers[0].log.read_text()
+        grown, shrunk = "runs 5 jobs at once", "runs 4 jobs at once"
+        assert grown in log and shrunk in log.split(grown, 1)[1], "claims follow the pool"
     except Exception:
         print(cluster.logs())
         raise
