@@ -97,6 +97,7 @@ class RatchetControl(Control):
         reply, gathered here as Celery gathers them (each reply waited for ``timeout``
         seconds at most, ``limit`` replies at most)."""
         arguments = dict(arguments or {}, **extra_kwargs)
+        _check_destination(destination)
         if command in ("revoke", "terminate"):  # the store's revoke holds whatever happens
             self._revoke_in_store(
                 arguments.get("task_id") or [],
@@ -129,8 +130,7 @@ class RatchetControl(Control):
         matcher: str | None = None,
         **_: Any,
     ) -> Any:
-        if destination is not None and not isinstance(destination, (list, tuple)):
-            raise ValueError(f"destination must be a list/tuple not {type(destination)}")
+        _check_destination(destination)
         state = ratchet_state(self.app)
         ttl = float(self.app.conf.control_queue_ttl or DEFAULT_COMMAND_TTL)
         return broadcast_through_store(
@@ -147,6 +147,11 @@ class RatchetControl(Control):
             ttl_seconds=max(ttl, timeout or 0.0),
             announce=lambda: state.published([CONTROL_WAKEUP]),
         )
+
+
+def _check_destination(destination: Any) -> None:
+    if destination is not None and not isinstance(destination, (list, tuple)):
+        raise ValueError(f"destination must be a list/tuple not {type(destination)}")
 
 
 def _signal_name(signal: Any) -> str:
