@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from sqlalchemy import inspect as sql_inspect
 from sqlalchemy import text
 
@@ -12,12 +14,17 @@ from celery_ratchet.store.ddl import bring_up_to_date
 from celery_ratchet.store.jobstore import JobStore
 from tests.conftest import Servers, empty_store
 from tests.contract.test_wakeup_announcements import Listener
+from tests.helpers import wait_until
 
 
 def test_commands_are_read_from_their_time_on_until_they_expire(store: JobStore) -> None:
     control = control_store(store)
+    start = control.clock()
     control.broadcast("ping", "{}", ttl_seconds=60)
-    since = control.clock()
+    (earlier,) = control.commands_since(start)
+    # SQLite's clock counts milliseconds: a node started in the same one reads it too.
+    since = earlier.created_at + timedelta(microseconds=1)
+    wait_until(lambda: control.clock() >= since, 5, "the database clock to move on")
     assert control.commands_since(since) == [], "a command sent before is not read"
     control.broadcast("stats", '{"a": 1}', destination='["w1@h"]', ticket="t1", ttl_seconds=60)
     control.broadcast("gone", "{}", ttl_seconds=-1)
