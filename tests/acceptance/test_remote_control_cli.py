@@ -62,7 +62,7 @@ def test_inspect_status_and_control_commands_answer_as_stock(
         assert status.returncode == 0, status.stderr
         assert replied(node, status.stdout) and "1 node online." in status.stdout
 
-        running = ratchet_app.tasks["acc.sleep"].delay("cli-active", 30)
+        running = ratchet_app.tasks["acc.sleep"].delay("cli-active", 600)
         wait_until(
             lambda: running.id in celery(ratchet_app, "inspect", "active").stdout,
             60,
