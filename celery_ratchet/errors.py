@@ -130,3 +130,8 @@ class PredicateNotAllowed(RatchetError, ValueError):
 class RecoveryLimitExceeded(RatchetError):
     """Orphan recovery took a job back from dead nodes more often than
     ``ratchet_max_recoveries`` allows: it is FAILED, in the dead-letter queue."""
+
+
+class ControlCommandRefused(RatchetError, ValueError):
+    """A remote control command that cannot travel through the job store (its arguments are
+    not JSON)."""

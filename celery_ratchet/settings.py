@@ -145,6 +145,10 @@ class RatchetSettings:
     #: new jobs, schedule changes and revokes, and sleeps until the next due time it knows
     #: of; it still looks this often (seconds), so a lost notification only delays work.
     wakeup_poll_interval: float = 10.0
+    #: Without a wake-up channel, how often a worker looks for remote control commands
+    #: (``celery inspect``, ``celery control``; seconds). Their replies are waited for one
+    #: second by default.
+    control_poll_interval: float = 0.5
     #: Finished jobs older than this move to scheduler_job_archive.
     job_retention_days: float = 90.0
     job_archive_batch_size: int = 1000
@@ -216,6 +220,7 @@ class RatchetSettings:
             "poll_interval": self.poll_interval,
             "poll_interval_min": self.poll_interval_min,
             "wakeup_poll_interval": self.wakeup_poll_interval,
+            "control_poll_interval": self.control_poll_interval,
             "claim_batch_size": self.claim_batch_size,
             "max_payload_kb": self.max_payload_kb,
             "node_heartbeat_interval_seconds": self.node_heartbeat_interval_seconds,

@@ -30,6 +30,34 @@ CREATE TABLE scheduler_batch_part (
 	PRIMARY KEY (batch_id, job_id)
 );
 
+CREATE TABLE scheduler_control (
+	id BIGSERIAL NOT NULL,
+	command VARCHAR(255) NOT NULL,
+	arguments TEXT NOT NULL,
+	destination TEXT,
+	pattern VARCHAR(255),
+	matcher VARCHAR(64),
+	ticket VARCHAR(64),
+	created_at TIMESTAMP WITH TIME ZONE NOT NULL,
+	expires_at TIMESTAMP WITH TIME ZONE NOT NULL,
+	PRIMARY KEY (id)
+);
+
+CREATE INDEX ix_scheduler_control_expires ON scheduler_control (expires_at);
+
+CREATE TABLE scheduler_control_reply (
+	id BIGSERIAL NOT NULL,
+	ticket VARCHAR(64) NOT NULL,
+	hostname VARCHAR(255) NOT NULL,
+	reply TEXT NOT NULL,
+	expires_at TIMESTAMP WITH TIME ZONE NOT NULL,
+	PRIMARY KEY (id)
+);
+
+CREATE INDEX ix_scheduler_control_reply_expires ON scheduler_control_reply (expires_at);
+
+CREATE INDEX ix_scheduler_control_reply_ticket ON scheduler_control_reply (ticket, id);
+
 CREATE TABLE scheduler_dlq_alert (
 	task_name VARCHAR(255) NOT NULL,
 	opened_at TIMESTAMP WITH TIME ZONE,

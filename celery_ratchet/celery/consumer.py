@@ -35,6 +35,7 @@ from celery_ratchet.celery.message import JobMessage, runs_code, safe_accept, se
 from celery_ratchet.celery.options import resolve as resolve_options
 from celery_ratchet.celery.pool import guard, request_stop, reset_stop
 from celery_ratchet.celery.recurring import occurrence, register_all
+from celery_ratchet.celery.remote import RemoteCommands
 from celery_ratchet.celery.request import ratchet_request_class
 from celery_ratchet.celery.retry import install_retries
 from celery_ratchet.celery.transport import wake as wake_main_loop
@@ -55,8 +56,9 @@ logger = logging.getLogger(__name__)
 _MALFORMED = (InvalidTaskError, ContentDisallowed, DecodeError, KeyError, TypeError, ValueError)
 
 
-def capacity_for(consumer: Any) -> Capacity:
-    """Jobs in the pool at once, and claimed ahead, from ``-c`` and the prefetch multiplier.
+def capacity_for(consumer: Any, processes: int | None = None) -> Capacity:
+    """Jobs in the pool at once, and claimed ahead, from ``-c`` (or the pool's ``processes``
+    now, after ``pool_grow``) and the prefetch multiplier.
 
     The pool gets twice its concurrency so its processes never wait for the next job to
     arrive; the rest of the prefetch stays in a local buffer that is handed back on shutdown.
@@ -72,7 +74,10 @@ def capacity_for(consumer: Any) -> Capacity:
             batch_child_limit=children,
         )
     concurrency = max(
-        int(getattr(consumer.pool, "limit", 0) or consumer.controller.concurrency or 1), 1
+        int(
+            processes or getattr(consumer.pool, "limit", 0) or consumer.controller.concurrency or 1
+        ),
+        1,
     )
     multiplier = int(consumer.app.conf.worker_prefetch_multiplier or 0)
     running = concurrency * 2
@@ -205,6 +210,7 @@ class JobConsumer(bootsteps.StartStopStep):
             wakeups=state.wakeup_sources(),
             housekeeping=functools.partial(_housekeeping, app, dead_letter_alerts(app)),
             fence=self.fence,
+            control=RemoteCommands(c),
         )
         dispatcher.runtime = runtime
         self.runtime = state.runtime = runtime
@@ -248,6 +254,9 @@ def _revoke_started(consumer: Any, job_id: str, request: str) -> None:
         return
     started = queued.time_start is not None
     if started and request == REVOKE_ONLY:
+        return
+    # Terminated already by the revoke broadcast's own handler (`celery control terminate`).
+    if getattr(queued, "_already_revoked", False) or queued._terminate_on_ack is not None:
         return
     pool = consumer.pool
     # Prefork sets terminate_job on the instance when it starts; the base one only raises.

@@ -1,10 +1,10 @@
-"""Remote control for a ratchet app: revoke and purge act on the store, ``ping`` answers from
-the workers' heartbeats; other broadcasts have no broker to travel on and get no replies."""
+"""Remote control for a ratchet app: revoke and purge act on the store, and every broadcast
+(``celery inspect``, ``celery control``, ``celery status``) travels through the store to the
+workers, which answer with Celery's own handlers."""
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
 from signal import Signals
 from typing import Any
 
@@ -14,6 +14,8 @@ from celery.platforms import signals as platform_signals
 
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import exception_record
+from celery_ratchet.celery.mailbox import DEFAULT_COMMAND_TTL, broadcast_through_store
+from celery_ratchet.domain.control import CONTROL_WAKEUP
 from celery_ratchet.domain.job import REVOCATIONS_WAKEUP
 
 logger = logging.getLogger(__name__)
@@ -27,19 +29,32 @@ class RatchetControl(Control):
         terminate: bool = False,
         signal: Any = None,
         **kwargs: Any,
-    ) -> int:
+    ) -> Any:
         """Revoke jobs: pending ones never run; running ones are dropped by their worker if
         not started yet, and with ``terminate=True`` terminated with ``signal`` (default
-        SIGTERM) where the pool allows (prefork). Returns how many jobs were reached."""
+        SIGTERM) where the pool allows (prefork). The workers are told as Celery's are (their
+        revoked lists, ``task-revoked``). Returns how many jobs were reached, or with
+        ``reply=True`` the workers' replies, as Celery does."""
+        reached = self._revoke_in_store(task_id, terminate, signal)
+        replies = self._send(
+            "revoke",
+            {"task_id": task_id, "terminate": terminate, "signal": signal},
+            destination,
+            **kwargs,
+        )
+        return replies if kwargs.get("reply") else reached
+
+    def _revoke_in_store(self, task_id: str | list[str], terminate: bool, signal: Any) -> int:
+        """Pending jobs become REVOKED; running ones are marked, so that their node drops
+        them if not started yet. Terminating a started job is left to the broadcast, whose
+        handler (Celery's) terminates it and says so in its reply."""
         ids = [task_id] if isinstance(task_id, str) else list(task_id)
         store = ratchet_state(self.app).store
-        sig = _signal_name(signal) if terminate else None
+        if terminate:
+            _signal_name(signal)  # an unknown signal is refused before anything changes
         touched: list[str] = []
         pending, running = store.request_revoke(
-            ids,
-            exception_record(TaskRevokedError("revoked")),
-            terminate_signal=sig,
-            batches=touched,
+            ids, exception_record(TaskRevokedError("revoked")), batches=touched
         )
         if running:  # their nodes check at once (PostgreSQL: the store notified already)
             ratchet_state(self.app).published([REVOCATIONS_WAKEUP])
@@ -69,26 +84,74 @@ class RatchetControl(Control):
         destination: Any = None,
         connection: Any = None,
         reply: bool = False,
-        **kwargs: Any,
+        timeout: float = 1.0,
+        limit: int | None = None,
+        callback: Any = None,
+        channel: Any = None,
+        pattern: str | None = None,
+        matcher: str | None = None,
+        **extra_kwargs: Any,
     ) -> Any:
-        if command == "ping" and reply:
-            return self._ping(destination)
-        logger.debug("ratchet: no broker, broadcast %r reaches no worker", command)
-        return [] if reply else None
+        """Celery's broadcast, through the job store: the command is written for the
+        workers, each addressed worker runs it with Celery's own handler and writes its
+        reply, gathered here as Celery gathers them (each reply waited for ``timeout``
+        seconds at most, ``limit`` replies at most)."""
+        arguments = dict(arguments or {}, **extra_kwargs)
+        _check_destination(destination)
+        if command in ("revoke", "terminate"):  # the store's revoke holds whatever happens
+            self._revoke_in_store(
+                arguments.get("task_id") or [],
+                command == "terminate" or bool(arguments.get("terminate")),
+                arguments.get("signal"),
+            )
+        return self._send(
+            command,
+            arguments,
+            destination,
+            reply=reply,
+            timeout=timeout,
+            limit=limit,
+            callback=callback,
+            pattern=pattern,
+            matcher=matcher,
+        )
 
-    def _ping(self, destination: Any) -> list[dict[str, Any]]:
-        """``inspect().ping()``: the worker nodes whose heartbeat is recent, from the store."""
+    def _send(
+        self,
+        command: str,
+        arguments: dict[str, Any],
+        destination: Any,
+        *,
+        reply: bool = False,
+        timeout: float = 1.0,
+        limit: int | None = None,
+        callback: Any = None,
+        pattern: str | None = None,
+        matcher: str | None = None,
+        **_: Any,
+    ) -> Any:
+        _check_destination(destination)
         state = ratchet_state(self.app)
-        grace = state.settings.node_orphan_grace_seconds
-        now = datetime.now(timezone.utc)
-        wanted = None if destination is None else set(destination)
-        replies = []
-        for node in state.store.list_nodes():
-            name = node["hostname"]
-            fresh = (now - node["heartbeat_ts"]).total_seconds() <= grace
-            if fresh and (wanted is None or name in wanted):
-                replies.append({name: {"ok": "pong"}})
-        return replies
+        ttl = float(self.app.conf.control_queue_ttl or DEFAULT_COMMAND_TTL)
+        return broadcast_through_store(
+            state.store,
+            command,
+            arguments,
+            destination=list(destination) if destination else None,
+            pattern=pattern if pattern and matcher else None,
+            matcher=matcher if pattern and matcher else None,
+            reply=reply,
+            timeout=timeout,
+            limit=limit,
+            callback=callback,
+            ttl_seconds=max(ttl, timeout or 0.0),
+            announce=lambda: state.published([CONTROL_WAKEUP]),
+        )
+
+
+def _check_destination(destination: Any) -> None:
+    if destination is not None and not isinstance(destination, (list, tuple)):
+        raise ValueError(f"destination must be a list/tuple not {type(destination)}")
 
 
 def _signal_name(signal: Any) -> str:

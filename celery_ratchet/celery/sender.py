@@ -209,6 +209,13 @@ class RatchetAMQP(AMQP):
 
     publisher_pool = producer_pool
 
+    def Connection(self, *args: Any, **kwargs: Any) -> Connection:
+        """The app's stand-in broker connection; it knows its app, so that purging one of
+        its queues (``celery purge``) deletes that queue's pending jobs in the store."""
+        connection = Connection(*args, **kwargs)
+        connection.ratchet_app = self.app  # type: ignore[attr-defined]
+        return connection
+
     def _create_task_sender(self) -> Any:
         app = self.app
         amqp = self

@@ -37,7 +37,22 @@ def wake() -> None:
         os.write(_fds()[1], b"!")
 
 
+class Channel(memory.Channel):
+    def _purge(self, queue: str) -> int:
+        """``celery purge``: the pending jobs of ``queue`` are deleted from the store, and
+        their number is what was purged."""
+        purged = int(super()._purge(queue) or 0)
+        app = getattr(self.connection.client, "ratchet_app", None)
+        if app is None:
+            return purged
+        from celery_ratchet.celery.app import ratchet_state
+
+        return purged + ratchet_state(app).store.purge_pending([queue])
+
+
 class Transport(memory.Transport):
+    Channel = Channel
+
     def drain_events(self, connection: Any, timeout: float | None = None, **_: Any) -> Any:
         read = _fds()[0]
         started = time.monotonic()

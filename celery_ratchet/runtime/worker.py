@@ -20,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
 from celery_ratchet.domain.breaker import BreakerConfig, BreakerState, CircuitBreaker
+from celery_ratchet.domain.control import CONTROL_WAKEUP
 from celery_ratchet.domain.job import (
     PROBE_WAKEUP,
     REVOCATIONS_WAKEUP,
@@ -32,6 +33,7 @@ from celery_ratchet.domain.job import (
 from celery_ratchet.domain.liveness import LivenessJudge
 from celery_ratchet.domain.schedule import MasterSpec, plan
 from celery_ratchet.errors import StoreBusy, StoreUnavailable
+from celery_ratchet.runtime.control import CommandRunner, ControlLoop
 from celery_ratchet.runtime.fence import Fence, new_tag, stamp
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.jobstore import JobStore
@@ -144,8 +146,18 @@ class WorkerRuntime:
         wakeups: Sequence[WakeupSource] = (),
         housekeeping: Callable[[], object] | None = None,
         fence: Fence | None = None,
+        control: CommandRunner | None = None,
     ) -> None:
         self.store = store
+        #: Runs the remote control commands broadcast through the store (``celery inspect``).
+        self.control: ControlLoop | None = None
+        if control is not None:
+            self.control = ControlLoop(
+                store,
+                control,
+                hostname=hostname or socket.gethostname(),
+                poll_seconds=self._control_poll,
+            )
         #: Called every HOUSEKEEPING_INTERVAL (finishing batches cut short by a dead node).
         self.housekeeping = housekeeping
         self.settings = settings
@@ -222,8 +234,17 @@ class WorkerRuntime:
             ("housekeeping", self._housekeeping_loop),
         ):
             self._spawn(name, target)
+        if self.control is not None:
+            self.control.start()
         for source in self.wakeups:
             source.start(self._woken)
+
+    def _control_poll(self) -> float:
+        """Longest wait between two looks for control commands: while broadcasts are
+        announced, only the safety net for a lost notification."""
+        if self._told():
+            return self.settings.wakeup_poll_interval
+        return self.settings.control_poll_interval
 
     def _subscribed(self) -> bool:
         return any(getattr(source, "live", True) for source in self.wakeups)
@@ -260,6 +281,9 @@ class WorkerRuntime:
         self._heard.set()
         if queue == REVOCATIONS_WAKEUP:
             self._revoke_hint.set()
+        elif queue == CONTROL_WAKEUP:
+            if self.control is not None:
+                self.control.hint()
         elif queue == SCHEDULES_QUEUE:
             if self.occurrence is not None:
                 self._masters_changed.set()
@@ -306,6 +330,28 @@ class WorkerRuntime:
                 self._lost_contact()
                 self._throttle.warn("register", "ratchet: node not registered: %s; retrying", exc)
                 self._stopping.wait(self.settings.poll_interval)
+
+    def set_queues(self, queues: Sequence[str]) -> None:
+        """Claim from ``queues`` from now on (``celery control add_consumer`` and
+        ``cancel_consumer``); the node's row lists them."""
+        self.queues = list(queues)
+        try:
+            self.store.set_node_queues(self.node_id, self.queues)
+        except Exception as exc:  # only the listing is behind; claims use the new queues
+            self._throttle.warn("queues", "ratchet: node queues not recorded: %s", exc)
+        logger.info("ratchet: node %s consuming %s", self.node_id, ",".join(self.queues))
+        self.wake()
+
+    def set_capacity(self, capacity: Capacity) -> None:
+        """Take this much work from now on (the pool grew or shrank)."""
+        self.capacity = capacity
+        logger.info(
+            "ratchet: node %s runs %d jobs at once, %d handed to the executor",
+            self.node_id,
+            capacity.executing,
+            capacity.running,
+        )
+        self.wake()
 
     def request_stop(self) -> None:
         """Start no more jobs, from now on (safe in a signal handler: it only sets flags);
@@ -377,6 +423,8 @@ class WorkerRuntime:
         self._settlements.put(_CLOSED)  # wakes the settler now
         for source in self.wakeups:
             source.stop()
+        if self.control is not None:
+            self.control.close(timeout=max(0.1, deadline - time.monotonic()))
         for thread in self._threads:
             thread.join(timeout=max(0.1, deadline - time.monotonic()))
         left = self._unwritten_count()

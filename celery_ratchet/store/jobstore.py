@@ -1970,6 +1970,11 @@ class JobStore:
         stmt = update(n).where(n.c.node_id == node_id).values(heartbeat_ts=db_now())
         return self._run(lambda conn: conn.execute(stmt).rowcount == 1, "no heartbeat was written")
 
+    def set_node_queues(self, node_id: str, queues: Sequence[str]) -> None:
+        n = scheduler_node
+        stmt = update(n).where(n.c.node_id == node_id).values(queues=",".join(queues))
+        self._run(lambda conn: conn.execute(stmt), "the node's queues were not recorded")
+
     def remove_node(self, node_id: str) -> None:
         n = scheduler_node
         self._run(

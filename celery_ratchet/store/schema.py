@@ -369,3 +369,44 @@ scheduler_dlq_alert = Table(
     Column("last_count", Integer),
     **_MYSQL_OPTIONS,
 )
+# Remote control (``celery inspect``/``celery control``) without a broker: a broadcast is one
+# row here, read by every worker's main process until it expires (by the database clock).
+scheduler_control = Table(
+    "scheduler_control",
+    metadata,
+    Column("id", _id_type, primary_key=True, autoincrement=True),
+    Column("command", String(255), nullable=False),
+    #: JSON object of keyword arguments.
+    Column("arguments", _long_text(), nullable=False),
+    #: JSON list of node names; NULL addresses every worker (or those ``pattern`` matches).
+    Column("destination", Text),
+    Column("pattern", String(255)),
+    Column("matcher", String(64)),
+    #: Where replies go; NULL when the sender wants none.
+    Column("ticket", String(64)),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+    implicit_returning=False,
+    **_MYSQL_OPTIONS,
+)
+Index("ix_scheduler_control_expires", scheduler_control.c.expires_at)
+
+# One row per node that answered a broadcast; the sender reads and deletes them.
+scheduler_control_reply = Table(
+    "scheduler_control_reply",
+    metadata,
+    Column("id", _id_type, primary_key=True, autoincrement=True),
+    Column("ticket", String(64), nullable=False),
+    Column("hostname", String(255), nullable=False),
+    #: JSON: ``{hostname: reply}``, as a worker's mailbox replies.
+    Column("reply", _long_text(), nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+    implicit_returning=False,
+    **_MYSQL_OPTIONS,
+)
+Index(
+    "ix_scheduler_control_reply_ticket",
+    scheduler_control_reply.c.ticket,
+    scheduler_control_reply.c.id,
+)
+Index("ix_scheduler_control_reply_expires", scheduler_control_reply.c.expires_at)

@@ -13,6 +13,7 @@ from celery import Celery
 
 from celery_ratchet.celery.app import ratchet_state
 from tests.conftest import IN_CI, Servers, empty_store
+from tests.helpers import wait_until
 from tests.integration.conftest import BrokerTrap, make_app, worker_running
 
 REDIS = os.environ.get("RATCHET_TEST_REDIS", "redis://127.0.0.1:6379/14")
@@ -60,3 +61,30 @@ def test_redis_wakes_an_idle_worker_on_any_database(
     _redis_reachable()
     url = empty_store(servers.url("sqlite")).url
     _idle_worker_runs_a_new_job(make_app(url, broker_trap.url, ratchet_events_url=REDIS, **AN_HOUR))
+
+
+def _idle_worker_answers_ping_when_told(app: Celery) -> None:
+    """Looks for control commands once an hour: only the wake-up can bring a ping in time."""
+    app.conf.ratchet_control_poll_interval = 3600
+    app.conf.ratchet_wakeup_poll_interval = 3600
+    with worker_running(app):
+        wait_until(lambda: app.control.ping(timeout=1), 60, "a first reply to ping")
+        for _ in range(3):
+            replies = app.control.ping(timeout=2)
+            assert len(replies) == 1 and next(iter(replies[0].values())) == {"ok": "pong"}
+
+
+def test_listen_notify_brings_control_commands_on_postgresql(
+    pg_url: str, broker_trap: BrokerTrap
+) -> None:
+    _idle_worker_answers_ping_when_told(make_app(pg_url, broker_trap.url, **AN_HOUR))
+
+
+def test_redis_brings_control_commands_on_any_database(
+    servers: Servers, broker_trap: BrokerTrap
+) -> None:
+    _redis_reachable()
+    url = empty_store(servers.url("sqlite")).url
+    _idle_worker_answers_ping_when_told(
+        make_app(url, broker_trap.url, ratchet_events_url=REDIS, **AN_HOUR)
+    )

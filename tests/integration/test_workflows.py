@@ -326,7 +326,7 @@ def test_a_chord_sent_in_the_callers_transaction(worker_app: Celery) -> None:
     assert result.get(timeout=TIMEOUT) == 20
 
 
-def test_ping_answers_from_the_workers_heartbeats(worker_app: Celery) -> None:
+def test_ping_is_answered_by_the_workers(worker_app: Celery) -> None:
     replies = worker_app.control.inspect(timeout=1).ping()
     assert replies and all(r == {"ok": "pong"} for r in replies.values())
 

@@ -1,0 +1,111 @@
+"""The worker side of remote control through the store: read the broadcasts addressed to this
+node, have them run, write the replies."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime
+
+from celery_ratchet.domain.control import ControlCommand
+from celery_ratchet.errors import StoreUnavailable
+from celery_ratchet.store.control import control_store
+from celery_ratchet.store.jobstore import JobStore
+
+logger = logging.getLogger(__name__)
+
+#: Runs one command; returns the reply as JSON text, or None for no reply (the command is
+#: not for this node, the sender wants none, or the node is shutting down).
+CommandRunner = Callable[[ControlCommand], "str | None"]
+
+
+class ControlLoop:
+    """A thread that looks for broadcasts when told (:meth:`hint`) or every poll interval,
+    runs each new one once through ``run`` and writes its reply."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        run: CommandRunner,
+        *,
+        hostname: str,
+        poll_seconds: Callable[[], float],
+    ) -> None:
+        self.control = control_store(store)
+        self.run = run
+        self.hostname = hostname
+        self.poll_seconds = poll_seconds
+        self._hint = threading.Event()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._warned = False
+        #: Commands broadcast from then on are for this node (by the database clock).
+        self._since: datetime | None = None
+
+    def start(self) -> None:
+        """Start reading commands: those broadcast from now on (a node that starts later
+        than a broadcast does not run it, as a worker's mailbox would not receive it)."""
+        try:
+            self._since = self.control.clock()
+        except Exception as exc:  # read again by the thread, once the store answers
+            self._problem(exc)
+        self._thread = threading.Thread(target=self._loop, name="ratchet-control", daemon=True)
+        self._thread.start()
+
+    def hint(self) -> None:
+        """A command was broadcast: look now."""
+        self._hint.set()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._closed.set()
+        self._hint.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _wait(self) -> None:
+        self._hint.wait(self.poll_seconds())
+        self._hint.clear()
+
+    def _loop(self) -> None:
+        since = self._since
+        handled: set[int] = set()
+        while not self._closed.is_set():
+            try:
+                if since is None:
+                    since = self.control.clock()
+                commands = self.control.commands_since(since)
+                self._problem_ended()
+            except Exception as exc:
+                self._problem(exc)
+                self._wait()
+                continue
+            for command in commands:
+                if command.id in handled or self._closed.is_set():
+                    continue
+                handled.add(command.id)
+                self._handle(command)
+            handled &= {command.id for command in commands}
+            self._wait()
+
+    def _handle(self, command: ControlCommand) -> None:
+        try:
+            reply = self.run(command)
+        except Exception:
+            logger.exception("ratchet: control command %r failed", command.command)
+            return
+        if reply is None or command.ticket is None:
+            return
+        try:
+            self.control.reply(command, self.hostname, reply)
+        except Exception as exc:
+            logger.warning("ratchet: reply to control command %r not written: %s",
+                           command.command, exc)  # fmt: skip
+
+    def _problem(self, exc: Exception) -> None:
+        if not self._warned and not isinstance(exc, StoreUnavailable):
+            logger.warning("ratchet: control commands not read: %s", exc)
+        self._warned = True
+
+    def _problem_ended(self) -> None:
+        self._warned = False
