@@ -146,6 +146,9 @@ class RatchetSettings:
     job_archive_enabled: bool = True
     #: Job log lines older than this are deleted by the archiver.
     log_retention_days: float = 30.0
+    #: A streaming batch's producer renews its hold on the batch with each chunk (and while
+    #: a chunk fills); one that has not for this long is taken for dead: the batch FAILS.
+    batch_stream_lease_seconds: float = 60.0
 
     @property
     def wakeups_by_notify(self) -> bool:
@@ -200,6 +203,7 @@ class RatchetSettings:
             "job_retention_days": self.job_retention_days,
             "job_archive_batch_size": self.job_archive_batch_size,
             "log_retention_days": self.log_retention_days,
+            "batch_stream_lease_seconds": self.batch_stream_lease_seconds,
         }
         if self.pool_size < 1 or self.max_overflow < 0:
             raise ConfigurationError(

@@ -23,9 +23,9 @@ from celery.utils.imports import symbol_by_name
 from celery.worker import state as worker_state
 from kombu.exceptions import ContentDisallowed, DecodeError
 
+from celery_ratchet.celery import streams
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import exception_record
-from celery_ratchet.celery.batches import finish_stalled
 from celery_ratchet.celery.breaker import lookup as breaker_lookup
 from celery_ratchet.celery.breaker import parse as parse_breaker
 from celery_ratchet.celery.fencing import fence_tracers
@@ -190,7 +190,7 @@ class JobConsumer(bootsteps.StartStopStep):
             on_revoke=functools.partial(_revoke_started, c),
             revoked_error=exception_record(TaskRevokedError("revoked")),
             wakeups=state.wakeup_sources(),
-            housekeeping=functools.partial(finish_stalled, app),
+            housekeeping=functools.partial(streams.housekeeping, app),
             fence=self.fence,
         )
         dispatcher.runtime = runtime

@@ -85,10 +85,15 @@ class JobBatch:
         self.waiting.extend(waiting or ())
         self._on_stored.append(on_stored)
 
+    def take(self) -> tuple[list[NewJob], list[NewJob], list[Callable[[], None]]]:
+        """Hand over what was collected (jobs, waiting chain steps, what to call once they
+        are stored) to a caller that writes them itself; the batch is empty after."""
+        taken = self.jobs, self.waiting, self._on_stored
+        self.jobs, self.waiting, self._on_stored = [], [], []
+        return taken
+
     def flush(self) -> None:
-        jobs, self.jobs = self.jobs, []
-        waiting, self.waiting = self.waiting, []
-        callbacks, self._on_stored = self._on_stored, []
+        jobs, waiting, callbacks = self.take()
         if not jobs:
             return
         conf = self.app.conf

@@ -703,6 +703,34 @@ class JobStore:
 
         self._run(work, "no job was enqueued")
 
+    def enqueue_with(
+        self,
+        jobs: Sequence[NewJob],
+        waiting: Sequence[NewJob],
+        also: Callable[[Connection], None],
+        what: str,
+    ) -> None:
+        """Insert jobs (multi-row) and run ``also`` on the same transaction: both or neither.
+        A chunk of a streaming batch and the batch's counter and lease are written so."""
+        params = [_params(j) for j in jobs]
+        tries = 0
+
+        def work(conn: Connection) -> None:
+            nonlocal tries
+            tries += 1
+            with transaction(conn):
+                if waiting:
+                    self._insert_waiting(conn, waiting)
+                try:
+                    with savepoint(conn):
+                        self._insert_many(conn, params)
+                except IntegrityError:
+                    # A try before lost its reply after committing: our own rows are found.
+                    self._insert_each(conn, params, retried=tries > 1)
+                also(conn)
+
+        self._run(work, what)
+
     def _insert_each(self, conn: Connection, params: list[dict[str, Any]], retried: bool) -> None:
         for p in params:
             try:
