@@ -1,11 +1,12 @@
 """A streaming batch's producer memory and throughput, on PostgreSQL and MariaDB.
 
     .venv/bin/python bench/stream.py [--counts 20000,200000] [--dialects postgresql,mysql]
-        [--workers 2] [--no-process]
+        [--workers 2] [--no-process] [--chunked]
 
 For each database and count: a fresh database, ``--workers`` worker processes
 (``celery -A tests.acceptance.stream_app worker -P ratchet -c 4``) started first, then a
-producer process streaming COUNT items, one child each (chunks of 1,000). Reports the
+producer process streaming COUNT items, one child each (chunks of 1,000), or with
+``--chunked`` one child per chunk of 1,000 items. Reports the
 producer's peak RSS before and after streaming, the time the stream took, the time until
 the success callback ran, and whether every item ran exactly once. With ``--no-process`` no
 worker runs: only the producer is measured. Nothing here asserts anything; read the figures.
@@ -75,7 +76,9 @@ def start_worker(env: dict[str, str], name: str, log: Path) -> subprocess.Popen[
     )
 
 
-def bench(dialect: str, count: int, workers: int, log_dir: Path) -> dict[str, object]:
+def bench(
+    dialect: str, count: int, workers: int, log_dir: Path, chunked: bool = False
+) -> dict[str, object]:
     url = fresh_database(dialect)
     env = {**os.environ, "RATCHET_URL": url, "PYTHONPATH": str(ROOT)}
     started_workers = [start_worker(env, f"bench{i}", log_dir / f"{dialect}-{count}-w{i}.log")
@@ -83,7 +86,8 @@ def bench(dialect: str, count: int, workers: int, log_dir: Path) -> dict[str, ob
     began = time.monotonic()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "tests.acceptance.stream_app", str(count)],
+            [sys.executable, "-m", "tests.acceptance.stream_app", str(count),
+             *(["--chunked"] if chunked else [])],
             cwd=ROOT, env=env, capture_output=True, text=True, check=True,
         )  # fmt: skip
         report: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -109,12 +113,14 @@ def main() -> None:
     parser.add_argument("--dialects", default="postgresql,mysql")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-process", action="store_true")
+    parser.add_argument("--chunked", action="store_true", help="a child per 1,000 items")
     parser.add_argument("--logs", type=Path, default=Path("/tmp"))
     args = parser.parse_args()
     workers = 0 if args.no_process else args.workers
     for dialect in args.dialects.split(","):
         for count in (int(c) for c in args.counts.split(",")):
-            print(json.dumps(bench(dialect, count, workers, args.logs)), flush=True)
+            report = bench(dialect, count, workers, args.logs, args.chunked)
+            print(json.dumps({**report, "chunked": args.chunked}), flush=True)
 
 
 if __name__ == "__main__":
