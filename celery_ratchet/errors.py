@@ -135,3 +135,19 @@ class RecoveryLimitExceeded(RatchetError):
 class ControlCommandRefused(RatchetError, ValueError):
     """A remote control command that cannot travel through the job store (its arguments are
     not JSON)."""
+
+
+class StreamAbandoned(RatchetError):
+    """A streaming batch was failed while its producer was still writing it: the producer's
+    lease ran out between two chunks (``ratchet_batch_stream_lease_seconds``), or the batch
+    was failed by hand. Nothing more was written to it."""
+
+    def __init__(self, batch_id: str, lease_seconds: float | None = None) -> None:
+        self.batch_id = batch_id
+        held = f" ({lease_seconds:g} s)" if lease_seconds is not None else ""
+        super().__init__(
+            f"batch {batch_id} is no longer open: it was failed while its stream was being "
+            f"written, most likely because no chunk arrived within its lease{held}; raise "
+            "ratchet_batch_stream_lease_seconds (or stream(..., lease_seconds=...)) if the "
+            "iterator can take longer than that between two items"
+        )

@@ -171,6 +171,9 @@ class RatchetSettings:
     #: are written in that transaction, through Django's connection. Must be the job store's
     #: database.
     django_connection: str | None = None
+    #: A streaming batch's producer renews its hold on the batch with each chunk (and while
+    #: a chunk fills); one that has not for this long is taken for dead: the batch FAILS.
+    batch_stream_lease_seconds: float = 60.0
 
     @property
     def wakeups_by_notify(self) -> bool:
@@ -232,6 +235,7 @@ class RatchetSettings:
             "async_limit_single": self.async_limit_single,
             "async_limit_batch_child": self.async_limit_batch_child,
             "dlq_alert_interval_seconds": self.dlq_alert_interval_seconds,
+            "batch_stream_lease_seconds": self.batch_stream_lease_seconds,
         }
         if self.pool_size < 1 or self.max_overflow < 0:
             raise ConfigurationError(

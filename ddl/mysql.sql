@@ -10,6 +10,8 @@ CREATE TABLE scheduler_batch (
 	added INTEGER NOT NULL DEFAULT '0',
 	done INTEGER NOT NULL DEFAULT '0',
 	failed INTEGER NOT NULL DEFAULT '0',
+	written INTEGER NOT NULL DEFAULT '0',
+	lease_until DATETIME(6),
 	on_success MEDIUMTEXT,
 	on_failure MEDIUMTEXT,
 	on_progress MEDIUMTEXT,

@@ -10,6 +10,8 @@ CREATE TABLE scheduler_batch (
 	added INTEGER DEFAULT '0' NOT NULL,
 	done INTEGER DEFAULT '0' NOT NULL,
 	failed INTEGER DEFAULT '0' NOT NULL,
+	written INTEGER DEFAULT '0' NOT NULL,
+	lease_until DATETIME,
 	on_success TEXT,
 	on_failure TEXT,
 	on_progress TEXT,

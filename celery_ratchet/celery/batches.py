@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery, group, signature, states
 from celery.canvas import Signature, maybe_signature
@@ -38,6 +38,9 @@ from celery_ratchet.domain.batch import (
 )
 from celery_ratchet.store.batches import BatchRecord, Progress
 from celery_ratchet.store.engine import is_retryable_conflict
+
+if TYPE_CHECKING:
+    from celery_ratchet.celery.streams import StreamedBatch
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +117,7 @@ def on_part_return(backend: Any, request: Any, state: str, result: Any, token: s
             part.batch_id,
         )
         return
-    if record.kind is BatchKind.BATCH and record.on_progress and record.total:
+    if record.kind in _BUILT and record.on_progress and record.total:
         _report_progress(app, record)
     expected = record.expected
     if (
@@ -129,6 +132,9 @@ def finish(backend: Any, record: BatchRecord) -> None:
     """Complete a batch whose children all finished: exactly once, whoever calls it."""
     app = backend.app
     batches = ratchet_state(app).batches
+    if record.kind is BatchKind.STREAM:  # its children may be millions: counters only
+        _finish_stream(app, record)
+        return
     parts = batches.parts(record.batch_id)
     if record.kind is BatchKind.BATCH:
         _finish_batch(app, record, parts)
@@ -159,6 +165,93 @@ def finish(backend: Any, record: BatchRecord) -> None:
             won = conn is not None
         if won:
             backend.chord_error_from_stack(callback, ChordError(f"Callback error: {exc!r}"))
+
+
+#: Batches built with ``celery_ratchet.batch()``: callbacks of their own, and progress.
+_BUILT = (BatchKind.BATCH, BatchKind.STREAM)
+#: A streaming batch's failure summary names at most this many failed children.
+FAILED_IDS_SHOWN = 1000
+
+
+def stream_summary(
+    record: BatchRecord, progress: Progress, error: str | None = None
+) -> dict[str, Any]:
+    """What a streaming batch's callbacks get: its counts (never its children's results,
+    which may be millions)."""
+    total = record.expected
+    summary = {
+        "batch_id": record.batch_id,
+        "name": record.name,
+        "total": total,
+        "written": record.written,
+        "done": progress.done,
+        "succeeded": progress.done - progress.failed,
+        "failed": progress.failed,
+        "percent_done": percent_done(progress.done, total) if total else 100.0,
+    }
+    if total is None:  # the stream never ended
+        summary["percent_done"] = percent_done(progress.done, record.written)
+    if error is not None:
+        summary["error"] = error
+    return summary
+
+
+def fail_stream(
+    app: Celery,
+    record: BatchRecord,
+    describe: Callable[[int], str],
+    *,
+    abandoned: bool = False,
+) -> bool:
+    """Fail a streaming batch that will get no more children and send ``on_failure`` with
+    how many were written (``describe(written)`` is its error); False when it was complete
+    already (or, ``abandoned``, when its producer renewed or ended it meanwhile)."""
+    batches = ratchet_state(app).batches
+    won = False
+
+    def attempt() -> None:
+        nonlocal won
+        with batches.finishing(record.batch_id, BatchState.FAILED, abandoned=abandoned) as conn:
+            won = conn is not None
+            if conn is None:
+                return
+            # Read after the swap: no chunk can be added any more, the count is final.
+            current = batches.get(record.batch_id) or record
+            error = describe(current.written)
+            summary = stream_summary(current, current.progress, error)
+            summary["failed_ids"] = batches.failed_children(record.batch_id, FAILED_IDS_SHOWN)
+            then = decode_signature(app, record.on_failure)
+            if then is not None:
+                send_within(conn, lambda: then.delay(summary))
+
+    retrying_conflicts(attempt, f"failure of batch {record.batch_id}")
+    if won:
+        logger.error("ratchet: streaming batch %s (%s) FAILED", record.batch_id, record.name)
+    return won
+
+
+def _finish_stream(app: Celery, record: BatchRecord) -> None:
+    batches = ratchet_state(app).batches
+    summary = stream_summary(record, record.progress)
+    if record.failed:
+        state, then = BatchState.FAILED, decode_signature(app, record.on_failure)
+        summary["failed_ids"] = batches.failed_children(record.batch_id, FAILED_IDS_SHOWN)
+    else:
+        state, then = BatchState.SUCCEEDED, decode_signature(app, record.on_success)
+
+    def attempt() -> None:
+        with batches.finishing(record.batch_id, state) as conn:
+            if conn is not None and then is not None:
+                send_within(conn, lambda: then.delay(summary))
+
+    try:
+        retrying_conflicts(attempt, f"outcome of batch {record.batch_id}")
+    except Exception as exc:
+        logger.exception("ratchet: outcome of batch %s not sent: %r", record.batch_id, exc)
+        error = f"the batch's {state.value.lower()} callback was not sent: {exc!r}"
+        fail_stream(app, record, lambda _written: error)
+        return
+    logger.info("ratchet: batch %s (%s) %s", record.batch_id, record.name or "", state.value)
 
 
 #: Tries of a completion that lost a lock conflict: a deadlock, or a certification conflict
@@ -379,11 +472,39 @@ class BatchBuilder:
         self._on_progress = _signature(sig, "on_progress")
         return self
 
-    def submit(self) -> SubmittedBatch:
-        if not self._children:
-            raise ValueError(f"batch {self.name!r} has no children: call for_each() first")
-        app = self.app or self._children[0]._app or _current_app()
-        batch_id = uuid()
+    def stream(
+        self,
+        items: Iterable[Any],
+        make: Callable[[Any], Any],
+        *,
+        chunk_size: int = 1000,
+        chunked: bool = False,
+        lease_seconds: float | None = None,
+    ) -> StreamedBatch:
+        """A streaming batch: one child per item (``make(item)``), or with ``chunked=True``
+        one child per chunk of ``chunk_size`` items (``make(list_of_items)``), written a
+        chunk at a time as ``items`` yields, in bounded memory. Returns once the iterator
+        is exhausted (a :class:`~celery_ratchet.celery.streams.StreamedBatch`).
+
+        ``on_success`` and ``on_failure`` get a summary (total, written, done, succeeded,
+        failed; ``failed_ids``, ``error`` on failure), never the children's results. If the
+        producer dies mid-stream, the batch FAILS once its lease (``lease_seconds``, default
+        ``ratchet_batch_stream_lease_seconds``) runs out; ``on_failure`` says how many
+        children were written."""
+        from celery_ratchet.celery import streams
+
+        if self._children:
+            raise ValueError(f"batch {self.name!r}: for_each()/add() and stream() do not mix")
+        app = self.app or _current_app()
+        on_success, on_failure, on_progress = self._frozen_callbacks()
+        plan = streams.StreamPlan(
+            app, self.name, _encoded(on_success), _encoded(on_failure), _encoded(on_progress)
+        )
+        return streams.stream(
+            plan, items, make, chunk_size=chunk_size, chunked=chunked, lease_seconds=lease_seconds
+        )
+
+    def _frozen_callbacks(self) -> tuple[Signature | None, Signature | None, Signature | None]:
         # Copies, frozen now: the ids stored are the ids sent, and submitting again is a
         # new batch with new ids.
         on_success, on_failure, on_progress = (
@@ -393,6 +514,14 @@ class BatchBuilder:
         for sig in (on_success, on_failure, on_progress):
             if sig is not None:
                 sig.freeze()
+        return on_success, on_failure, on_progress
+
+    def submit(self) -> SubmittedBatch:
+        if not self._children:
+            raise ValueError(f"batch {self.name!r} has no children: call for_each() first")
+        app = self.app or self._children[0]._app or _current_app()
+        batch_id = uuid()
+        on_success, on_failure, on_progress = self._frozen_callbacks()
         with joined(app) as conn:
             ratchet_state(app).batches.open(
                 NewBatch(

@@ -23,11 +23,11 @@ from celery.utils.imports import symbol_by_name
 from celery.worker import state as worker_state
 from kombu.exceptions import ContentDisallowed, DecodeError
 
+from celery_ratchet.celery import streams
 from celery_ratchet.celery.alerts import dead_letter_alerts
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.asyncpool import AsyncPool
 from celery_ratchet.celery.backend import exception_record
-from celery_ratchet.celery.batches import finish_stalled
 from celery_ratchet.celery.breaker import lookup as breaker_lookup
 from celery_ratchet.celery.breaker import parse as parse_breaker
 from celery_ratchet.celery.fencing import fence_tracers
@@ -273,10 +273,10 @@ def _revoke_started(consumer: Any, job_id: str, request: str) -> None:
 
 
 def _housekeeping(app: Any, alerts: DeadLetterAlerts | None) -> None:
-    """Finish stalled batches and send the dead-letter alerts due; one failing does not keep
-    the other from running."""
+    """Finish stalled batches, fail abandoned streams and send the dead-letter alerts due; one
+    failing does not keep the other from running."""
     try:
-        finish_stalled(app)
+        streams.housekeeping(app)
     finally:
         if alerts is not None:
             sent = alerts.send_due()

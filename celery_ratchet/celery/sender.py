@@ -104,10 +104,15 @@ class JobBatch:
         out to be held by an active job, the result is pointed at that job on flush."""
         self._results.append(result)
 
+    def take(self) -> tuple[list[NewJob], list[NewJob], list[Callable[[], None]]]:
+        """Hand over what was collected (jobs, waiting chain steps, what to call once they
+        are stored) to a caller that writes them itself; the batch is empty after."""
+        taken = self.jobs, self.waiting, self._on_stored
+        self.jobs, self.waiting, self._on_stored = [], [], []
+        return taken
+
     def flush(self) -> None:
-        jobs, self.jobs = self.jobs, []
-        waiting, self.waiting = self.waiting, []
-        callbacks, self._on_stored = self._on_stored, []
+        jobs, waiting, callbacks = self.take()
         results, self._results = self._results, []
         if not jobs:
             return
@@ -459,6 +464,11 @@ def follow_held_keys(app: Celery) -> None:
 
     send_following_held_keys._ratchet = True  # type: ignore[attr-defined]
     app.send_task = send_following_held_keys
+
+
+def current_transaction() -> Any:
+    """The caller's connection inside ``celery_ratchet.transaction()``, else ``None``."""
+    return _within.get()
 
 
 @contextmanager

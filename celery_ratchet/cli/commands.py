@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from celery_ratchet.domain.batch import BatchState, BatchSummary
+from celery_ratchet.domain.batch import BatchKind, BatchState, BatchSummary
 from celery_ratchet.domain.cron import CronExpression
 from celery_ratchet.domain.job import JobStatus, error_record, shown_status
 from celery_ratchet.errors import RatchetError
@@ -273,8 +273,8 @@ def batches_show(cli: CliContext, batch_id: str, as_json: bool) -> None:
 
 
 _BATCH_COLUMNS = [
-    "batch_id", "kind", "name", "state", "done", "total", "failed", "percent_done",
-    "created_at", "finished_at",
+    "batch_id", "kind", "name", "state", "done", "total", "written", "failed",
+    "percent_done", "created_at", "finished_at",
 ]  # fmt: skip
 
 
@@ -286,6 +286,7 @@ def _batch_row(summary: BatchSummary) -> dict[str, Any]:
         "state": summary.state.value,
         "done": summary.done,
         "total": summary.total,
+        "written": summary.written if summary.kind is BatchKind.STREAM else summary.total,
         "failed": summary.failed,
         "percent_done": summary.percent_done,
         "created_at": summary.created_at,

@@ -14,6 +14,9 @@ class BatchKind(str, enum.Enum):
     CHORD = "CHORD"
     #: ``celery_ratchet.batch()``: on_success / on_failure / on_progress signatures.
     BATCH = "BATCH"
+    #: ``celery_ratchet.batch().stream()``: children written chunk by chunk while an
+    #: iterator yields; its size is known when the stream ends.
+    STREAM = "STREAM"
 
 
 class BatchState(str, enum.Enum):
@@ -63,12 +66,23 @@ class BatchSummary:
     failed: int
     created_at: datetime
     finished_at: datetime | None
+    #: Children written so far (a streaming batch; the others write all at once).
+    written: int = 0
 
     @property
     def percent_done(self) -> float:
         if not self.total and self.state is not BatchState.OPEN:
             return 100.0
         return percent_done(self.done, self.total)
+
+
+def abandoned_stream_error(written: int) -> str:
+    """What ``on_failure`` is told of a streaming batch whose producer stopped renewing its
+    lease (it died, or its iterator stalled) before the stream ended."""
+    return (
+        f"the producer stopped before its stream ended, after writing {written} children "
+        "(its lease ran out); the children written run, no more will come"
+    )
 
 
 def expected_children(total: int | None, added: int) -> int | None:

@@ -29,7 +29,8 @@ from celery_ratchet.domain.batch import (
     NewBatch,
     expected_children,
 )
-from celery_ratchet.domain.job import TERMINAL_STATUSES, JobStatus
+from celery_ratchet.domain.job import TERMINAL_STATUSES, JobStatus, NewJob
+from celery_ratchet.errors import StreamAbandoned
 from celery_ratchet.store.engine import (
     db_now,
     db_now_minus,
@@ -133,7 +134,7 @@ def record_part(conn: Connection, part: BatchPart) -> bool:
     return True
 
 
-_COUNTED_KINDS = [BatchKind.CHORD.value, BatchKind.BATCH.value]
+_COUNTED_KINDS = [BatchKind.CHORD.value, BatchKind.BATCH.value, BatchKind.STREAM.value]
 
 
 def record_ended_parts(conn: Connection, job_ids: Sequence[str], state: str) -> list[str]:
@@ -195,6 +196,8 @@ class BatchRecord:
     #: Children ended so far, and how many of them failed.
     done: int
     failed: int
+    #: Children written so far (a streaming batch).
+    written: int = 0
 
     @property
     def progress(self) -> Progress:
@@ -228,10 +231,18 @@ class BatchStore:
 
     # -- batches ----------------------------------------------------------------------------
 
-    def open(self, new: NewBatch, *, restart: bool = False, conn: Connection | None = None) -> None:
+    def open(
+        self,
+        new: NewBatch,
+        *,
+        restart: bool = False,
+        conn: Connection | None = None,
+        lease_seconds: float | None = None,
+    ) -> None:
         """Create a batch row; an existing one is kept, unless ``restart`` (a frozen chord
-        applied again: a new run under the same id) clears it and its parts first."""
-        values = {
+        applied again: a new run under the same id) clears it and its parts first.
+        ``lease_seconds``: a streaming batch, held by its producer for that long."""
+        values: dict[str, Any] = {
             "batch_id": new.batch_id,
             "kind": new.kind.value,
             "name": new.name,
@@ -243,6 +254,8 @@ class BatchStore:
             "on_progress": new.on_progress,
             "created_at": datetime.now(timezone.utc),
         }
+        if lease_seconds is not None:
+            values["lease_until"] = db_now_minus(-lease_seconds)
 
         def work(c: Connection) -> None:
             if restart:
@@ -280,6 +293,101 @@ class BatchStore:
         """A running child added children (``replace()`` in a chord): wait for them too."""
         stmt = update(batch).where(batch.c.batch_id == batch_id).values(added=batch.c.added + count)
         self._write(conn, lambda c: c.execute(stmt), "the batch was not extended")
+
+    # -- streaming batches -------------------------------------------------------------------
+
+    def write_chunk(
+        self,
+        batch_id: str,
+        jobs: Sequence[NewJob],
+        waiting: Sequence[NewJob],
+        written: int,
+        lease_seconds: float,
+    ) -> None:
+        """Insert a chunk of a streaming batch's children, count them (``written``: the
+        children written once this chunk is in) and renew the producer's lease, in one
+        transaction. :class:`StreamAbandoned` (and nothing written) when the batch is no
+        longer open."""
+
+        def count_and_renew(conn: Connection) -> None:
+            if conn.execute(self._renewal(batch_id, lease_seconds, written)).rowcount != 1:
+                raise StreamAbandoned(batch_id, lease_seconds)
+
+        self.store.enqueue_with(
+            jobs, waiting, count_and_renew, "the batch's children were not enqueued"
+        )
+
+    def renew_lease(self, batch_id: str, lease_seconds: float) -> None:
+        """The producer is alive but its chunk is not full yet: hold the batch longer."""
+        stmt = self._renewal(batch_id, lease_seconds)
+        if self._run(lambda c: c.execute(stmt).rowcount, "the lease was not renewed") != 1:
+            raise StreamAbandoned(batch_id, lease_seconds)
+
+    def _renewal(self, batch_id: str, lease_seconds: float, written: int | None = None) -> Any:
+        values: dict[str, Any] = {"lease_until": db_now_minus(-lease_seconds)}
+        if written is not None:
+            # The highest count wins: a chunk written again after a lost reply counts once.
+            values["written"] = case((batch.c.written < written, written), else_=batch.c.written)
+        return (
+            update(batch)
+            .where(
+                batch.c.batch_id == batch_id,
+                batch.c.state == BatchState.OPEN.value,
+                batch.c.total.is_(None),
+            )
+            .values(**values)
+        )
+
+    def end_stream(self, batch_id: str, total: int) -> BatchRecord:
+        """The stream ended with ``total`` children: from now on the batch completes when
+        they all have; its lease is released. :class:`StreamAbandoned` when it was failed
+        meanwhile."""
+        stmt = (
+            update(batch)
+            .where(
+                batch.c.batch_id == batch_id,
+                batch.c.state == BatchState.OPEN.value,
+                batch.c.total.is_(None),
+            )
+            .values(total=total, written=total, lease_until=None)
+        )
+
+        def work(conn: Connection) -> BatchRecord | None:
+            if conn.execute(stmt).rowcount != 1:
+                return None
+            return self._get(conn, batch_id)
+
+        record: BatchRecord | None = self._run(work, "the end of the stream was not stored")
+        if record is None:
+            raise StreamAbandoned(batch_id)
+        return record
+
+    def abandoned_streams(self, limit: int = 100) -> list[str]:
+        """Open streaming batches whose producer's lease ran out (database clock)."""
+        stmt = (
+            select(batch.c.batch_id)
+            .where(
+                batch.c.state == BatchState.OPEN.value,
+                batch.c.kind == BatchKind.STREAM.value,
+                batch.c.total.is_(None),
+                batch.c.lease_until < db_now(),
+            )
+            .order_by(batch.c.created_at)
+            .limit(limit)
+        )
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "batches were not read")
+        return [r.batch_id for r in rows]
+
+    def failed_children(self, batch_id: str, limit: int) -> list[str]:
+        """Ids of up to ``limit`` failed children, the first to fail first."""
+        stmt = (
+            select(part_table.c.job_id)
+            .where(part_table.c.batch_id == batch_id, part_table.c.state.in_(FAILED_STATES))
+            .order_by(part_table.c.finished_at, part_table.c.job_id)
+            .limit(limit)
+        )
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "the batch was not read")
+        return [r.job_id for r in rows]
 
     def record_part(self, part: BatchPart) -> BatchRecord | None:
         """Count a finished child (once) and return its batch as it is now."""
@@ -321,15 +429,20 @@ class BatchStore:
         return [BatchPart(r.batch_id, r.job_id, r.position, r.state, r.result) for r in rows]
 
     @contextmanager
-    def finishing(self, batch_id: str, state: BatchState) -> Iterator[Connection | None]:
+    def finishing(
+        self, batch_id: str, state: BatchState, *, abandoned: bool = False
+    ) -> Iterator[Connection | None]:
         """Complete a batch: yields a connection in a transaction when this caller won the
         compare-and-swap (write what follows the batch on it; it commits with the swap), or
-        ``None`` when the batch was complete already."""
+        ``None`` when the batch was complete already. ``abandoned``: only a streaming batch
+        still unended whose lease ran out (its producer may have just ended it)."""
         swap = (
             update(batch)
             .where(batch.c.batch_id == batch_id, batch.c.state == BatchState.OPEN.value)
             .values(state=state.value, finished_at=db_now())
         )
+        if abandoned:
+            swap = swap.where(batch.c.total.is_(None), batch.c.lease_until < db_now())
         reopen = (
             update(batch)
             .where(batch.c.batch_id == batch_id)
@@ -435,6 +548,7 @@ class BatchStore:
             failed=bad,
             created_at=row.created_at,
             finished_at=row.finished_at,
+            written=row.written,
         )
 
     def _close_groups(self, conn: Connection, limit: int = 1000) -> None:
@@ -555,4 +669,5 @@ def _record(row: Any) -> BatchRecord:
         on_progress=row.on_progress,
         done=row.done,
         failed=row.failed,
+        written=row.written,
     )

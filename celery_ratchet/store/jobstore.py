@@ -782,6 +782,53 @@ class JobStore:
 
         return self._run(work, "no job was enqueued")
 
+    def enqueue_with(
+        self,
+        jobs: Sequence[NewJob],
+        waiting: Sequence[NewJob],
+        also: Callable[[Connection], None],
+        what: str,
+    ) -> None:
+        """Insert jobs (multi-row) and run ``also`` on the same transaction: both or neither.
+        A chunk of a streaming batch and the batch's counter and lease are written so. The
+        jobs are a batch's children, which the batch counts itself: a business key an active
+        job holds raises :class:`DuplicateJob` and nothing of the chunk is written."""
+        params = [_params(j) for j in jobs]
+        keyed = any(j.business_key is not None for j in jobs)
+        tries = 0
+
+        def work(conn: Connection) -> None:
+            nonlocal tries
+            tries += 1
+            # A try before may have lost its reply after committing: our own rows are found.
+            retried = tries > 1
+            with transaction(conn):
+                if waiting:
+                    self._insert_waiting(conn, waiting)
+                held: dict[str, str] = {}
+                if keyed:
+                    held = self._insert_each(conn, jobs, params, retried, lambda: savepoint(conn))
+                else:
+                    try:
+                        with savepoint(conn):
+                            self._insert_many(conn, params)
+                    except IntegrityError:
+                        held = self._insert_each(
+                            conn, jobs, params, retried, lambda: savepoint(conn)
+                        )
+                if held:
+                    holder = next(iter(held.values()))
+                    raise DuplicateJob(
+                        holder,
+                        business_key="held",
+                        reason="a streaming batch counts its own children, so none can stand "
+                        "in for another job: give its children no business key, or keys no "
+                        "active job holds",
+                    )
+                also(conn)
+
+        self._run(work, what)
+
     def _insert_each(
         self,
         conn: Connection,

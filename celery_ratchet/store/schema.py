@@ -299,6 +299,11 @@ scheduler_batch = Table(
     #: Children finished, and how many of them failed: counted as their parts are written.
     Column("done", Integer, nullable=False, server_default="0"),
     Column("failed", Integer, nullable=False, server_default="0"),
+    #: A streaming batch: children written so far (``total`` stays NULL until its stream
+    #: ended), and until when its producer holds it (database clock), renewed per chunk;
+    #: an open stream whose lease ran out lost its producer and is failed by housekeeping.
+    Column("written", Integer, nullable=False, server_default="0"),
+    Column("lease_until", UTCDateTime),
     #: JSON signatures: the chord body (``on_success`` of a batch), and a batch's others.
     Column("on_success", _long_text()),
     Column("on_failure", _long_text()),

@@ -94,3 +94,13 @@ def test_multinode_on_postgresql(tmp_path: Path, servers: Servers) -> None:
     assert "jobs: 600 sent, 600 distinct results, lost: 0" in out
     ran, distinct = (int(n) for n in out.split("ticks run: ")[1].split(", distinct fire times: "))
     assert ran == distinct > 0, out
+
+
+def test_streaming(tmp_path: Path) -> None:
+    out = run_example("streaming", tmp_path)
+    assert "streamed 2000 lines as 2000 children" in out
+    assert "streamed 2000 lines as 2 chunked children" in out
+    assert "Import orders: 2000 of 2000 children succeeded" in out
+    assert "Load orders: 2 of 2 children succeeded" in out
+    assert "Broken export: FAILED after 1000 children" in out
+    assert "'Import orders' is SUCCEEDED" in out

@@ -252,3 +252,15 @@ def test_batches_lists_progress_and_shows_one(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "no batch 'nope'" in missing.output
     open_only = runner.invoke(cli, ["--url", url, "batches", "--state", "open", "--json"])
     assert {r["batch_id"] for r in json.loads(open_only.output)} == {"import", "grp"}
+
+
+def test_batches_show_how_much_of_an_open_stream_was_written(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'streams.db'}"
+    batches = BatchStore(empty_store(url))
+    batches.open(NewBatch("st", BatchKind.STREAM, None, name="Export"), lease_seconds=60)
+    batches.write_chunk("st", [replace(new_job(f"s{i}"), group_id="st") for i in range(3)], [],
+                        3, 60)  # fmt: skip
+    listed = CliRunner().invoke(cli, ["--url", url, "batches", "--json"])
+    assert listed.exit_code == 0, listed.output
+    [row] = json.loads(listed.output)
+    assert (row["kind"], row["state"], row["total"], row["written"]) == ("STREAM", "OPEN", None, 3)

@@ -1,8 +1,8 @@
 """An app is a ratchet app from its configuration on, in a process that never binds a task.
 
 Each case runs a fresh interpreter that imports an app module defining no task, then sends by
-name, reads the result's state and pings the workers through the store, with ``broker_url`` pointing at a local
-socket that counts connections: nothing may reach it.
+name, reads the result's state and pings the workers through the store, with ``broker_url``
+pointing at a local socket that counts connections: nothing may reach it.
 """
 
 from __future__ import annotations
