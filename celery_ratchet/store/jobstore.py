@@ -523,6 +523,9 @@ class JobStore:
                 f"SELECT job_id FROM scheduler_job WHERE {MYSQL_ACTIVE_KEY_COLUMN} = :key "
                 "LOCK IN SHARE MODE"
             )
+            self._committed_key_holder = text(
+                f"SELECT job_id FROM scheduler_job WHERE {MYSQL_ACTIVE_KEY_COLUMN} = :key"
+            )
         else:
             self._key_holder = text(
                 f"SELECT job_id FROM scheduler_job WHERE business_key = :key AND {ACTIVE_KEY_WHERE}"
@@ -789,13 +792,17 @@ class JobStore:
         retried: bool,
         guard: Callable[[], contextlib.AbstractContextManager[Any]],
         heads: set[str | None] | None = None,
+        within: bool = False,
     ) -> dict[str, str]:
         """One row at a time, each under ``guard`` (a savepoint in a transaction); returns
-        the ids of jobs whose business key was held, mapped to the holders'."""
+        the ids of jobs whose business key was held, mapped to the holders'. ``within``:
+        ``conn`` is in the caller's own transaction."""
         held: dict[str, str] = {}
         for new, p in zip(jobs, params, strict=True):
             if new.business_key is not None:
-                holder = self._insert_keyed(conn, p, retried, guard)
+                holder = self._committed_holder(p) if within and self.family == "mysql" else None
+                if holder is None:
+                    holder = self._insert_keyed(conn, p, retried, guard)
             else:
                 try:
                     with guard():
@@ -858,6 +865,16 @@ class JobStore:
             f"({_KEY_TRIES} tries); no job was enqueued"
         )
 
+    def _committed_holder(self, params: dict[str, Any]) -> str | None:
+        """The committed active job holding the key, other than this job, read on the store's
+        own connection. MySQL: a caller's transaction that met the key through the unique
+        index (or a locking read) would hold a lock on the holder's row until it ends, and
+        the holder's worker could not record its outcome meanwhile."""
+        with self.engine.connect() as own:
+            holder = own.execute(self._committed_key_holder, {"key": params["p_business_key"]})
+            found = holder.scalar()
+        return None if found is None or found == params["p_job_id"] else str(found)
+
     def _holder_of(self, conn: Connection, business_key: str) -> str | None:
         holder = conn.execute(self._key_holder, {"key": business_key}).scalar()
         return None if holder is None else str(holder)
@@ -906,7 +923,9 @@ class JobStore:
                 except IntegrityError:
                     pass
             heads = {w.depends_on for w in waiting}
-            return self._insert_each(conn, jobs, params, False, conn.begin_nested, heads)
+            return self._insert_each(
+                conn, jobs, params, False, conn.begin_nested, heads, within=True
+            )
 
     def _check_same_database(self, conn: Connection) -> None:
         mine, theirs = self.engine.url, conn.engine.url
