@@ -530,6 +530,7 @@ class JobStore:
             self._key_holder = text(
                 f"SELECT job_id FROM scheduler_job WHERE business_key = :key AND {ACTIVE_KEY_WHERE}"
             )
+            self._committed_key_holder = self._key_holder
         released = _new_job_values()
         released.pop("group_id")  # a step keeps the group its signature was frozen with
         # A chain step stored ahead holds no business key (see waiting_steps): releasing it
@@ -800,9 +801,9 @@ class JobStore:
         held: dict[str, str] = {}
         for new, p in zip(jobs, params, strict=True):
             if new.business_key is not None:
-                holder = self._committed_holder(p) if within and self.family == "mysql" else None
+                holder = self._committed_holder(p) if within and self.family != "sqlite" else None
                 if holder is None:
-                    holder = self._insert_keyed(conn, p, retried, guard)
+                    holder = self._insert_keyed(conn, p, retried, guard, within=within)
             else:
                 try:
                     with guard():
@@ -830,6 +831,7 @@ class JobStore:
         params: dict[str, Any],
         retried: bool,
         guard: Callable[[], contextlib.AbstractContextManager[Any]],
+        within: bool = False,
     ) -> str | None:
         """Insert a job with a business key unless an active job holds the key: the
         database's unique index decides, so concurrent sends of a key make one job. None
@@ -843,6 +845,17 @@ class JobStore:
                     return self._reuse_or_refuse(conn, params, retried, guard)
                 inserted = False
             except DBAPIError as exc:
+                if within and getattr(exc.orig, "sqlstate", None) == "40001":
+                    # PostgreSQL, a REPEATABLE READ or SERIALIZABLE caller: the holder was
+                    # committed after the caller's snapshot, which cannot see it.
+                    holder = self._committed_holder(params)
+                    if holder is not None:
+                        return holder
+                    raise StoreBusy(
+                        f"the business key of job {params['p_job_id']!r} is held by a job "
+                        "the caller's transaction cannot see (its snapshot is older); no "
+                        "job was enqueued, send it again in a new transaction"
+                    ) from exc
                 if _lacks_active_key_index(exc):
                     raise SchemaOutdated(
                         f"the job store at {self.display_url} lacks the unique index "
@@ -869,7 +882,8 @@ class JobStore:
         """The committed active job holding the key, other than this job, read on the store's
         own connection. MySQL: a caller's transaction that met the key through the unique
         index (or a locking read) would hold a lock on the holder's row until it ends, and
-        the holder's worker could not record its outcome meanwhile."""
+        the holder's worker could not record its outcome meanwhile. PostgreSQL: a REPEATABLE
+        READ caller's insert would fail to serialize against a holder its snapshot lacks."""
         with self.engine.connect() as own:
             holder = own.execute(self._committed_key_holder, {"key": params["p_business_key"]})
             found = holder.scalar()

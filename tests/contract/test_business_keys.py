@@ -260,3 +260,20 @@ def test_a_held_key_inside_a_callers_transaction_does_not_lock_the_holder(
         # The holder's worker records its outcome while the caller's transaction is open.
         _end_without_waiting(store, "first")
     assert rows_with_key(store, "order-42") == [("first", "SUCCEEDED")]
+
+
+def test_a_key_held_since_a_repeatable_read_callers_snapshot_names_the_holder(
+    store: JobStore, own_engine: object
+) -> None:
+    if store.family == "sqlite":
+        pytest.skip("SQLite has one writer: no holder can commit after the caller's snapshot")
+    engine = own_engine.execution_options(isolation_level="REPEATABLE READ")  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        with conn.begin():
+            conn.execute(text("SELECT COUNT(*) FROM bk_orders"))  # the snapshot is taken
+            store.enqueue(keyed("order-42", "first"))  # committed after it
+            held = store.enqueue_within(conn, [keyed("order-42", "second")])
+            assert held == {"second": "first"}
+            conn.execute(text("INSERT INTO bk_orders (id) VALUES (1)"))
+        assert conn.execute(text("SELECT COUNT(*) FROM bk_orders")).scalar() == 1
+    assert rows_with_key(store, "order-42") == [("first", "PENDING")]
