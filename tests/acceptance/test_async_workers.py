@@ -169,3 +169,26 @@ def test_a_warm_stop_lets_running_coroutines_finish_and_hands_back_the_rest(
         raise
     runs = Counter(key.partition(":")[0] for key in run_keys(store))
     assert set(runs.values()) == {1}, "a job ran twice across the stop"
+
+
+#: Longer than the minute the pool used to wait at a warm stop before cutting jobs off.
+LONG_RUN = 65
+
+
+def test_a_warm_stop_waits_for_jobs_that_run_longer_than_a_minute(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    store = ratchet_state(server_app).store
+    coroutine = server_app.tasks["acc.async_noted"].delay("long-async", LONG_RUN)
+    in_thread = server_app.tasks["acc.sleep"].delay("long-sync", LONG_RUN)
+    worker = server_cluster.start("w1", pool=POOL)
+    try:
+        wait_until(lambda: len(run_keys(store)) == 2, 60, "both jobs running")
+        assert worker.stop(timeout=LONG_RUN + 60) == 0
+        assert coroutine.get(timeout=10) == "long-async"
+        assert in_thread.get(timeout=10) == "long-sync"
+    except Exception:
+        print(server_cluster.logs())
+        raise
+    assert store.count_by_status() == {"SUCCEEDED": 2}
+    assert sorted(run_keys(store)) == ["long-async:0", "long-sync"]
