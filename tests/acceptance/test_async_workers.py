@@ -5,6 +5,7 @@ recovered like any other."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections import Counter
 
@@ -192,3 +193,22 @@ def test_a_warm_stop_waits_for_jobs_that_run_longer_than_a_minute(
         raise
     assert store.count_by_status() == {"SUCCEEDED": 2}
     assert sorted(run_keys(store)) == ["long-async:0", "long-sync"]
+
+
+def test_a_cold_stop_during_a_warm_one_cuts_the_waiting_jobs_off_and_hands_them_back(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    store = ratchet_state(server_app).store
+    long = server_app.tasks["acc.async_noted"].delay("cut", LONG_RUN)
+    worker = server_cluster.start("w1", pool=POOL)
+    try:
+        wait_until(lambda: run_keys(store) == ["cut:0"], 60, "the job running")
+        worker.process.send_signal(signal.SIGTERM)
+        wait_until(lambda: "warm shutdown" in server_cluster.logs().lower(), 30, "the warm stop")
+        worker.stop(signal.SIGQUIT, timeout=30)
+        assert store.count_by_status().get("RUNNING", 0) == 0
+        record = store.result(long.id)
+        assert record is not None and record.status is JobStatus.PENDING
+    except Exception:
+        print(server_cluster.logs())
+        raise
