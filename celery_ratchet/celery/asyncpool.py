@@ -242,11 +242,10 @@ class AsyncPool(BasePool):
         warned = False
         # A short wait in a loop: the signal of a cold stop (SIGQUIT) still reaches the
         # worker, and ends the wait.
-        while not self._idle.wait(1.0) and stop_mode() != COLD:
+        while not self._idle.wait(1.0) and stop_mode() != COLD and self._unreported():
             if not warned and time.monotonic() - waited_since > _STOP_SECONDS:
                 warned = True
-                with self._lock:
-                    ids = sorted(e.job_id for e in self._running)
+                ids = sorted(e.job_id for e in self._unreported())
                 logger.warning(
                     "ratchet: the warm stop waits for %d running jobs (%s); SIGQUIT cuts "
                     "them off and hands them back",
@@ -255,6 +254,12 @@ class AsyncPool(BasePool):
                 )
         self._quiesce()
         self._shutdown()
+
+    def _unreported(self) -> list[Execution]:
+        """Running executions whose outcome Celery has not had: a coroutine cut off by its
+        hard time limit (or a terminate) that ignores the cancel is not waited for."""
+        with self._lock:
+            return [e for e in self._running if not e.reported]
 
     def on_terminate(self) -> None:
         request_stop(cold=True)

@@ -212,3 +212,21 @@ def test_a_cold_stop_during_a_warm_one_cuts_the_waiting_jobs_off_and_hands_them_
     except Exception:
         print(server_cluster.logs())
         raise
+
+
+def test_a_warm_stop_does_not_wait_for_a_coroutine_already_failed_by_its_time_limit(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    store = ratchet_state(server_app).store
+    deaf = server_app.tasks["acc.async_deaf"].delay("deaf")
+    worker = server_cluster.start("w1", pool=POOL)
+    try:
+        wait_until(lambda: "deaf:ignored the cancel" in run_keys(store), 60, "the ignored cancel")
+        wait_until(lambda: store.count_by_status() == {"FAILED": 1}, 60, "the time limit failure")
+        # Its outcome is written (the time limit): nothing is left for the stop to wait for.
+        assert worker.stop(timeout=50) == 0
+    except Exception:
+        print(server_cluster.logs())
+        raise
+    record = store.result(deaf.id)
+    assert record is not None and record.status is JobStatus.FAILED
