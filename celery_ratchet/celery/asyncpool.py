@@ -31,14 +31,15 @@ from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
 from celery_ratchet.celery.aio import TraceGreenlet, drive, is_async_task, require_greenlet
 from celery_ratchet.celery.app import ratchet_state
-from celery_ratchet.celery.pool import guarded, request_stop, reset_stop
+from celery_ratchet.celery.pool import COLD, guarded, request_stop, reset_stop, stop_mode
 
 logger = logging.getLogger(__name__)
 
 #: Threads for the blocking calls of async executions (result writes): the job store's
 #: connections are the real limit.
 _IO_THREADS = 16
-#: How long a stopping pool waits for the coroutines still running to end.
+#: After this long, a warm stop says which jobs it is still waiting for (it waits on, as
+#: for any pool: a job cut off would run again elsewhere, a thread's even while it runs on).
 _STOP_SECONDS = 60.0
 
 
@@ -237,10 +238,28 @@ class AsyncPool(BasePool):
         finish."""
         request_stop()
         self._quiesce(wait=False)
-        if not self._idle.wait(_STOP_SECONDS):
-            logger.warning("ratchet: %d jobs still running as the pool stops", len(self._running))
+        waited_since = time.monotonic()
+        warned = False
+        # A short wait in a loop: the signal of a cold stop (SIGQUIT) still reaches the
+        # worker, and ends the wait.
+        while not self._idle.wait(1.0) and stop_mode() != COLD and self._unreported():
+            if not warned and time.monotonic() - waited_since > _STOP_SECONDS:
+                warned = True
+                ids = sorted(e.job_id for e in self._unreported())
+                logger.warning(
+                    "ratchet: the warm stop waits for %d running jobs (%s); SIGQUIT cuts "
+                    "them off and hands them back",
+                    len(ids),
+                    ", ".join(ids[:10]),
+                )
         self._quiesce()
         self._shutdown()
+
+    def _unreported(self) -> list[Execution]:
+        """Running executions whose outcome Celery has not had: a coroutine cut off by its
+        hard time limit (or a terminate) that ignores the cancel is not waited for."""
+        with self._lock:
+            return [e for e in self._running if not e.reported]
 
     def on_terminate(self) -> None:
         request_stop(cold=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 from typing import Any
 
@@ -77,7 +78,10 @@ class RatchetTask(Task):
             options.setdefault("parent_id", parent.request.id)
             options.setdefault("root_id", parent.request.root_id or parent.request.id)
         send = functools.partial(self.apply_async, args, kwargs, **options)
-        return await asyncio.get_running_loop().run_in_executor(None, send)
+        # In the caller's context: inside celery_ratchet.transaction() the job is written on
+        # the caller's connection (and exists only if that commits), as apply_async does.
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(None, context.run, send)
 
     async def adelay(self, *args: Any, **kwargs: Any) -> Any:
         """``delay`` for async code: ``await task.adelay(1, 2)``."""

@@ -524,10 +524,14 @@ class JobStore:
                 f"SELECT job_id FROM scheduler_job WHERE {MYSQL_ACTIVE_KEY_COLUMN} = :key "
                 "LOCK IN SHARE MODE"
             )
+            self._committed_key_holder = text(
+                f"SELECT job_id FROM scheduler_job WHERE {MYSQL_ACTIVE_KEY_COLUMN} = :key"
+            )
         else:
             self._key_holder = text(
                 f"SELECT job_id FROM scheduler_job WHERE business_key = :key AND {ACTIVE_KEY_WHERE}"
             )
+            self._committed_key_holder = self._key_holder
         released = _new_job_values()
         released.pop("group_id")  # a step keeps the group its signature was frozen with
         # A chain step stored ahead holds no business key (see waiting_steps): releasing it
@@ -837,13 +841,17 @@ class JobStore:
         retried: bool,
         guard: Callable[[], contextlib.AbstractContextManager[Any]],
         heads: set[str | None] | None = None,
+        within: bool = False,
     ) -> dict[str, str]:
         """One row at a time, each under ``guard`` (a savepoint in a transaction); returns
-        the ids of jobs whose business key was held, mapped to the holders'."""
+        the ids of jobs whose business key was held, mapped to the holders'. ``within``:
+        ``conn`` is in the caller's own transaction."""
         held: dict[str, str] = {}
         for new, p in zip(jobs, params, strict=True):
             if new.business_key is not None:
-                holder = self._insert_keyed(conn, p, retried, guard)
+                holder = self._committed_holder(p) if within and self.family != "sqlite" else None
+                if holder is None:
+                    holder = self._insert_keyed(conn, p, retried, guard, within=within)
             else:
                 try:
                     with guard():
@@ -871,6 +879,7 @@ class JobStore:
         params: dict[str, Any],
         retried: bool,
         guard: Callable[[], contextlib.AbstractContextManager[Any]],
+        within: bool = False,
     ) -> str | None:
         """Insert a job with a business key unless an active job holds the key: the
         database's unique index decides, so concurrent sends of a key make one job. None
@@ -884,6 +893,17 @@ class JobStore:
                     return self._reuse_or_refuse(conn, params, retried, guard)
                 inserted = False
             except DBAPIError as exc:
+                if within and getattr(exc.orig, "sqlstate", None) == "40001":
+                    # PostgreSQL, a REPEATABLE READ or SERIALIZABLE caller: the holder was
+                    # committed after the caller's snapshot, which cannot see it.
+                    holder = self._committed_holder(params)
+                    if holder is not None:
+                        return holder
+                    raise StoreBusy(
+                        f"the business key of job {params['p_job_id']!r} is held by a job "
+                        "the caller's transaction cannot see (its snapshot is older); no "
+                        "job was enqueued, send it again in a new transaction"
+                    ) from exc
                 if _lacks_active_key_index(exc):
                     raise SchemaOutdated(
                         f"the job store at {self.display_url} lacks the unique index "
@@ -905,6 +925,17 @@ class JobStore:
             f"the business key of job {params['p_job_id']!r} kept changing hands "
             f"({_KEY_TRIES} tries); no job was enqueued"
         )
+
+    def _committed_holder(self, params: dict[str, Any]) -> str | None:
+        """The committed active job holding the key, other than this job, read on the store's
+        own connection. MySQL: a caller's transaction that met the key through the unique
+        index (or a locking read) would hold a lock on the holder's row until it ends, and
+        the holder's worker could not record its outcome meanwhile. PostgreSQL: a REPEATABLE
+        READ caller's insert would fail to serialize against a holder its snapshot lacks."""
+        with self.engine.connect() as own:
+            holder = own.execute(self._committed_key_holder, {"key": params["p_business_key"]})
+            found = holder.scalar()
+        return None if found is None or found == params["p_job_id"] else str(found)
 
     def _holder_of(self, conn: Connection, business_key: str) -> str | None:
         holder = conn.execute(self._key_holder, {"key": business_key}).scalar()
@@ -954,7 +985,9 @@ class JobStore:
                 except IntegrityError:
                     pass
             heads = {w.depends_on for w in waiting}
-            return self._insert_each(conn, jobs, params, False, conn.begin_nested, heads)
+            return self._insert_each(
+                conn, jobs, params, False, conn.begin_nested, heads, within=True
+            )
 
     def _check_same_database(self, conn: Connection) -> None:
         theirs = conn.engine.url

@@ -243,6 +243,18 @@ async def async_flaky(self, key: str) -> int:  # type: ignore[no-untyped-def]
     return int(self.request.retries)
 
 
+@app.task(name="acc.async_deaf", time_limit=1)
+async def async_deaf(key: str) -> str:
+    """Outlasts its time limit and ignores the cancel: it runs on for an hour."""
+    await asyncio.to_thread(record_run, f"{key}:start")
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        await asyncio.to_thread(record_run, f"{key}:ignored the cancel")
+        await asyncio.sleep(3600)
+    return key
+
+
 @app.task(name="acc.async_fan_out", bind=True)
 async def async_fan_out(self, n: int) -> list[str]:  # type: ignore[no-untyped-def]
     """Sends n jobs from async code without blocking the loop; returns their ids."""

@@ -5,6 +5,7 @@ recovered like any other."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections import Counter
 
@@ -169,3 +170,63 @@ def test_a_warm_stop_lets_running_coroutines_finish_and_hands_back_the_rest(
         raise
     runs = Counter(key.partition(":")[0] for key in run_keys(store))
     assert set(runs.values()) == {1}, "a job ran twice across the stop"
+
+
+#: Longer than the minute the pool used to wait at a warm stop before cutting jobs off.
+LONG_RUN = 65
+
+
+def test_a_warm_stop_waits_for_jobs_that_run_longer_than_a_minute(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    store = ratchet_state(server_app).store
+    coroutine = server_app.tasks["acc.async_noted"].delay("long-async", LONG_RUN)
+    in_thread = server_app.tasks["acc.sleep"].delay("long-sync", LONG_RUN)
+    worker = server_cluster.start("w1", pool=POOL)
+    try:
+        wait_until(lambda: len(run_keys(store)) == 2, 60, "both jobs running")
+        assert worker.stop(timeout=LONG_RUN + 60) == 0
+        assert coroutine.get(timeout=10) == "long-async"
+        assert in_thread.get(timeout=10) == "long-sync"
+    except Exception:
+        print(server_cluster.logs())
+        raise
+    assert store.count_by_status() == {"SUCCEEDED": 2}
+    assert sorted(run_keys(store)) == ["long-async:0", "long-sync"]
+
+
+def test_a_cold_stop_during_a_warm_one_cuts_the_waiting_jobs_off_and_hands_them_back(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    store = ratchet_state(server_app).store
+    long = server_app.tasks["acc.async_noted"].delay("cut", LONG_RUN)
+    worker = server_cluster.start("w1", pool=POOL)
+    try:
+        wait_until(lambda: run_keys(store) == ["cut:0"], 60, "the job running")
+        worker.process.send_signal(signal.SIGTERM)
+        wait_until(lambda: "warm shutdown" in server_cluster.logs().lower(), 30, "the warm stop")
+        worker.stop(signal.SIGQUIT, timeout=30)
+        assert store.count_by_status().get("RUNNING", 0) == 0
+        record = store.result(long.id)
+        assert record is not None and record.status is JobStatus.PENDING
+    except Exception:
+        print(server_cluster.logs())
+        raise
+
+
+def test_a_warm_stop_does_not_wait_for_a_coroutine_already_failed_by_its_time_limit(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    store = ratchet_state(server_app).store
+    deaf = server_app.tasks["acc.async_deaf"].delay("deaf")
+    worker = server_cluster.start("w1", pool=POOL)
+    try:
+        wait_until(lambda: "deaf:ignored the cancel" in run_keys(store), 60, "the ignored cancel")
+        wait_until(lambda: store.count_by_status() == {"FAILED": 1}, 60, "the time limit failure")
+        # Its outcome is written (the time limit): nothing is left for the stop to wait for.
+        assert worker.stop(timeout=50) == 0
+    except Exception:
+        print(server_cluster.logs())
+        raise
+    record = store.result(deaf.id)
+    assert record is not None and record.status is JobStatus.FAILED

@@ -228,3 +228,52 @@ def test_unique_ids_are_unaffected(store: JobStore) -> None:
     with pytest.raises(DuplicateJob) as raised:
         store.enqueue(new_job(job_id))  # the id is taken by an active job
     assert raised.value.business_key is None
+
+
+def _end_without_waiting(store: JobStore, job_id: str) -> None:
+    """End ``job_id`` on a connection that gives up at once on a row lock held elsewhere."""
+    engine = create_engine(store.engine.url)
+    try:
+        with engine.begin() as conn:
+            if store.family == "mysql":
+                conn.execute(text("SET SESSION innodb_lock_wait_timeout = 1"))
+            elif store.family == "postgresql":
+                conn.execute(text("SET LOCAL lock_timeout = '1s'"))
+            conn.execute(
+                text("UPDATE scheduler_job SET status = 'SUCCEEDED' WHERE job_id = :j"),
+                {"j": job_id},
+            )
+    finally:
+        engine.dispose()
+
+
+def test_a_held_key_inside_a_callers_transaction_does_not_lock_the_holder(
+    store: JobStore, own_engine: object
+) -> None:
+    if store.family == "sqlite":
+        pytest.skip("SQLite: the caller's write transaction holds the whole database anyway")
+    store.enqueue(keyed("order-42", "first"))
+    with own_engine.begin() as conn:  # type: ignore[attr-defined]
+        assert store.enqueue_within(conn, [keyed("order-42", "second")]) == {"second": "first"}
+        with pytest.raises(DuplicateJob):
+            store.enqueue_within(conn, [keyed("order-42", "third", on_duplicate=OnDuplicate.RAISE)])
+        # The holder's worker records its outcome while the caller's transaction is open.
+        _end_without_waiting(store, "first")
+    assert rows_with_key(store, "order-42") == [("first", "SUCCEEDED")]
+
+
+def test_a_key_held_since_a_repeatable_read_callers_snapshot_names_the_holder(
+    store: JobStore, own_engine: object
+) -> None:
+    if store.family == "sqlite":
+        pytest.skip("SQLite has one writer: no holder can commit after the caller's snapshot")
+    engine = own_engine.execution_options(isolation_level="REPEATABLE READ")  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        with conn.begin():
+            conn.execute(text("SELECT COUNT(*) FROM bk_orders"))  # the snapshot is taken
+            store.enqueue(keyed("order-42", "first"))  # committed after it
+            held = store.enqueue_within(conn, [keyed("order-42", "second")])
+            assert held == {"second": "first"}
+            conn.execute(text("INSERT INTO bk_orders (id) VALUES (1)"))
+        assert conn.execute(text("SELECT COUNT(*) FROM bk_orders")).scalar() == 1
+    assert rows_with_key(store, "order-42") == [("first", "PENDING")]
