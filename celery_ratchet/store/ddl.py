@@ -6,6 +6,7 @@ statements, so the shipped files and what the code creates cannot drift apart.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,6 +38,9 @@ HEADER = (
     "-- celery_ratchet schema for {dialect}. Generated from celery_ratchet/store/schema.py;\n"
     "-- `ratchet schema show --dialect {dialect}` prints it. Do not edit by hand.\n"
 )
+
+
+logger = logging.getLogger(__name__)
 
 
 def _dialect(name: str) -> Dialect:
@@ -118,10 +122,15 @@ def create_missing_tables(conn: Connection, existing: set[str]) -> list[str]:
     return created
 
 
-def add_missing_columns(conn: Connection) -> list[str]:
+def add_missing_columns(conn: Connection, *, wait_for_unique_keys: bool = False) -> list[str]:
     """Bring tables made by an earlier celery_ratchet up to date where that is only additive:
     add each missing nullable column and each missing index. Returns what was added; a
-    missing column that cannot be added (NOT NULL without a default) raises SchemaOutdated."""
+    missing column that cannot be added (NOT NULL without a default) raises SchemaOutdated.
+
+    Active jobs of an earlier version sharing a business key keep the unique index on active
+    keys from being made: that raises SchemaOutdated naming them, or with
+    ``wait_for_unique_keys`` (a process starting up) is logged and left for a later start,
+    so workers still start and run those jobs out."""
     inspector = inspect(conn)
     existing = set(inspector.get_table_names())
     added = []
@@ -145,17 +154,18 @@ def add_missing_columns(conn: Connection) -> list[str]:
             if index_applies(index, conn.dialect.name) and index.name not in indexes:
                 statement = _clean(str(CreateIndex(index).compile(dialect=conn.dialect)))
                 if index.name == ACTIVE_KEY_INDEX:
-                    _add_active_key_index(conn, [statement])
+                    if not _add_active_key_index(conn, [statement], wait_for_unique_keys):
+                        continue
                 else:
                     conn.exec_driver_sql(statement)
                 added.append(f"index {index.name}")
         if table is scheduler_job and family(conn.dialect.name) == "mysql":
-            added += _add_mysql_active_key(conn, columns, indexes)
+            added += _add_mysql_active_key(conn, columns, indexes, wait_for_unique_keys)
     return added
 
 
 def _add_mysql_active_key(
-    conn: Connection, columns: set[str], indexes: set[str | None]
+    conn: Connection, columns: set[str], indexes: set[str | None], wait: bool
 ) -> list[str]:
     statements, added = [], []
     if MYSQL_ACTIVE_KEY_COLUMN not in columns:
@@ -164,15 +174,26 @@ def _add_mysql_active_key(
     if ACTIVE_KEY_INDEX not in indexes:
         statements.append(_active_key_index_mysql())
         added.append(f"index {ACTIVE_KEY_INDEX}")
-    if statements:
-        _add_active_key_index(conn, statements)
+    if statements and not _add_active_key_index(conn, statements, wait):
+        return []
     return added
 
 
-def _add_active_key_index(conn: Connection, statements: list[str]) -> None:
+def _add_active_key_index(conn: Connection, statements: list[str], wait: bool) -> bool:
     """Make business keys unique among active jobs in a table an earlier version filled,
-    where two active jobs may hold one key: then say which, instead of a driver error."""
-    _refuse_duplicate_keys(conn)
+    where two active jobs may hold one key: then say which, instead of a driver error (with
+    ``wait``, as a warning, and return False: made at a later start)."""
+    try:
+        _refuse_duplicate_keys(conn)
+    except SchemaOutdated as exc:
+        if not wait:
+            raise
+        logger.warning(
+            "ratchet: %s. Until then jobs without a business key are sent and run as "
+            "always; a send with a business key is refused (SchemaOutdated)",
+            exc,
+        )
+        return False
     try:
         for statement in statements:
             conn.exec_driver_sql(statement)
@@ -181,6 +202,7 @@ def _add_active_key_index(conn: Connection, statements: list[str]) -> None:
         raise SchemaOutdated(
             _DUPLICATE_KEYS.format(jobs="(written just now)", index=ACTIVE_KEY_INDEX)
         ) from exc
+    return True
 
 
 _DUPLICATE_KEYS = (
@@ -294,17 +316,18 @@ def _permission_denied(exc: DBAPIError) -> bool:
     return "readonly database" in str(orig)  # SQLite: a file this user may not write
 
 
-def bring_up_to_date(conn: Connection) -> list[str]:
+def bring_up_to_date(conn: Connection, *, wait_for_unique_keys: bool = False) -> list[str]:
     """Create what the schema lacks, safely beside other processes doing the same at once:
     look without a lock (the usual case: nothing to do), then take the schema lock and look
-    again before changing anything. Returns what was created or added."""
+    again before changing anything. Returns what was created or added.
+    ``wait_for_unique_keys``: see :func:`add_missing_columns`."""
     if not schema_differences(conn):
         return []
     dialect = family(conn.dialect.name)
     try:
         with schema_lock(conn):
             created = create_missing_tables(conn, set(inspect(conn).get_table_names()))
-            return created + add_missing_columns(conn)
+            return created + add_missing_columns(conn, wait_for_unique_keys=wait_for_unique_keys)
     except DBAPIError as exc:
         if getattr(exc.orig, "sqlstate", None) == "55P03":  # PostgreSQL lock_timeout
             raise StoreBusy(

@@ -698,7 +698,12 @@ class JobStore:
     def ensure_schema(self) -> None:
         if self._schema_ready or not self._create_schema:
             return
-        created = self._attempt(self._create_tables, "the schema was not created")
+        # At start-up, active jobs of an earlier version sharing a business key do not keep
+        # this process from running: the unique index waits for a later start (a warning).
+        created = self._attempt(
+            lambda conn: bring_up_to_date(conn, wait_for_unique_keys=True),
+            "the schema was not created",
+        )
         self._schema_ready = True
         if created:
             logger.info("ratchet: created or brought up to date: %s", ", ".join(created))
@@ -908,9 +913,9 @@ class JobStore:
                     raise SchemaOutdated(
                         f"the job store at {self.display_url} lacks the unique index "
                         f"{ACTIVE_KEY_INDEX} on active business keys (its schema predates "
-                        "this version and was not brought up to date); run `ratchet --url "
-                        "URL schema apply`, or start a worker once with ratchet_create_schema "
-                        "on; no job was enqueued"
+                        "this version and was not brought up to date, or active jobs of an "
+                        "earlier version share a key); run `ratchet --url URL schema apply`, "
+                        "which says what stands in the way; no job was enqueued"
                     ) from exc
                 raise
             if inserted:

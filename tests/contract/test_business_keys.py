@@ -5,6 +5,7 @@ ends the key is free. The database's unique index decides, not a read before the
 from __future__ import annotations
 
 import dataclasses
+import logging
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -201,6 +202,37 @@ def test_an_upgrade_over_duplicate_active_keys_says_which_jobs(store: JobStore) 
         bring_up_to_date(conn)
     assert _index_present(store)
     assert store.schema_differences() == []
+
+
+def test_duplicate_active_keys_of_an_older_version_do_not_stop_a_process_starting(
+    store: JobStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    _drop_active_key_index(store)
+    _written_by_an_older_version(store, "k", "one", "two")
+    starting = JobStore(str(store.engine.url.render_as_string(hide_password=False)))
+    try:
+        with caplog.at_level(logging.WARNING, logger="celery_ratchet.store.ddl"):
+            starting.ensure_schema()  # a worker or a client starting up: no error
+        assert "'one'" in caplog.text and "'two'" in caplog.text
+        assert "ratchet jobs cancel" in caplog.text
+        assert not _index_present(store)
+        starting.enqueue(new_job("plain"))  # sends without a key go on
+        claimed = {c.job_id: c for c in starting.claim("n", ["celery"], 5)}
+        assert set(claimed) == {"one", "two", "plain"}  # and workers run them
+        if starting.family != "mysql":  # MySQL/MariaDB: inserted (the column is what they lack)
+            with pytest.raises(SchemaOutdated, match="schema apply"):
+                starting.enqueue(keyed("k2", "keyed"))
+            assert starting.result("keyed") is None
+        two = claimed["two"]
+        starting.settle([Settlement(two.job_id, two.token, JobStatus.SUCCEEDED)])
+    finally:
+        starting.engine.dispose()
+    later = JobStore(str(store.engine.url.render_as_string(hide_password=False)))
+    try:
+        later.ensure_schema()  # the next start, once the extra job has ended
+        assert _index_present(store)
+    finally:
+        later.engine.dispose()
 
 
 def test_a_dead_letter_retry_leaves_a_job_whose_key_is_held_failed(store: JobStore) -> None:
