@@ -6,6 +6,8 @@ import multiprocessing
 import threading
 from collections import Counter
 
+import pytest
+
 from celery_ratchet.domain.job import JobStatus, Settlement
 from celery_ratchet.store.jobstore import JobStore
 from tests.helpers import new_job
@@ -58,6 +60,7 @@ def test_four_threads_never_claim_the_same_job(store: JobStore, db_url: str) -> 
     _assert_each_claimed_once(expected, results, store)
 
 
+@pytest.mark.slow  # separate processes, each starting Python afresh
 def test_four_processes_never_claim_the_same_job(store: JobStore, db_url: str) -> None:
     expected = _fill(store)
     ctx = multiprocessing.get_context("spawn")
