@@ -8,8 +8,8 @@
 #   newest: Python 3.13, the newest releases (Celery 5.7+, SQLAlchemy 2.1+): unit, contract
 #           and integration tiers on all three databases, and from the acceptance tier the
 #           real `celery worker` processes (test_workers.py) and the examples; the rest of the
-#           acceptance tier runs on Python 3.11 in `./dev test`, CI's main run, and would
-#           double the matrix's time
+#           acceptance tier runs on Python 3.11 in `./dev test --slow`, CI's main run, and
+#           would double the matrix's time
 #   .ci/matrix.sh [floor|newest]...     (default: both)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -38,6 +38,27 @@ if not DIALECTS or not set(DIALECTS) <= set(ALL_DIALECTS):
     )
 
 
+ACCEPTANCE = Path(__file__).parent / "acceptance"
+#: Fixtures that start a server of the test's own.
+PRIVATE_SERVERS = {"private_postgres", "pair", "bouncer", "galera"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``./dev test`` leaves out what is marked slow or infra, so a mark forgotten would put a
+    slow test into the fast tier: real worker processes (tests/acceptance) must be marked
+    slow, and a test on a private server both slow and infra."""
+    unmarked = []
+    for item in items:
+        marks = {mark.name for mark in item.iter_markers()}
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if item.path.is_relative_to(ACCEPTANCE) and "slow" not in marks:
+            unmarked.append(f"{item.nodeid}: mark it slow (it runs worker processes)")
+        if fixtures & PRIVATE_SERVERS and not {"slow", "infra"} <= marks:
+            unmarked.append(f"{item.nodeid}: mark it slow and infra (it starts a private server)")
+    if unmarked:
+        raise pytest.UsageError("tests without their tier's mark:\n  " + "\n  ".join(unmarked))
+
+
 def _reachable(hostport: str) -> bool:
     host, _, port = hostport.rpartition("@")[2].partition(":")
     try:

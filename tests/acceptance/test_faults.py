@@ -24,7 +24,7 @@ from tests.acceptance.conftest import Cluster, side_effects, wait_until
 from tests.acceptance.test_chaos import held_by
 from tests.private_postgres import PrivatePostgres
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.infra]
 
 HEARTBEAT, GRACE, SCAN = 1, 5, 1
 SHORT_GRACE = {

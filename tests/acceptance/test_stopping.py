@@ -294,6 +294,7 @@ def runs_in(run_log: Path) -> Counter[str]:
     return Counter(line.split()[0] for line in run_log.read_text().splitlines())
 
 
+@pytest.mark.infra
 def test_a_worker_started_while_the_store_is_down_stops_when_told(
     private_postgres: PrivatePostgres, private_app: Celery, tmp_path: Path
 ) -> None:
@@ -320,6 +321,7 @@ def test_a_worker_started_while_the_store_is_down_stops_when_told(
     assert runs_in(run_log) == Counter()  # it claimed nothing, ran nothing
 
 
+@pytest.mark.infra
 @pytest.mark.parametrize("pool", ["ratchet", "threads"])
 def test_a_warm_stop_during_an_outage_exits_and_leaves_its_claims_to_orphan_recovery(
     private_postgres: PrivatePostgres, private_app: Celery, tmp_path: Path, pool: str

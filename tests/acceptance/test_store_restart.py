@@ -24,7 +24,7 @@ from celery_ratchet.store.jobstore import JobStore
 from tests.acceptance.conftest import Cluster, wait_until
 from tests.private_postgres import PrivatePostgres
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.infra]
 
 JOBS = 500
 REFUSED_GROUP = 50

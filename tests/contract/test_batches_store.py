@@ -119,6 +119,7 @@ def _race(url: str, batch_id: str) -> bool:
         return conn is not None
 
 
+@pytest.mark.slow  # separate processes, each starting Python afresh
 def test_processes_racing_to_complete_a_batch_win_once(server_store: JobStore) -> None:
     batches = BatchStore(server_store)
     ids = [f"race-{i}" for i in range(20)]
@@ -176,6 +177,7 @@ def _decide_all(url: str, parent_id: str) -> int:
     return decided
 
 
+@pytest.mark.slow  # separate processes, each starting Python afresh
 def test_processes_racing_to_decide_a_workflow_decide_each_branch_once(
     server_store: JobStore,
 ) -> None:

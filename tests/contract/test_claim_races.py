@@ -5,6 +5,9 @@ from __future__ import annotations
 import multiprocessing
 import threading
 from collections import Counter
+from typing import Any
+
+import pytest
 
 from celery_ratchet.domain.job import JobStatus, Settlement
 from celery_ratchet.store.jobstore import JobStore
@@ -27,6 +30,13 @@ def drain(url: str, node: str, batch: int) -> list[str]:
         claimed += [j.job_id for j in jobs]
         store.settle([Settlement(j.job_id, j.token, JobStatus.SUCCEEDED) for j in jobs])
     return claimed
+
+
+def drain_together(start: Any, out: Any, url: str, node: str, batch: int) -> None:
+    """``drain`` once every racing process has started: a process that started first would
+    otherwise empty the queue alone (seen on SQLite)."""
+    start.wait(120)
+    out.put(drain(url, node, batch))
 
 
 def _fill(store: JobStore) -> set[str]:
@@ -58,9 +68,18 @@ def test_four_threads_never_claim_the_same_job(store: JobStore, db_url: str) -> 
     _assert_each_claimed_once(expected, results, store)
 
 
+@pytest.mark.slow  # separate processes, each starting Python afresh
 def test_four_processes_never_claim_the_same_job(store: JobStore, db_url: str) -> None:
     expected = _fill(store)
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(4) as pool:
-        results = pool.starmap(drain, [(db_url, f"proc-{k}", 5 + k) for k in range(4)])
+    start, out = ctx.Barrier(4), ctx.Queue()
+    processes = [
+        ctx.Process(target=drain_together, args=(start, out, db_url, f"proc-{k}", 5 + k))
+        for k in range(4)
+    ]
+    for process in processes:
+        process.start()
+    results = [out.get(timeout=300) for _ in processes]
+    for process in processes:
+        process.join(60)
     _assert_each_claimed_once(expected, results, store)

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import text
 
-from celery_ratchet.domain.job import JobStatus, Settlement
+from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
 from celery_ratchet.errors import DuplicateJob
 from celery_ratchet.store.jobstore import JobStore
-from tests.helpers import new_job
+from tests.helpers import new_job, wait_until
 
 NOW = datetime.now(timezone.utc)
 
@@ -20,6 +19,28 @@ def status_of(store: JobStore, job_id: str) -> JobStatus:
     record = store.result(job_id)
     assert record is not None, f"no row for {job_id}"
     return record.status
+
+
+def claimed_once_due(store: JobStore, limit: int) -> list[ClaimedJob]:
+    """Claims from queue ``celery`` until a job is due, by the database clock."""
+    claimed: list[ClaimedJob] = []
+
+    def claim() -> bool:
+        claimed.extend(store.claim("n", ["celery"], limit))
+        return bool(claimed)
+
+    wait_until(claim, 30, "a job to fall due")
+    return claimed
+
+
+def held_longer_than(store: JobStore, node_id: str, seconds: float, count: int) -> None:
+    """Returns once ``count`` claims of ``node_id`` are older than ``seconds`` by the
+    database clock, the clock orphan recovery measures its grace with."""
+    wait_until(
+        lambda: len(store.running_claims(node_id, older_than_seconds=seconds)) == count,
+        30,
+        f"the claims of {node_id} to be {seconds} s old",
+    )
 
 
 def test_enqueued_job_is_claimed_with_its_message(store: JobStore) -> None:
@@ -47,8 +68,8 @@ def test_future_jobs_wait_for_their_due_time(store: JobStore) -> None:
     store.enqueue(new_job("later", due=NOW + timedelta(hours=1)))
     store.enqueue(new_job("soon", due=datetime.now(timezone.utc) + timedelta(seconds=0.5)))
     assert store.claim("n", ["celery"], 10) == []
-    time.sleep(0.7)
-    assert [j.job_id for j in store.claim("n", ["celery"], 10)] == ["soon"]
+    claimed = claimed_once_due(store, 10)
+    assert [j.job_id for j in claimed] == ["soon"]
 
 
 def test_claim_takes_only_the_given_queues_and_limit(store: JobStore) -> None:
@@ -108,7 +129,9 @@ def test_result_is_stored_only_by_the_claim_holder(store: JobStore) -> None:
 def test_a_retry_reschedules_the_same_row_and_voids_the_old_claim(store: JobStore) -> None:
     store.enqueue(new_job("retry-me"))
     [first] = store.claim("n", ["celery"], 1)
-    due = datetime.now(timezone.utc) + timedelta(seconds=0.5)
+    # Room for the four statements below on a loaded machine (0.5 s was seen to run out);
+    # the wait after them ends as soon as the row falls due.
+    due = datetime.now(timezone.utc) + timedelta(seconds=1.5)
     assert store.replace_running(first.token, new_job("retry-me", attempts=1, due=due))
     record = store.result("retry-me")
     assert record is not None and record.status is JobStatus.PENDING
@@ -116,8 +139,7 @@ def test_a_retry_reschedules_the_same_row_and_voids_the_old_claim(store: JobStor
     assert not store.store_outcome("retry-me", first.token, JobStatus.SUCCEEDED)
     assert store.settle([Settlement("retry-me", first.token, JobStatus.FAILED)]) == 0
     assert store.claim("n", ["celery"], 1) == []  # not due yet
-    time.sleep(0.7)
-    [second] = store.claim("n", ["celery"], 1)
+    [second] = claimed_once_due(store, 1)
     assert (second.job_id, second.attempts, second.claims) == ("retry-me", 1, 1)
     assert not store.replace_running(first.token, new_job("retry-me", attempts=2))
 
@@ -165,7 +187,7 @@ def test_orphans_of_silent_nodes_are_recovered(store: JobStore) -> None:
         store.enqueue(new_job(f"o{i}"))
     dead_jobs = store.claim("dead", ["celery"], 2)
     [alive_job] = store.claim("alive", ["celery"], 1)
-    time.sleep(1.2)
+    held_longer_than(store, "dead", 1.0, len(dead_jobs))
     assert store.heartbeat("alive")
     recovered = store.recover_orphans(grace_seconds=1.0).requeued
     assert sorted(recovered) == sorted(j.job_id for j in dead_jobs)
@@ -184,7 +206,7 @@ def test_jobs_of_nodes_without_a_row_are_recovered_after_the_grace(store: JobSto
     store.enqueue(new_job("ghost"))
     store.claim("never-registered", ["celery"], 1)
     assert store.recover_orphans(grace_seconds=30).jobs == []
-    time.sleep(1.2)
+    held_longer_than(store, "never-registered", 1.0, 1)
     assert store.recover_orphans(grace_seconds=1.0).requeued == ["ghost"]
 
 

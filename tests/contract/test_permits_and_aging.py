@@ -6,6 +6,7 @@ import multiprocessing
 import time
 from datetime import datetime, timedelta, timezone
 
+import pytest
 from sqlalchemy import text
 
 from celery_ratchet.domain.job import JobStatus, Settlement
@@ -137,6 +138,7 @@ def _hold_permits(url: str, node: str, rounds: int, out: multiprocessing.Queue) 
     out.put(worst)
 
 
+@pytest.mark.slow  # separate processes, each starting Python afresh
 def test_racing_nodes_never_exceed_the_capacity(server_store: JobStore) -> None:
     processes = 4
     server_store.enqueue_many([new_job(f"pay-{i}", resource="payments") for i in range(120)])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import multiprocessing
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from celery_ratchet.domain.job import SCHEDULES_QUEUE, JobStatus, JobType
 from celery_ratchet.domain.schedule import MasterSpec
 from celery_ratchet.runtime import recurring
@@ -29,6 +31,7 @@ def _register(url: str, key: str, spec_json: str) -> str:
     )
 
 
+@pytest.mark.slow  # separate processes, each starting Python afresh
 def test_many_nodes_registering_one_key_make_one_master(store: JobStore, db_url: str) -> None:
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(4) as pool:
