@@ -92,8 +92,11 @@ class RemoteCommands:
         self.consumer.app.clock.forward()
         try:
             outcome.reply = Panel.data[name](self.state, **arguments)
-            if name in _QUEUE_COMMANDS:  # after Celery's own change, queued just before
-                self.consumer.call_soon(self._claim_from_consumed_queues)
+            if name in _QUEUE_COMMANDS:
+                # Celery's handler queued its change of queues; make it now, then claim from
+                # the result (the queue is a stack on Celery 5.5, first-in-first-out later).
+                self.consumer.perform_pending_operations()
+                self._claim_from_consumed_queues()
             elif name in _POOL_COMMANDS:
                 self._take_as_many_as_the_pool_runs()
         except SystemExit:

@@ -197,7 +197,10 @@ seen["chord_batches_after_rollback"] = batches() - batches_before
 shopapp.ship.delay(3)  # autocommit: stored at once
 seen["autocommit"] = stored()
 
-shopapp.app.conf.ratchet_django_connection = "other"
+# Both spellings: with a namespace, older Celery reads the prefixed one first.
+shopapp.app.conf.update(
+    ratchet_django_connection="other", CELERY_RATCHET_DJANGO_CONNECTION="other"
+)
 ratchet_state(shopapp.app).reset()
 store = ratchet_state(shopapp.app).store
 try:
@@ -205,7 +208,10 @@ try:
 except celery_ratchet.RatchetError as exc:
     seen["other_database"] = str(exc)
 
-shopapp.app.conf.ratchet_django_connection = "missing"
+# Both spellings: with a namespace, older Celery reads the prefixed one first.
+shopapp.app.conf.update(
+    ratchet_django_connection="missing", CELERY_RATCHET_DJANGO_CONNECTION="missing"
+)
 ratchet_state(shopapp.app).reset()
 store = ratchet_state(shopapp.app).store
 try:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -43,15 +48,29 @@ def test_task_cls_may_name_a_ratchet_task_subclass() -> None:
     assert isinstance(app.amqp, RatchetAMQP)
 
 
-def test_djangos_fixup_keeps_the_ratchet_task_class(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_djangos_fixup_keeps_the_ratchet_task_class() -> None:
     pytest.importorskip("django")
-    from celery.contrib.django.task import DjangoTask
-
-    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.unit.test_application")
-    app = celery_ratchet.Celery("shop", set_as_current=False)
-    assert issubclass(app.Task, RatchetTask)
-    assert not issubclass(app.Task, DjangoTask)
-    assert callable(app.Task.delay_on_commit)
+    # In a process of its own: Celery's Django fixup connects process-wide signals that
+    # would set Django up in every later worker start here.
+    check = textwrap.dedent(
+        """
+        from celery.contrib.django.task import DjangoTask
+        import celery_ratchet
+        from celery_ratchet.celery.task import RatchetTask
+        app = celery_ratchet.Celery("shop", set_as_current=False)
+        assert issubclass(app.Task, RatchetTask)
+        assert not issubclass(app.Task, DjangoTask)
+        assert callable(app.Task.delay_on_commit)
+        assert any(type(f).__name__ == "DjangoFixup" for f in app._fixups), app._fixups
+        """
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.unit.test_application"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", check], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 class Audited(RatchetTask):
