@@ -413,14 +413,19 @@ class SubmittedBatch:
     results: GroupResult
 
     def progress(self) -> BatchSummary:
-        found = ratchet_state(self.app).batches.summaries(batch_id=self.id, limit=1)
-        if not found:
-            raise LookupError(f"batch {self.id} is not in the job store")
-        return found[0]
+        return batch_progress(self.app, self.id)
 
     @property
     def percent_done(self) -> float:
         return self.progress().percent_done
+
+
+def batch_progress(app: Celery, batch_id: str) -> BatchSummary:
+    """The batch's progress as the job store counts it; LookupError when it is not there."""
+    found = ratchet_state(app).batches.summaries(batch_id=batch_id, limit=1)
+    if not found:
+        raise LookupError(f"batch {batch_id} is not in the job store")
+    return found[0]
 
 
 class BatchBuilder:

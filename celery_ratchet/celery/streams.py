@@ -25,6 +25,7 @@ from kombu.utils.uuid import uuid
 from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.batches import (
     BATCH_MARKER_TASK,
+    batch_progress,
     fail_stream,
     finish,
     finish_stalled,
@@ -60,10 +61,7 @@ class StreamedBatch:
     items: int
 
     def progress(self) -> BatchSummary:
-        found = ratchet_state(self.app).batches.summaries(batch_id=self.id, limit=1)
-        if not found:
-            raise LookupError(f"batch {self.id} is not in the job store")
-        return found[0]
+        return batch_progress(self.app, self.id)
 
     @property
     def percent_done(self) -> float:
