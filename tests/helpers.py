@@ -96,5 +96,9 @@ class Tripwire:
             self.connections += 1
             conn.close()
 
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
     def close(self) -> None:
         self.sock.close()

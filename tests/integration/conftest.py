@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,36 +10,11 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from tests.conftest import Servers, empty_store
+from tests.helpers import Tripwire
 from tests.integration import tasks
 
-
-class BrokerTrap:
-    """A listening socket that counts every connection: the broker nobody may contact."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.connections = 0
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
+#: The broker nobody may contact: a listening socket that counts every connection.
+BrokerTrap = Tripwire
 
 
 @pytest.fixture(scope="session")
