@@ -16,7 +16,7 @@ import inspect
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import Celery, signals
 from celery.exceptions import Ignore, Reject, Retry
@@ -108,11 +108,20 @@ def wrap_run(app: Celery, task: Any) -> None:
     run = task.run
 
     def retried(exc: Exception) -> BaseException:
+        """What to raise for ``exc``: Celery's Retry when the policy retries, else ``exc``."""
+        if isinstance(exc, (Retry, Ignore, Reject)):
+            return exc
         decision = decision_for(app, task, task.request, exc)
         if decision is None or not decision.retry:
             return exc
         limit = _UNLIMITED if decision.max_retries is None else decision.max_retries
         return task.retry(exc=exc, countdown=decision.delay, max_retries=limit)  # type: ignore[no-any-return,unused-ignore]
+
+    def reraise(exc: Exception) -> NoReturn:
+        raised = retried(exc)
+        if raised is exc:
+            raise exc
+        raise raised from exc
 
     if inspect.iscoroutinefunction(run):
         # An async task fails when its coroutine raises, not when run() returns it.
@@ -120,13 +129,8 @@ def wrap_run(app: Celery, task: Any) -> None:
         async def run_async_with_retries(*args: Any, **kwargs: Any) -> Any:
             try:
                 return await run(*args, **kwargs)
-            except (Retry, Ignore, Reject):
-                raise
             except Exception as exc:
-                raised = retried(exc)
-                if raised is exc:
-                    raise
-                raise raised from exc
+                reraise(exc)
 
         task.run = run_async_with_retries
     else:
@@ -135,13 +139,8 @@ def wrap_run(app: Celery, task: Any) -> None:
         def run_with_retries(*args: Any, **kwargs: Any) -> Any:
             try:
                 return run(*args, **kwargs)
-            except (Retry, Ignore, Reject):
-                raise
             except Exception as exc:
-                raised = retried(exc)
-                if raised is exc:
-                    raise
-                raise raised from exc
+                reraise(exc)
 
         task.run = run_with_retries
     setattr(task, _WRAPPED, True)
