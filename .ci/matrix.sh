@@ -69,7 +69,7 @@ for line in open(".ci/constraints-floor.txt"):
         assert version(name) == pinned, f"{name} {version(name)} installed, {pinned} pinned"
 PY
   RATCHET_TEST_DIALECTS=sqlite,postgresql "$venv/bin/python" -m pytest -p no:cacheprovider \
-    -q tests/unit tests/contract tests/integration
+    -q -n 4 --dist loadfile tests/unit tests/contract tests/integration
 }
 
 newest() {
@@ -84,8 +84,11 @@ def at_least(name, wanted):
 at_least("celery", (5, 7))
 at_least("SQLAlchemy", (2, 1))
 PY
+  # The tiers without processes of their own in parallel, as `./dev test` runs them; the
+  # worker processes one file at a time.
+  "$venv/bin/python" -m pytest -p no:cacheprovider -q -n 4 --dist loadfile \
+    tests/unit tests/contract tests/integration
   "$venv/bin/python" -m pytest -p no:cacheprovider -q \
-    tests/unit tests/contract tests/integration \
     tests/acceptance/test_workers.py tests/acceptance/test_examples.py
 }
 
