@@ -42,7 +42,7 @@ def child(kind: str, sends: int) -> None:
     def noop(i: int = 0) -> None:
         return None
 
-    from celery_ratchet.celery.app import ratchet_state
+    from celery_ratchet.celery.state import ratchet_state
 
     ratchet_state(app).store.ensure_schema()
     run = uuid.uuid4().hex

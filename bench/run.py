@@ -38,7 +38,7 @@ os.environ.setdefault("RATCHET_URL", f"postgresql://postgres@127.0.0.1/{PG_DB}")
 from bench.apps import REDIS_URL, ratchet_app, redis_app  # noqa: E402
 from bench.claim import bench_claim  # noqa: E402
 from bench.idle import bench_idle  # noqa: E402
-from celery_ratchet.celery.app import ratchet_state  # noqa: E402
+from celery_ratchet.celery.install import ratchet_state  # noqa: E402
 
 RESULTS: list[dict[str, Any]] = []
 _redis = redis.Redis.from_url(REDIS_URL)

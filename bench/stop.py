@@ -68,7 +68,7 @@ def prepare() -> None:
 
 
 def reset() -> None:
-    from celery_ratchet.celery.app import ratchet_state
+    from celery_ratchet.celery.state import ratchet_state
 
     store = ratchet_state(ratchet_app).store
     store.ensure_schema()
@@ -82,7 +82,7 @@ def reset() -> None:
 
 
 def ratchet_counts() -> dict[str, int]:
-    from celery_ratchet.celery.app import ratchet_state
+    from celery_ratchet.celery.state import ratchet_state
 
     return ratchet_state(ratchet_app).store.count_by_status()
 

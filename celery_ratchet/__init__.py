@@ -18,8 +18,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Celery": "celery_ratchet.celery.application",
     "RatchetTask": "celery_ratchet.celery.task",
-    "install": "celery_ratchet.celery.app",
-    "dlq": "celery_ratchet.celery.app",
+    "install": "celery_ratchet.celery.install",
+    "dlq": "celery_ratchet.celery.state",
     "bulk": "celery_ratchet.celery.sender",
     "transaction": "celery_ratchet.celery.sender",
     "job_logger": "celery_ratchet.celery.housekeeping",

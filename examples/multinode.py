@@ -18,7 +18,7 @@ from pathlib import Path
 from celery import Celery, group
 
 import celery_ratchet
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 
 app = Celery("multinode", task_cls="celery_ratchet:RatchetTask")

@@ -8,20 +8,26 @@ from typing import Any
 
 from celery import Celery
 
-from celery_ratchet.celery.app import install, ratchet_state
 from celery_ratchet.celery.sender import JobBatch
+from celery_ratchet.celery.state import is_installed, ratchet_state
 from celery_ratchet.domain.job import NewJob
+from celery_ratchet.errors import ConfigurationError
 from celery_ratchet.runtime.dlq import DeadLetterAlerts
 
 
 def dead_letter_alerts(app: Celery) -> DeadLetterAlerts | None:
-    """The alert sender of this app, or None when ``ratchet_dlq_alert_task`` is not set."""
-    install(app)  # the alert is sent by name: the send path must be ratchet's already
+    """The alert sender of this installed app (the worker's consumer asks), or None when
+    ``ratchet_dlq_alert_task`` is not set."""
     state = ratchet_state(app)
     settings = state.settings
     task_name = settings.dlq_alert_task
     if task_name is None:
         return None
+    if not is_installed(app):
+        # Sent by name, an alert from an app without ratchet would go to its broker.
+        raise ConfigurationError(
+            "dead-letter alerts need a ratchet app: call celery_ratchet.install(app) first"
+        )
 
     def alert_job(job_id: str, summary: dict[str, Any]) -> NewJob:
         batch = JobBatch(app)

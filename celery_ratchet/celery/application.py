@@ -15,7 +15,7 @@ from typing import Any
 
 import celery
 
-from celery_ratchet.celery.app import install
+from celery_ratchet.celery.install import install
 
 TASK_CLS = "celery_ratchet:RatchetTask"
 

@@ -30,8 +30,8 @@ from celery.concurrency.base import BasePool, apply_target
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
 from celery_ratchet.celery.aio import TraceGreenlet, drive, is_async_task, require_greenlet
-from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.pool import COLD, guarded, request_stop, reset_stop, stop_mode
+from celery_ratchet.celery.state import ratchet_state
 
 logger = logging.getLogger(__name__)
 

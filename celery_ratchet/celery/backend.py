@@ -23,10 +23,10 @@ from kombu.utils import json as kjson
 
 from celery_ratchet.celery import batches
 from celery_ratchet.celery.aio import offload
-from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.message import CLAIM_HEADER, check_serializer, safe_accept
 from celery_ratchet.celery.pool import RUNNING, stop_mode
 from celery_ratchet.celery.sender import joined
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus, ResultRecord, error_record
 from celery_ratchet.errors import StoreUnavailable
 from celery_ratchet.store.jobstore import JobStore

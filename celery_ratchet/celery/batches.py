@@ -24,8 +24,8 @@ from celery.result import GroupResult, allow_join_result
 from kombu.utils import json as kjson
 from kombu.utils.uuid import uuid
 
-from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.sender import joined, transaction
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.batch import (
     FAILED_STATES,
     BatchKind,

@@ -25,12 +25,12 @@ from kombu.exceptions import ContentDisallowed, DecodeError
 
 from celery_ratchet.celery import streams
 from celery_ratchet.celery.alerts import dead_letter_alerts
-from celery_ratchet.celery.app import ratchet_state
-from celery_ratchet.celery.asyncpool import AsyncPool
 from celery_ratchet.celery.backend import exception_record
 from celery_ratchet.celery.breaker import lookup as breaker_lookup
 from celery_ratchet.celery.breaker import parse as parse_breaker
+from celery_ratchet.celery.capacity import capacity_for
 from celery_ratchet.celery.fencing import fence_tracers
+from celery_ratchet.celery.housekeeping import register_archiver
 from celery_ratchet.celery.message import JobMessage, runs_code, safe_accept, serializer_name
 from celery_ratchet.celery.options import resolve as resolve_options
 from celery_ratchet.celery.pool import guard, request_stop, reset_stop
@@ -38,6 +38,7 @@ from celery_ratchet.celery.recurring import occurrence, register_all
 from celery_ratchet.celery.remote import RemoteCommands
 from celery_ratchet.celery.request import ratchet_request_class
 from celery_ratchet.celery.retry import install_retries
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.celery.transport import wake as wake_main_loop
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
 from celery_ratchet.errors import (
@@ -48,41 +49,12 @@ from celery_ratchet.errors import (
 )
 from celery_ratchet.runtime.dlq import DeadLetterAlerts
 from celery_ratchet.runtime.fence import current_fence
-from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
+from celery_ratchet.runtime.worker import WorkerRuntime
 from celery_ratchet.store.jobstore import REVOKE_ONLY, quiet_outages
 
 logger = logging.getLogger(__name__)
 
 _MALFORMED = (InvalidTaskError, ContentDisallowed, DecodeError, KeyError, TypeError, ValueError)
-
-
-def capacity_for(consumer: Any, processes: int | None = None) -> Capacity:
-    """Jobs in the pool at once, and claimed ahead, from ``-c`` (or the pool's ``processes``
-    now, after ``pool_grow``) and the prefetch multiplier.
-
-    The pool gets twice its concurrency so its processes never wait for the next job to
-    arrive; the rest of the prefetch stays in a local buffer that is handed back on shutdown.
-    """
-    if isinstance(consumer.pool, AsyncPool):
-        # Coroutines: as many in flight as the limits by kind allow, claimed ahead by batches.
-        settings = ratchet_state(consumer.app).settings
-        single, children = settings.async_limit_single, settings.async_limit_batch_child
-        return Capacity(
-            running=single + children,
-            buffered=max(settings.claim_batch_size, 1),
-            single_limit=single,
-            batch_child_limit=children,
-        )
-    concurrency = max(
-        int(
-            processes or getattr(consumer.pool, "limit", 0) or consumer.controller.concurrency or 1
-        ),
-        1,
-    )
-    multiplier = int(consumer.app.conf.worker_prefetch_multiplier or 0)
-    running = concurrency * 2
-    total = concurrency * multiplier if multiplier > 0 else running * 2
-    return Capacity(running=running, buffered=max(total - running, concurrency), slots=concurrency)
 
 
 class Dispatcher:
@@ -292,7 +264,7 @@ def _register_recurring(app: Any) -> None:
     while True:
         worker_state.maybe_shutdown()
         try:
-            keys = register_all(app)
+            keys = register_all(app) + register_archiver(app)
             break
         except (StoreUnavailable, StoreBusy) as exc:
             logger.warning("ratchet: recurring jobs not registered yet (%s); retrying", exc)

@@ -12,9 +12,9 @@ from celery.app.control import Control
 from celery.exceptions import TaskRevokedError
 from celery.platforms import signals as platform_signals
 
-from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import exception_record
 from celery_ratchet.celery.mailbox import DEFAULT_COMMAND_TTL, broadcast_through_store
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.control import CONTROL_WAKEUP
 from celery_ratchet.domain.job import REVOCATIONS_WAKEUP
 

@@ -18,7 +18,7 @@ from celery.events.dispatcher import EventDispatcher
 from celery.events.receiver import EventReceiver
 from kombu.connection import Connection
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 
 logger = logging.getLogger(__name__)
 

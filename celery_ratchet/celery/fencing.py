@@ -23,8 +23,8 @@ from celery.exceptions import Ignore
 from celery.states import IGNORED
 
 from celery_ratchet.celery.aio import offload
-from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.message import CLAIM_HEADER, FENCE_HEADER
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.errors import StoreBusy, StoreUnavailable
 from celery_ratchet.runtime.fence import current_fence
 

@@ -9,7 +9,8 @@ from typing import Any
 
 from celery import Celery, current_task
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery import recurring
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.schedule import MisfirePolicy
 
 logger = logging.getLogger("celery_ratchet.job")
@@ -38,8 +39,6 @@ def register_tasks(app: Celery) -> None:
 
 def register_archiver(app: Celery) -> list[str]:
     """The archiver's schedule (at worker start), or its removal when switched off."""
-    from celery_ratchet.celery import recurring
-
     settings = ratchet_state(app).settings
     if not settings.job_archive_enabled:
         with contextlib.suppress(LookupError, ValueError):  # never registered: nothing to stop

@@ -26,7 +26,7 @@ from billiard.einfo import ExceptionInfo
 from billiard.sharedctypes import RawValue
 from celery.concurrency.prefork import TaskPool
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from celery.schedules import crontab
 from celery.schedules import schedule as interval_schedule
 from kombu.utils import json as kjson
 
-from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.options import HEADER
 from celery_ratchet.celery.sender import JobBatch
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.cron import CronExpression
 from celery_ratchet.domain.job import SCHEDULES_QUEUE, ClaimedJob, Message, NewJob
 from celery_ratchet.domain.schedule import DEFAULT_CATCH_UP, MasterSpec, MisfirePolicy
@@ -309,9 +309,7 @@ def register_all(app: Celery) -> list[str]:
         )
     for entry_name, entry in (app.conf.beat_schedule or {}).items():
         keys.append(_register_beat_entry(app, entry_name, entry))
-    from celery_ratchet.celery.housekeeping import register_archiver
-
-    return keys + register_archiver(app)
+    return keys
 
 
 def describe_beat_entry(app: Celery, name: str, entry: dict[str, Any]) -> str:

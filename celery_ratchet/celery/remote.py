@@ -14,7 +14,8 @@ from celery.worker.control import Panel
 from kombu.matcher import match
 from kombu.utils.json import dumps, loads
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.capacity import capacity_for
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.celery.transport import wake as wake_main_loop
 from celery_ratchet.domain.control import ControlCommand
 
@@ -116,8 +117,6 @@ class RemoteCommands:
 
     def _take_as_many_as_the_pool_runs(self) -> None:
         """The node claims for the pool's processes now, not those it started with."""
-        from celery_ratchet.celery.consumer import capacity_for
-
         runtime = ratchet_state(self.consumer.app).runtime
         processes = getattr(self.consumer.pool, "num_processes", None)
         if runtime is not None and isinstance(processes, int) and processes > 0:

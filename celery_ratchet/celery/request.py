@@ -19,12 +19,12 @@ from celery.exceptions import Ignore, Retry, TaskRevokedError, Terminated, TimeL
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
-from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import RatchetBackend, exception_record
 from celery_ratchet.celery.fencing import ClaimGone, ClaimUnconfirmed
 from celery_ratchet.celery.message import JobMessage, retry_of
 from celery_ratchet.celery.pool import RUNNING, HandedBack, stop_mode
 from celery_ratchet.celery.retry import decision_for
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.errors import StoreUnavailable
 

@@ -27,7 +27,6 @@ from kombu.common import Broadcast
 from kombu.connection import Connection
 
 from celery_ratchet.celery import options as options_
-from celery_ratchet.celery.app import NO_BROKER, ratchet_state
 from celery_ratchet.celery.django_db import (
     AFTER_COMMIT,
     django_transaction_of,
@@ -36,6 +35,7 @@ from celery_ratchet.celery.django_db import (
 )
 from celery_ratchet.celery.events import send_task_sent
 from celery_ratchet.celery.message import CLAIM_HEADER, job_from_message, waiting_steps
+from celery_ratchet.celery.state import NO_BROKER, ratchet_state
 from celery_ratchet.domain.job import NewJob
 from celery_ratchet.errors import DuplicateJob, StoreUnavailable, UnsupportedRouting
 

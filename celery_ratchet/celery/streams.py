@@ -22,7 +22,6 @@ from celery import Celery
 from celery.canvas import Signature, _chain, _chord, group, maybe_signature
 from kombu.utils.uuid import uuid
 
-from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.batches import (
     BATCH_MARKER_TASK,
     batch_progress,
@@ -31,6 +30,7 @@ from celery_ratchet.celery.batches import (
     finish_stalled,
 )
 from celery_ratchet.celery.sender import JobBatch, current_transaction
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.batch import (
     BatchKind,
     BatchState,

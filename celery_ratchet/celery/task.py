@@ -10,8 +10,8 @@ from typing import Any
 from celery import Celery, Task
 
 from celery_ratchet.celery.aio import wrap_async
-from celery_ratchet.celery.app import install
 from celery_ratchet.celery.compat import django_task_method
+from celery_ratchet.celery.install import install
 from celery_ratchet.celery.retry import refuse_do_not_retry
 from celery_ratchet.celery.sender import follow_in_open_batch
 
@@ -25,6 +25,9 @@ class RatchetTask(Task):
     """
 
     Request = "celery_ratchet.celery.request:RatchetRequest"
+
+    #: Marks this class and its subclasses as the base of a ratchet app (``is_ratchet_app``).
+    ratchet_installs_app = True
 
     #: Ratchet options (see ``celery_ratchet.celery.options``); ``apply_async(ratchet=...)``
     #: overrides them per call.

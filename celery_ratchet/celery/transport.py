@@ -45,7 +45,7 @@ class Channel(memory.Channel):
         app = getattr(self.connection.client, "ratchet_app", None)
         if app is None:
             return purged
-        from celery_ratchet.celery.app import ratchet_state
+        from celery_ratchet.celery.state import ratchet_state
 
         return purged + ratchet_state(app).store.purge_pending([queue])
 

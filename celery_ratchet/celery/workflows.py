@@ -37,10 +37,10 @@ from celery import Celery, chord
 from celery.canvas import Signature, maybe_signature
 from celery.result import AsyncResult
 
-from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.backend import exception_record
 from celery_ratchet.celery.batches import decode_signature, encode_signature, send_within
 from celery_ratchet.celery.sender import joined
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.errors import PredicateNotAllowed, RatchetError
 from celery_ratchet.store.batches import decide

@@ -18,7 +18,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import text
 
 import celery_ratchet
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 
 app = Celery("acceptance", task_cls="celery_ratchet:RatchetTask")
 app.conf.broker_url = "amqp://guest:guest@127.0.0.1:1//"

@@ -16,7 +16,7 @@ import pytest
 from celery import Celery
 from sqlalchemy import text
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.store.engine import engine_for
 from celery_ratchet.store.jobstore import JobStore
 from tests.acceptance.app import SIDE_EFFECTS, app

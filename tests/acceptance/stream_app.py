@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import text
 
 import celery_ratchet
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from tests.acceptance.app import SIDE_EFFECTS, app, record_run
 
 __all__ = ["app"]

@@ -14,7 +14,7 @@ from celery import Celery, group
 from celery.exceptions import TaskRevokedError
 from celery.result import AsyncResult
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.store.jobstore import JobStore
 from tests.acceptance.conftest import Cluster, side_effects, wait_until

@@ -11,7 +11,7 @@ import pytest
 from celery import Celery
 from sqlalchemy import text
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from tests.acceptance.conftest import Cluster
 from tests.helpers import wait_until
 

@@ -24,7 +24,7 @@ import pytest
 from celery import Celery, group
 from sqlalchemy import create_engine, text
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.errors import StoreUnavailable
 from celery_ratchet.store.engine import build_engine, engine_for
 from celery_ratchet.store.jobstore import JobStore

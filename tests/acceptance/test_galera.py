@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from celery import Celery, chord, group
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.store.engine import engine_for
 from tests.acceptance.conftest import (
     Cluster,

@@ -17,7 +17,7 @@ import pytest
 from celery import Celery, chord
 from sqlalchemy import text
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from tests.acceptance.conftest import Cluster, _app_on, side_effects, wait_until
 from tests.conftest import Servers

@@ -20,7 +20,7 @@ import pytest
 from celery import Celery, chord
 from sqlalchemy import text
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.errors import PreparedStatementConflict
 from celery_ratchet.events.postgres import PostgresWakeups
 from celery_ratchet.store.engine import EngineOptions, build_engine, engine_for, libpq_conninfo

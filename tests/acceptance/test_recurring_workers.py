@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 import pytest
 from celery import Celery
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.runtime.recurring import master_id
 from tests.acceptance.conftest import Cluster, side_effects, wait_until
 

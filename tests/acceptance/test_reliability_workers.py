@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 from celery.exceptions import TaskRevokedError, TimeLimitExceeded
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from tests.acceptance.conftest import Cluster, side_effects, wait_until
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 from celery import Celery
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from tests.acceptance.conftest import ROOT, Cluster, wait_until
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ import pytest
 from celery import Celery
 from sqlalchemy import text
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.errors import SerializerNotAllowed
 from tests.acceptance.conftest import ROOT, Cluster, wait_until

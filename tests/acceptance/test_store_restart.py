@@ -17,7 +17,7 @@ import pytest
 from celery import Celery, group
 from sqlalchemy import text
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.errors import StoreUnavailable
 from celery_ratchet.store.jobstore import JobStore

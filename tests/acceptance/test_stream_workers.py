@@ -16,7 +16,7 @@ import pytest
 from celery import Celery
 from sqlalchemy import func, select
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.batch import BatchKind, BatchState
 from celery_ratchet.store.schema import scheduler_job
 from tests.acceptance.conftest import ROOT, Cluster, Worker, side_effects

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from celery import Celery, chain, chord, group
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.batch import BatchState
 from celery_ratchet.domain.job import JobStatus
 from tests.acceptance.conftest import Cluster, side_effects, wait_until

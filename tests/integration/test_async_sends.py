@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Connection
 
 import celery_ratchet
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.store.engine import normalize_url
 
 #: A queue the worker does not consume: a job sent there stays PENDING.

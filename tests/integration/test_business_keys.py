@@ -12,7 +12,7 @@ from celery import Celery, chord, group
 from sqlalchemy import create_engine, text
 
 import celery_ratchet
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.errors import DuplicateJob, InvalidJob
 from celery_ratchet.store.engine import normalize_url
 from tests.helpers import wait_until

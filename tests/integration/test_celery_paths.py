@@ -13,7 +13,7 @@ import pytest
 from celery import Celery, chain, group, signals
 from celery.exceptions import NotRegistered, TaskRevokedError
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from tests.helpers import wait_until
 from tests.integration.tasks import RUNS, record

@@ -61,8 +61,7 @@ django.setup()
 from django.db import connection, transaction
 
 import shopapp
-from celery_ratchet.celery.app import ratchet_state
-
+from celery_ratchet.celery.state import ratchet_state
 store = ratchet_state(shopapp.app).store
 
 def stored():

@@ -82,8 +82,7 @@ from django.db import connection, connections, transaction
 
 import celery_ratchet
 import shopapp
-from celery_ratchet.celery.app import ratchet_state
-
+from celery_ratchet.celery.state import ratchet_state
 store = ratchet_state(shopapp.app).store
 seen = {}
 

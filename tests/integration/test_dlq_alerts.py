@@ -10,8 +10,10 @@ import pytest
 from celery import Celery
 
 from celery_ratchet.celery.alerts import dead_letter_alerts
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.install import install
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus, Settlement, error_record
+from celery_ratchet.errors import ConfigurationError
 from tests.conftest import Servers, empty_store
 from tests.helpers import new_job, wait_until
 from tests.integration.conftest import BrokerTrap, make_app, worker_running
@@ -28,6 +30,7 @@ def _app(url: str, broker_url: str, interval: float) -> tuple[Celery, list[dict[
         ratchet_dlq_alert_interval_seconds=interval,
         task_routes={ALERT_TASK: {"queue": "alerts"}},
     )
+    install(app)  # as the worker's app is: the consumer asks for the alerts
     seen: list[dict[str, Any]] = []
 
     @app.task(name=ALERT_TASK, shared=False)
@@ -118,3 +121,14 @@ def test_an_alert_that_cannot_be_sent_keeps_its_window_and_holds_up_no_other(
 
     alerts.alert_job = make
     assert [json.loads(a.message.payload)[0][0]["count"] for a in alerts.send_due()] == [1]
+
+
+def test_alerts_are_refused_for_an_app_ratchet_is_not_installed_on(
+    servers: Servers, broker_trap: BrokerTrap
+) -> None:
+    app = Celery("plain", broker=broker_trap.url)
+    app.conf.ratchet_url = empty_store(servers.url("sqlite")).url
+    app.conf.ratchet_dlq_alert_task = ALERT_TASK
+    with pytest.raises(ConfigurationError, match="install"):
+        dead_letter_alerts(app)
+    assert broker_trap.connections == 0

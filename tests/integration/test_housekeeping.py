@@ -11,8 +11,8 @@ from celery import Celery
 from click.testing import CliRunner
 
 import celery_ratchet
-from celery_ratchet.celery.app import ratchet_state
 from celery_ratchet.celery.housekeeping import ARCHIVE_TASK, ARCHIVER_KEY
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.cli.main import cli
 from tests.conftest import Servers, empty_store
 from tests.integration.conftest import BrokerTrap, make_app, worker_running

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.store.jobstore import JobStore
 from tests.acceptance.conftest import wait_until

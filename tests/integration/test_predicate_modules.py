@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 
 import celery_ratchet
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.errors import PredicateNotAllowed
 from tests.conftest import Servers, empty_store
 from tests.integration.conftest import BrokerTrap, make_app, worker_running

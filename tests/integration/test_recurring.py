@@ -14,7 +14,7 @@ import pytest
 from celery import Celery
 
 import celery_ratchet
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.schedule import MisfirePolicy
 from tests.conftest import Servers, empty_store
 from tests.helpers import wait_until

@@ -14,7 +14,7 @@ import pytest
 from celery import Celery
 
 import celery_ratchet
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.breaker import BreakerState
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.errors import ConfigurationError

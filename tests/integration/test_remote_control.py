@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.errors import ControlCommandRefused
 from celery_ratchet.store.control import control_store
 from tests.helpers import wait_until

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from celery import Celery, group
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.errors import (
     ConfigurationError,
     DuplicateJob,

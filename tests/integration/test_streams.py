@@ -10,7 +10,7 @@ import pytest
 from celery import Celery
 
 import celery_ratchet
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.celery.streams import fail_abandoned
 from celery_ratchet.domain.batch import BatchKind, BatchState
 from celery_ratchet.errors import InvalidJob, StreamAbandoned

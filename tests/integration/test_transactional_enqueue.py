@@ -13,7 +13,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 
 import celery_ratchet
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.errors import ConfigurationError, DuplicateJob
 from celery_ratchet.store.engine import normalize_url
 from tests.conftest import Servers, empty_store

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from celery import Celery
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from tests.conftest import IN_CI, Servers, empty_store
 from tests.helpers import wait_until
 from tests.integration.conftest import BrokerTrap, make_app, worker_running

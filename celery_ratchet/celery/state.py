@@ -1,0 +1,166 @@
+"""The per-app ratchet state: settings, the job store and the wake-up sources of one app.
+
+Every module of this layer reaches its app's store through :func:`ratchet_state`; the state
+knows nothing of how an app is installed (:mod:`celery_ratchet.celery.install`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from celery import Celery
+
+from celery_ratchet.settings import RatchetSettings
+from celery_ratchet.store.batches import BatchStore
+from celery_ratchet.store.engine import EngineOptions
+from celery_ratchet.store.jobstore import JobStore
+
+logger = logging.getLogger(__name__)
+
+_STATE_ATTR = "_ratchet_state"
+#: Guards the making of an app's state and its installation (re-entrant: install makes state).
+INSTALL_LOCK = threading.RLock()
+#: Broker URL of every ratchet app: an in-process transport, so nothing is ever contacted.
+NO_BROKER = "memory://localhost//"
+
+
+class RatchetState:
+    """What one Celery app needs to talk to its job store."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self._settings: RatchetSettings | None = None
+        self._store: JobStore | None = None
+        self._store_pid = 0
+        self._lock = threading.Lock()
+        #: The running worker's runtime, in the worker's main process only.
+        self.runtime: Any = None
+        self._publisher: Any = None
+        self._event_sender: Any = None
+        #: Serializers of accept_content a worker refused (``ratchet_allow_pickle`` off).
+        self.refused_serializers: list[str] | None = None
+
+    @property
+    def settings(self) -> RatchetSettings:
+        if self._settings is None:
+            self._settings = RatchetSettings.from_sources(self.app.conf, os.environ)
+        return self._settings
+
+    @property
+    def store(self) -> JobStore:
+        """The job store of this app in this process (re-created after a fork)."""
+        with self._lock:
+            if self._store is None or self._store_pid != os.getpid():
+                settings = self.settings
+                self._store = JobStore(
+                    settings.url,
+                    create_schema=settings.create_schema,
+                    priority_boost_minutes=settings.priority_boost_interval_minutes,
+                    notify=settings.wakeups_by_notify,
+                    engine_options=engine_options(settings),
+                    dlq_alert_task=settings.dlq_alert_task,
+                )
+                self._store_pid = os.getpid()
+            return self._store
+
+    @property
+    def batches(self) -> BatchStore:
+        """Batches, chain steps and workflow conditions in this app's job store."""
+        store = self.store
+        batches: BatchStore | None = getattr(store, "_batches", None)
+        if batches is None:
+            batches = store._batches = BatchStore(store)  # type: ignore[attr-defined]
+        return batches
+
+    def reset(self) -> None:
+        """Forget cached settings and store, e.g. after the configuration changed."""
+        with self._lock:
+            self._settings = None
+            self._store = None
+            self._publisher = None
+            self._event_sender = None
+
+    def published(self, queues: list[str]) -> None:
+        """Jobs of ``queues`` were committed: wake workers through Redis, if configured."""
+        url = self.settings.events_url
+        if not url:
+            return
+        if self._publisher is None:
+            from celery_ratchet.events.redis import RedisPublisher
+
+            self._publisher = RedisPublisher(url)
+        self._publisher.publish(queues)
+
+    def event_sender(self) -> Any:
+        """The client's event dispatcher (``task-sent``), on the events Redis."""
+        with self._lock:
+            if self._event_sender is None:
+                self._event_sender = self.app.events.Dispatcher(enabled=True)
+            return self._event_sender
+
+    def wakeup_sources(self) -> list[Any]:
+        """The worker's wake-up listeners for this app's settings and database."""
+        settings, store = self.settings, self.store
+        sources: list[Any] = []
+        if store.notify:
+            from celery_ratchet.events.postgres import PostgresWakeups
+            from celery_ratchet.store.engine import libpq_conninfo
+
+            listen_url = settings.listen_url or store.url
+            sources.append(
+                PostgresWakeups(
+                    libpq_conninfo(listen_url, engine_options(settings)),
+                    probe=store.send_probe,
+                    on_silent=store.stop_notifying,
+                )
+            )
+        elif settings.listen_notify and settings.pgbouncer and store.family == "postgresql":
+            logger.info(
+                "ratchet: no LISTEN/NOTIFY wake-ups through PgBouncer (ratchet_pgbouncer): "
+                "workers find jobs by polling; set ratchet_listen_url to a direct PostgreSQL "
+                "URL for wake-ups"
+            )
+        if settings.events_url:
+            from celery_ratchet.events.redis import RedisWakeups
+
+            sources.append(RedisWakeups(settings.events_url))
+        return sources
+
+
+def engine_options(settings: RatchetSettings) -> EngineOptions:
+    return EngineOptions(
+        pool_size=settings.pool_size,
+        max_overflow=settings.max_overflow,
+        pgbouncer=settings.pgbouncer,
+        connect_args=settings.connect_args,
+    )
+
+
+def has_state(app: Celery) -> bool:
+    """Whether ``app`` has been given ratchet state (it has been installed or asked for it)."""
+    return _STATE_ATTR in app.__dict__
+
+
+def is_installed(app: Celery) -> bool:
+    """Whether ratchet is installed on ``app`` (its sends go to the store)."""
+    return bool(app.__dict__.get("_ratchet_installed", False))
+
+
+def ratchet_state(app: Celery) -> RatchetState:
+    state = app.__dict__.get(_STATE_ATTR)
+    if state is None:
+        with INSTALL_LOCK:
+            state = app.__dict__.get(_STATE_ATTR)
+            if state is None:
+                state = RatchetState(app)
+                setattr(app, _STATE_ATTR, state)
+    return state
+
+
+def dlq(app: Celery) -> Any:
+    """The app's dead-letter queue (:class:`celery_ratchet.runtime.dlq.DeadLetterQueue`)."""
+    from celery_ratchet.runtime.dlq import DeadLetterQueue
+
+    return DeadLetterQueue(ratchet_state(app).store)
