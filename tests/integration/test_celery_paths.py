@@ -151,7 +151,10 @@ def test_expired_job_is_revoked_not_run(
         result.get(timeout=TIMEOUT)
     assert key not in RUNS
     assert row(worker_app, result.id).status is JobStatus.REVOKED
-    assert ("task_revoked", result.id) in signal_log
+    # The worker sends the signal after it wrote the outcome that get() has just read.
+    wait_until(
+        lambda: ("task_revoked", result.id) in signal_log, TIMEOUT, "the task_revoked signal"
+    )
 
 
 def test_revoke_cancels_a_pending_job(worker_app: Celery) -> None:
