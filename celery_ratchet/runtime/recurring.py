@@ -17,6 +17,10 @@ MASTER_PREFIX = "recurring:"
 MAX_KEY_LENGTH = 255 - len(MASTER_PREFIX) - len("@2026-01-01T00:00:00+00:00")
 
 
+#: Fire times a schedule listing shows ahead.
+UPCOMING_SHOWN = 5
+
+
 def master_id(business_key: str) -> str:
     """The job id of the master of ``business_key``: the unique index on job ids is what
     makes a business key register one master, however many nodes register it."""
@@ -111,11 +115,23 @@ def describe(store: JobStore) -> list[dict[str, Any]]:
                 "misfire": spec.misfire,
                 "status": master["status"],
                 "next_fire": master["scheduled_time"],
+                "upcoming": upcoming(spec, master["scheduled_time"]),
                 "queue": spec.queue,
                 "tags": ",".join(spec.tags),
             }
         )
     return rows
+
+
+def upcoming(spec: MasterSpec, next_fire: datetime, count: int = UPCOMING_SHOWN) -> list[datetime]:
+    """The next ``count`` fire times from ``next_fire`` (the master's due time) on."""
+    times = [next_fire]
+    while len(times) < count:
+        following = spec.timetable.next_after(times[-1])
+        if following is None:
+            break
+        times.append(following)
+    return times
 
 
 def _get(store: JobStore, business_key: str) -> dict[str, Any]:
