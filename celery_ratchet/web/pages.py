@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from celery_ratchet.domain.batch import BatchState
-from celery_ratchet.domain.job import JobStatus, shown_status
+from celery_ratchet.domain.job import JobStatus, parse_status, shown_status
 from celery_ratchet.runtime import recurring
 from celery_ratchet.runtime.dlq import DeadLetterQueue
 from celery_ratchet.store.batches import BatchStore
@@ -36,6 +36,15 @@ class View:
         return button(action, label, self.csrf, values, read_only=self.read_only)
 
 
+def _stored(status: str) -> str:
+    """A status column's text as listings print it (an unknown one says so)."""
+    return shown_status(parse_status(status))
+
+
+def _status_order(status: str) -> tuple[int, str]:
+    return (_STATUSES.index(status) if status in _STATUSES else len(_STATUSES), status)
+
+
 def _one(query: Mapping[str, list[str]], name: str) -> str | None:
     found = query.get(name)
     return found[0].strip() or None if found else None
@@ -50,8 +59,8 @@ def overview(view: View, query: Mapping[str, list[str]]) -> str:
         per_status[row["status"]] = per_status.get(row["status"], 0) + row["count"]
         queues.setdefault(row["queue"], {})[row["status"]] = row["count"]
     status_rows = [
-        [link("/jobs", shown_status(s), status=s), esc(per_status.get(s, 0))]
-        for s in sorted(per_status, key=lambda s: (s not in _STATUSES, s))
+        [link("/jobs", _stored(s), status=s), esc(per_status.get(s, 0))]
+        for s in sorted(per_status, key=_status_order)
     ]
     shown = ("PENDING", "WAITING", "RUNNING", "SUCCEEDED", "FAILED", "REVOKED")
     queue_rows = [
@@ -169,7 +178,7 @@ def job(view: View, query: Mapping[str, list[str]]) -> str:
         else None,
     ]
     related += [
-        ["next step (chain)", link("/job", d, id=d) + " " + esc(shown_status(s))]
+        ["next step (chain)", link("/job", d, id=d) + " " + esc(_stored(s))]
         for d, s in links["dependents"]
     ]
     shown_related = [r for r in related if r]
@@ -293,7 +302,8 @@ def batch(view: View, query: Mapping[str, list[str]]) -> str:
     b = found[0]
     children = Inspection(view.store).children_by_status(batch_id)
     child_rows = [
-        [link("/jobs", shown_status(s), status=s), esc(n)] for s, n in sorted(children.items())
+        [link("/jobs", _stored(s), status=s), esc(n)]
+        for s, n in sorted(children.items(), key=lambda item: _status_order(item[0]))
     ]
     return (
         fields(
