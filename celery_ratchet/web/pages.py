@@ -249,8 +249,16 @@ def confirm(view: View, action: str, values: Mapping[str, str], what: str) -> st
 
 def schedules(view: View, query: Mapping[str, list[str]]) -> str:
     rows = []
-    for s in recurring.describe(view.store):
+    for s in recurring.describe(view.store, with_last_fire=True):
         key = s["business_key"]
+        last = s["last_fire"]
+        fired = (
+            link("/job", last[0], id=recurring.occurrence_id(recurring.master_id(key), last[0]))
+            + " "
+            + esc(shown_status(last[1]))
+            if last
+            else "—"
+        )
         actions = (
             view.button("/schedules/resume", "resume", key=key)
             if s["status"] == JobStatus.PAUSED.value
@@ -264,13 +272,14 @@ def schedules(view: View, query: Mapping[str, list[str]]) -> str:
                 esc(s["zone"]),
                 esc(s["status"]),
                 "<br>".join(esc(t) for t in s["upcoming"]),
+                fired,
                 esc(s["misfire"]),
                 esc(s["queue"]),
                 actions,
             ]
         )
-    columns = ["schedule", "task", "when", "zone", "status", "next 5 fire times", "misfire",
-               "queue", ""]  # fmt: skip
+    columns = ["schedule", "task", "when", "zone", "status", "next 5 fire times", "last fire",
+               "misfire", "queue", ""]  # fmt: skip
     return table(columns, rows)
 
 

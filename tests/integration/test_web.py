@@ -13,6 +13,7 @@ import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -262,7 +263,7 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def test_ratchet_web_serves_over_http_and_hides_the_password(store: JobStore) -> None:
+def test_ratchet_web_serves_over_http_and_refuses_a_post_without_its_token(store: JobStore) -> None:
     port = _free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "celery_ratchet.cli.main", "--url", store.url, "web",
@@ -289,3 +290,33 @@ def test_ratchet_web_serves_over_http_and_hides_the_password(store: JobStore) ->
         process.terminate()
         output = process.communicate(timeout=30)[0].decode()
     assert f"http://127.0.0.1:{port}/" in output
+
+
+def test_a_schedule_shows_its_last_fire_from_the_occurrence_the_store_holds(
+    store: JobStore,
+) -> None:
+    recurring.register(
+        store,
+        "hourly",
+        MasterSpec("cron:0 0 * * * ?", "UTC"),
+        task_name="tests.tick",
+        priority=4,
+        message=new_job("t").message,
+    )
+    [master] = [m for m in store.list_masters() if m["business_key"] == "hourly"]
+    fired = master["scheduled_time"] - timedelta(hours=1)
+    occurrence = recurring.occurrence_id(master["job_id"], fired)
+    store.enqueue(new_job(occurrence))
+    page = call(Dashboard(store), "/schedules").body
+    row = next(r for r in page.split("<tr>") if "hourly" in r)
+    assert occurrence.replace("+", "%2B").replace(":", "%3A").replace("@", "%40") in row
+    assert "PENDING" in row
+    nightly = next(r for r in page.split("<tr>") if "nightly" in r)
+    assert "—" in nightly
+
+
+def test_an_unreachable_store_is_a_503_with_the_password_masked() -> None:
+    unreachable = JobStore("postgresql://ops:hunter2@127.0.0.1:1/shop", create_schema=False)
+    answer = call(Dashboard(unreachable), "/")
+    assert answer.status == 503
+    assert "hunter2" not in answer.body and "127.0.0.1" in answer.body
