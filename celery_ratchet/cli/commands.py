@@ -546,12 +546,14 @@ def web(cli: CliContext, host: str, port: int, read_only: bool, insecure_no_auth
     Credentials: RATCHET_WEB_AUTH (or the app's ratchet_web_auth), user:password for HTTP
     basic auth or a token; without them, only a loopback address is served."""
     from celery_ratchet.web.app import Dashboard
-    from celery_ratchet.web.guard import Guard, check_bind
+    from celery_ratchet.web.guard import Guard, check_bind, is_loopback
     from celery_ratchet.web.server import make
 
     auth = cli.web_auth()
     check_bind(host, Guard(auth), insecure_no_auth=insecure_no_auth)
-    dashboard = Dashboard(cli.store, auth=auth, read_only=read_only)
+    dashboard = Dashboard(
+        cli.store, auth=auth, read_only=read_only, loopback_names_only=is_loopback(host)
+    )
     server = make(host, port, dashboard)
     shown_host = f"[{host}]" if ":" in host else host
     click.echo(

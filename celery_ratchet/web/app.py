@@ -65,10 +65,14 @@ class Dashboard:
         *,
         auth: str | None = None,
         read_only: bool = False,
+        loopback_names_only: bool = True,
     ) -> None:
+        """``loopback_names_only``: without auth, answer only requests addressed to a
+        loopback name (off when serving another address on purpose, --insecure-no-auth)."""
         self.store = store
         self.guard = Guard(auth)
         self.read_only = read_only
+        self.loopback_names_only = loopback_names_only
         self._actions: dict[str, Callable[[Query], tuple[str, str] | str]] = {
             "/dlq/retry": self._retry,
             "/dlq/retry-task": self._retry_task,
@@ -103,11 +107,11 @@ class Dashboard:
     def _admit(self, environ: Mapping[str, Any]) -> None:
         if not self.guard.admits(environ):
             raise Refused("401 Unauthorized", "sign in: this dashboard asks for credentials")
-        if not self.guard.required:
+        if self.loopback_names_only and not self.guard.required:
             # Without credentials, only a page the browser thinks is on this machine may talk
             # to it: another site's name resolved to 127.0.0.1 (DNS rebinding) is refused.
-            host = str(environ.get("HTTP_HOST", "")).rsplit(":", 1)[0]
-            if host and not is_loopback(host) and host != environ.get("SERVER_NAME"):
+            host = _host_name(str(environ.get("HTTP_HOST", "")))
+            if host and not is_loopback(host):
                 raise Refused("403 Forbidden", f"host {host!r} is not this dashboard's")
 
     def _view(self) -> pages.View:
@@ -216,6 +220,13 @@ class Dashboard:
         ]
         start_response(status, headers)
         return [data]
+
+
+def _host_name(header: str) -> str:
+    """``Host: [::1]:5580`` → ``::1``; ``localhost:5580`` → ``localhost``."""
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 def _form(environ: Mapping[str, Any]) -> Query:

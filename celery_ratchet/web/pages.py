@@ -311,7 +311,7 @@ def batch(view: View, query: Mapping[str, list[str]]) -> str:
     b = found[0]
     children = Inspection(view.store).children_by_status(batch_id)
     child_rows = [
-        [link("/jobs", _stored(s), status=s), esc(n)]
+        [esc(_stored(s)), esc(n)]
         for s, n in sorted(children.items(), key=lambda item: _status_order(item[0]))
     ]
     return (

@@ -143,7 +143,7 @@ def test_every_page_answers_and_shows_what_the_store_holds(store: JobStore) -> N
     batches = call(app, "/batches")
     assert "batch-1" in batches.body and 'role="progressbar"' in batches.body
     batch = call(app, "/batch?id=batch-1")
-    assert ">RUNNING</a></td><td>1<" in batch.body
+    assert "<td>RUNNING</td><td>1</td>" in batch.body
     resources = call(app, "/resources")
     assert "payments" in resources.body and "pay-1" in resources.body
     nodes = call(app, "/nodes")
@@ -247,6 +247,9 @@ def test_without_auth_another_sites_host_name_is_refused(store: JobStore) -> Non
     app = Dashboard(store)
     assert call(app, "/", headers={"Host": "evil.example:5580"}).status == 403
     assert call(app, "/", headers={"Host": "localhost:5580"}).status == 200
+    assert call(app, "/", headers={"Host": "[::1]:5580"}).status == 200
+    served_on_purpose = Dashboard(store, loopback_names_only=False)
+    assert call(served_on_purpose, "/", headers={"Host": "10.1.2.3:5580"}).status == 200
 
 
 def test_a_non_loopback_host_without_auth_is_refused_with_exit_2(tmp_path: Path) -> None:
