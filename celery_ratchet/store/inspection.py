@@ -7,13 +7,14 @@ and :mod:`celery_ratchet.store.batches` (``summaries``), which the dashboard rea
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
 from celery_ratchet.domain.job import TERMINAL_STATUSES, JobStatus
-from celery_ratchet.store.engine import db_now_minus
+from celery_ratchet.store.engine import db_now, db_now_minus
 from celery_ratchet.store.schema import (
     scheduler_job,
     scheduler_resource,
@@ -34,6 +35,13 @@ class Inspection:
 
     def _run(self, work: Any, what: str) -> Any:
         return self.store._run(work, what)
+
+    def database_now(self) -> datetime:
+        """The database's clock: the one heartbeats are written by."""
+        now: datetime = self._run(
+            lambda conn: conn.execute(select(db_now())).scalar_one(), "the clock was not read"
+        )
+        return now
 
     def finished_per_minute(self, minutes: int = 60) -> list[int]:
         """Jobs that ended in each of the last ``minutes`` minutes by the database clock,

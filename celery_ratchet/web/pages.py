@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from celery_ratchet.domain.batch import BatchState
@@ -353,7 +353,7 @@ def resources(view: View, query: Mapping[str, list[str]]) -> str:
 
 
 def nodes(view: View, query: Mapping[str, list[str]]) -> str:
-    now = datetime.now(timezone.utc)
+    now = Inspection(view.store).database_now()
     running: dict[str, list[str]] = {}
     for j in view.store.list_jobs(status=JobStatus.RUNNING, limit=500):
         running.setdefault(j.picked_by or "", []).append(j.job_id)

@@ -4,6 +4,7 @@ jobs, throughput per minute, a job's chain and batch, a batch's children, resour
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime, timedelta, timezone
 
 from celery_ratchet.domain.job import JobStatus, JobType, Settlement
 from celery_ratchet.store.inspection import Inspection
@@ -82,3 +83,10 @@ def test_resources_show_capacity_and_the_running_holders_only(store: JobStore) -
     store.settle([Settlement(ended.job_id, ended.token, JobStatus.SUCCEEDED, resource="payments")])
     [usage] = Inspection(store).resources()
     assert [h["job_id"] for h in usage["held"]] == [held[1].job_id]
+
+
+def test_the_database_clock_is_an_aware_utc_time(store: JobStore) -> None:
+    before = datetime.now(timezone.utc) - timedelta(minutes=5)
+    now = Inspection(store).database_now()
+    assert now.tzinfo is not None and now.utcoffset() == timedelta(0)
+    assert now > before
