@@ -174,6 +174,9 @@ class RatchetSettings:
     #: A streaming batch's producer renews its hold on the batch with each chunk (and while
     #: a chunk fills); one that has not for this long is taken for dead: the batch FAILS.
     batch_stream_lease_seconds: float = 60.0
+    #: ``ratchet web``: ``user:password`` (HTTP basic) or a token (``Authorization: Bearer``);
+    #: unset, the dashboard asks no one, and binds only a loopback address.
+    web_auth: str | None = None
 
     @property
     def wakeups_by_notify(self) -> bool:

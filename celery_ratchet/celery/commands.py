@@ -68,7 +68,9 @@ def ratchet(ctx: click.Context) -> None:
     """celery_ratchet operations on this app's job store."""
     app: Any = ctx.obj.app
     install(app)
-    ctx.obj = CliContext(lambda: ratchet_state(app).store)
+    ctx.obj = CliContext(
+        lambda: ratchet_state(app).store, web_auth=lambda: ratchet_state(app).settings.web_auth
+    )
 
 
 add_commands(ratchet)

@@ -21,6 +21,7 @@ from celery_ratchet.settings import RatchetSettings, mask_password
 from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.ddl import DIALECTS, ddl_script
 from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.redact import mask_url
 
 
 class CliContext:
@@ -30,8 +31,11 @@ class CliContext:
         self,
         open_store: Callable[[], JobStore],
         create_store: Callable[[], JobStore] | None = None,
+        web_auth: Callable[[], str | None] | None = None,
     ) -> None:
         self._open_store = open_store
+        #: ``ratchet_web_auth``: of the app under ``celery -A app``, else the environment's.
+        self.web_auth = web_auth or (lambda: _settings().web_auth)
         self._create_store = create_store or open_store
         self._store: JobStore | None = None
 
@@ -526,8 +530,50 @@ def archive(cli: CliContext, days: float | None, batch_size: int | None) -> None
     click.echo(f"archived {moved} jobs; deleted {purged} job log lines")
 
 
+@click.command("web")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=5580, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--read-only", is_flag=True, help="Show everything; refuse every action.")
+@click.option(
+    "--insecure-no-auth",
+    is_flag=True,
+    help="Serve a non-loopback --host without ratchet_web_auth (anyone reaching it may act).",
+)
+@pass_cli
+def web(cli: CliContext, host: str, port: int, read_only: bool, insecure_no_auth: bool) -> None:
+    """Serve the dashboard: queues, jobs, dead letters, schedules, batches, resources, nodes.
+
+    Credentials: RATCHET_WEB_AUTH (or the app's ratchet_web_auth), user:password for HTTP
+    basic auth or a token; without them, only a loopback address is served."""
+    from celery_ratchet.web.app import Dashboard
+    from celery_ratchet.web.guard import Guard, check_bind, is_loopback
+    from celery_ratchet.web.server import make
+
+    auth = cli.web_auth()
+    check_bind(host, Guard(auth), insecure_no_auth=insecure_no_auth)
+    dashboard = Dashboard(
+        cli.store, auth=auth, read_only=read_only, loopback_names_only=is_loopback(host)
+    )
+    server = make(host, port, dashboard)
+    shown_host = f"[{host}]" if ":" in host else host
+    click.echo(
+        f"ratchet web on http://{shown_host}:{server.server_port}/ for {mask_url(cli.store.url)}"
+        f"{' (read-only)' if read_only else ''}{'' if auth else ' (no auth)'}; Ctrl-C stops"
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+def _settings() -> RatchetSettings:
+    return RatchetSettings.from_sources({}, os.environ)
+
+
 COMMANDS: Iterable[click.Command] = (
-    jobs, stats, nodes, schedules, batches, schema, cron, dlq, archive,
+    jobs, stats, nodes, schedules, batches, schema, cron, dlq, archive, web,
 )  # fmt: skip
 
 

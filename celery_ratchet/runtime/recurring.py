@@ -3,7 +3,7 @@ Knows nothing of Celery; the message a master fires is built by the caller."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from celery_ratchet.domain.job import SCHEDULES_QUEUE, JobStatus, JobType, Message, NewJob
@@ -15,6 +15,10 @@ MASTER_PREFIX = "recurring:"
 
 #: Longest business key whose occurrence ids ("recurring:<key>@<UTC ISO time>") fit a job id.
 MAX_KEY_LENGTH = 255 - len(MASTER_PREFIX) - len("@2026-01-01T00:00:00+00:00")
+
+
+#: Fire times a schedule listing shows ahead.
+UPCOMING_SHOWN = 5
 
 
 def master_id(business_key: str) -> str:
@@ -95,13 +99,21 @@ def cancel(store: JobStore, business_key: str) -> None:
         _explain(store, business_key, "remove", "active")
 
 
-def describe(store: JobStore) -> list[dict[str, Any]]:
-    """Every active master with its schedule, zone, misfire policy and next fire time."""
+def describe(store: JobStore, *, with_last_fire: bool = False) -> list[dict[str, Any]]:
+    """Every active master with its schedule, zone, misfire policy and next fire times;
+    ``with_last_fire``: also the last fire time whose occurrence the store holds."""
     rows = []
     for master in store.list_masters():
         spec = MasterSpec.from_json(master["schedule_spec"])
+        if with_last_fire:
+            extra = {
+                "last_fire": last_fire(store, master["job_id"], spec, master["scheduled_time"])
+            }
+        else:
+            extra = {}
         rows.append(
             {
+                **extra,
                 "business_key": master["business_key"],
                 "task": master["task_name"],
                 "schedule": spec.schedule.partition(":")[2]
@@ -111,11 +123,51 @@ def describe(store: JobStore) -> list[dict[str, Any]]:
                 "misfire": spec.misfire,
                 "status": master["status"],
                 "next_fire": master["scheduled_time"],
+                "upcoming": upcoming(spec, master["scheduled_time"]),
                 "queue": spec.queue,
                 "tags": ",".join(spec.tags),
             }
         )
     return rows
+
+
+def upcoming(spec: MasterSpec, next_fire: datetime, count: int = UPCOMING_SHOWN) -> list[datetime]:
+    """The next ``count`` fire times from ``next_fire`` (the master's due time) on."""
+    times = [next_fire]
+    while len(times) < count:
+        following = spec.timetable.next_after(times[-1])
+        if following is None:
+            break
+        times.append(following)
+    return times
+
+
+#: Scheduled fire times before the next one that :func:`last_fire` looks up.
+_LAST_FIRES_LOOKED_UP = 3
+
+
+def last_fire(
+    store: JobStore, master_job_id: str, spec: MasterSpec, next_fire: datetime
+) -> tuple[datetime, JobStatus | str] | None:
+    """The latest fire time before ``next_fire`` whose occurrence is in the store, with the
+    occurrence's status: its id follows from the fire time, so a few indexed lookups find
+    it. None when none of the last few scheduled fire times fired (paused, skipped as a
+    misfire, archived)."""
+    ahead = upcoming(spec, next_fire, 2)
+    period = ahead[1] - ahead[0] if len(ahead) == 2 else timedelta(days=1)
+    earlier: list[datetime] = []
+    moment = next_fire - period * (_LAST_FIRES_LOOKED_UP + 1)
+    while len(earlier) < 1000:
+        fire = spec.timetable.next_after(moment)
+        if fire is None or fire >= next_fire:
+            break
+        earlier.append(fire)
+        moment = fire
+    for fire in reversed(earlier[-_LAST_FIRES_LOOKED_UP:]):
+        record = store.result(occurrence_id(master_job_id, fire))
+        if record is not None:
+            return fire, record.status
+    return None
 
 
 def _get(store: JobStore, business_key: str) -> dict[str, Any]:

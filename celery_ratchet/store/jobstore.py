@@ -1863,9 +1863,15 @@ class JobStore:
         business_key: str | None = None,
         limit: int = 50,
         include_schedules: bool = False,
+        before_job_id: str | None = None,
     ) -> list[JobSummary]:
-        """Jobs, newest first; recurring masters (schedules) only with ``include_schedules``."""
+        """Jobs, newest first; recurring masters (schedules) only with ``include_schedules``.
+        ``before_job_id``: the next page, the jobs older than that one (a keyset: no OFFSET,
+        so a page deep in a million rows costs what the first one does)."""
         conditions: list[Any] = []
+        if before_job_id is not None:
+            cursor = select(job.c.id).where(job.c.job_id == before_job_id).scalar_subquery()
+            conditions.append(job.c.id < cursor)
         if not include_schedules:
             conditions.append(_JOBS_ONLY)
         if tag is not None:

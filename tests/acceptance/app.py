@@ -155,6 +155,14 @@ def boom(message: str) -> None:
     raise RuntimeError(message)
 
 
+@app.task(name="acc.needs_marker")
+def needs_marker(path: str) -> str:
+    """Fails for good until the file ``path`` exists: a dead letter that a retry mends."""
+    if not os.path.exists(path):
+        raise RuntimeError(f"no marker file {path}")
+    return "mended"
+
+
 @app.task(name="acc.on_dead_letters")
 def on_dead_letters(summary: dict[str, object]) -> dict[str, object]:
     """The dead-letter alert task of the workers started with RATCHET_DLQ_ALERT_TASK."""

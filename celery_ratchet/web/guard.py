@@ -1,0 +1,80 @@
+"""Who may see the dashboard and which POSTs it accepts: optional HTTP basic auth or a
+bearer token (``ratchet_web_auth``), and a CSRF token in every form."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import ipaddress
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from celery_ratchet.errors import ConfigurationError
+
+
+class Guard:
+    """``auth``: ``user:password`` (basic) or a token (``Authorization: Bearer TOKEN``, or
+    basic with any user name and the token as password); None lets everyone in."""
+
+    def __init__(self, auth: str | None) -> None:
+        auth = (auth or "").strip() or None
+        if auth is not None and auth.startswith(":"):
+            raise ConfigurationError(
+                "ratchet_web_auth: give user:password or a token, not an empty user name"
+            )
+        self.auth = auth
+        #: One per process: a form rendered by this process carries it; an attacker's page
+        #: cannot read it (same-origin policy), so cannot forge an action.
+        self.csrf_token = secrets.token_urlsafe(32)
+
+    @property
+    def required(self) -> bool:
+        return self.auth is not None
+
+    def admits(self, environ: Mapping[str, Any]) -> bool:
+        if self.auth is None:
+            return True
+        header = str(environ.get("HTTP_AUTHORIZATION", ""))
+        scheme, _, credentials = header.partition(" ")
+        credentials = credentials.strip()
+        if scheme.lower() == "bearer":
+            return ":" not in self.auth and _same(credentials, self.auth)
+        if scheme.lower() != "basic":
+            return False
+        try:
+            decoded = base64.b64decode(credentials, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        _user, _, password = decoded.partition(":")
+        if ":" in self.auth:
+            return _same(decoded, self.auth)
+        return _same(password, self.auth)
+
+    def csrf_ok(self, sent: str | None) -> bool:
+        return sent is not None and _same(sent, self.csrf_token)
+
+
+def _same(given: str, expected: str) -> bool:
+    return hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8"))
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, guard: Guard, *, insecure_no_auth: bool) -> None:
+    """Refuse to serve a non-loopback address to anyone who asks."""
+    if is_loopback(host) or guard.required or insecure_no_auth:
+        return
+    raise ConfigurationError(
+        f"ratchet web --host {host}: not a loopback address, and no ratchet_web_auth is set; "
+        "set RATCHET_WEB_AUTH (user:password or a token), bind 127.0.0.1, or pass "
+        "--insecure-no-auth to let anyone who reaches the port act on the job store"
+    )

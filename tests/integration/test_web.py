@@ -1,0 +1,325 @@
+"""The dashboard as a WSGI application, called in-process: every page, each action, the CSRF
+refusal, auth, read-only mode and escaping of what the database holds."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+from click.testing import CliRunner
+
+from celery_ratchet.cli.main import cli
+from celery_ratchet.domain.batch import BatchKind, NewBatch
+from celery_ratchet.domain.job import JobStatus, Message, Settlement
+from celery_ratchet.domain.schedule import MasterSpec
+from celery_ratchet.runtime import recurring
+from celery_ratchet.store.batches import BatchStore
+from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.web.app import Dashboard
+from tests.conftest import empty_store
+from tests.helpers import new_job, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+HOSTILE = "<script>alert('x')</script>"
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: str
+
+
+def call(
+    app: Dashboard,
+    path: str,
+    *,
+    method: str = "GET",
+    form: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+) -> Answer:
+    path, _, query = path.partition("?")
+    data = urlencode(form or {}).encode()
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": method,
+        "PATH_INFO": path,
+        "QUERY_STRING": query,
+        "HTTP_HOST": "127.0.0.1:5580",
+        "SERVER_NAME": "localhost",
+        "CONTENT_LENGTH": str(len(data)),
+        "wsgi.input": io.BytesIO(data),
+    }
+    for name, value in (headers or {}).items():
+        environ["HTTP_" + name.upper().replace("-", "_")] = value
+    got: dict[str, Any] = {}
+
+    def start_response(status: str, response_headers: list[tuple[str, str]]) -> None:
+        got["status"] = int(status.split()[0])
+        got["headers"] = dict(response_headers)
+
+    body = b"".join(app(environ, start_response)).decode()
+    return Answer(got["status"], got["headers"], body)
+
+
+def post(app: Dashboard, path: str, **form: str) -> Answer:
+    return call(app, path, method="POST", form={"csrf": app.guard.csrf_token, **form})
+
+
+def hostile_message() -> Message:
+    body = json.dumps([[HOSTILE], {"note": HOSTILE}, {}]).encode()
+    headers = {"id": "bad-1", "task": "tests.fail", "retries": 0}
+    return Message(body, "application/json", "utf-8", json.dumps(headers), "{}")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> JobStore:
+    store = empty_store(f"sqlite:///{tmp_path / 'web.db'}")
+    store.enqueue_many(
+        [
+            new_job("ok-1"),
+            replace(new_job("bad-1", task="tests.fail"), message=hostile_message()),
+            new_job("waiting", queue="slow"),
+            replace(new_job("child-1"), group_id="batch-1"),
+            new_job("pay-1", resource="payments"),
+        ]
+    )
+    claimed = {j.job_id: j for j in store.claim("node-1", ["celery"], 10)}
+    store.claim_for_resource("node-1", ["celery"], "payments", 2, 10)
+    store.settle(
+        [
+            Settlement("ok-1", claimed["ok-1"].token, JobStatus.SUCCEEDED),
+            Settlement(
+                "bad-1",
+                claimed["bad-1"].token,
+                JobStatus.FAILED,
+                error=json.dumps({"exc_type": "ValueError", "exc_message": [HOSTILE]}),
+                traceback=f"Traceback: {HOSTILE}",
+            ),
+        ]
+    )
+    store.add_log("ok-1", "INFO", "hello from the task")
+    BatchStore(store).open(NewBatch("batch-1", BatchKind.GROUP, None, name=HOSTILE))
+    recurring.register(
+        store,
+        "nightly",
+        MasterSpec("cron:0 0 3 * * ?", "Europe/Berlin"),
+        task_name="tests.tick",
+        priority=4,
+        message=new_job("t").message,
+    )
+    store.register_node("node-1", "host-a", 4242, ["celery"], 4)
+    return store
+
+
+def test_every_page_answers_and_shows_what_the_store_holds(store: JobStore) -> None:
+    app = Dashboard(store)
+    overview = call(app, "/")
+    assert overview.status == 200
+    assert "<svg" in overview.body and "1 min ago: 2" in overview.body
+    assert re.search(r">failed</a></td><td>1<", overview.body, re.IGNORECASE)
+    jobs = call(app, "/jobs?status=FAILED")
+    assert "bad-1" in jobs.body and "ok-1" not in jobs.body
+    job = call(app, "/job?id=ok-1")
+    assert "hello from the task" in job.body and "batch" not in job.body.split("<h1>")[1][:10]
+    assert "batch-1" in call(app, "/job?id=child-1").body
+    dlq = call(app, "/dlq")
+    assert "bad-1" in dlq.body and "ValueError" in dlq.body
+    schedules = call(app, "/schedules")
+    assert "nightly" in schedules.body and "Europe/Berlin" in schedules.body
+    assert len(re.findall(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", schedules.body)) >= 5
+    batches = call(app, "/batches")
+    assert "batch-1" in batches.body and 'role="progressbar"' in batches.body
+    batch = call(app, "/batch?id=batch-1")
+    assert "<td>RUNNING</td><td>1</td>" in batch.body
+    resources = call(app, "/resources")
+    assert "payments" in resources.body and "pay-1" in resources.body
+    nodes = call(app, "/nodes")
+    assert "host-a" in nodes.body and "4242" in nodes.body
+    assert call(app, "/job?id=nobody").status == 404
+    assert call(app, "/jobs?status=nonsense").status == 400
+
+
+def test_keyset_pages_of_the_jobs_list(store: JobStore) -> None:
+    store.enqueue_many([new_job(f"many-{i:03}") for i in range(120)])
+    app = Dashboard(store)
+    first = call(app, "/jobs")
+    older = re.search(r'href="(/jobs\?before=[^"]+)"', first.body)
+    assert older is not None and "many-119" in first.body
+    second = call(app, older.group(1).replace("&amp;", "&"))
+    assert "many-069" in second.body and "many-119" not in second.body
+
+
+def test_what_the_database_holds_is_shown_as_text_never_as_markup(store: JobStore) -> None:
+    app = Dashboard(store)
+    for path in ("/job?id=bad-1", "/dlq", "/batches", "/batch?id=batch-1", "/jobs"):
+        answer = call(app, path)
+        assert HOSTILE not in answer.body, path
+        assert "<script" not in answer.body, path
+    assert "&lt;script&gt;" in call(app, "/job?id=bad-1").body
+    assert "script-src" not in call(app, "/").headers["Content-Security-Policy"]
+
+
+def test_an_action_without_the_csrf_token_is_refused(store: JobStore) -> None:
+    app = Dashboard(store)
+    refused = call(app, "/dlq/retry", method="POST", form={"job_id": "bad-1"})
+    assert refused.status == 403
+    wrong = call(app, "/dlq/retry", method="POST", form={"job_id": "bad-1", "csrf": "guess"})
+    assert wrong.status == 403
+    assert store.result("bad-1").status is JobStatus.FAILED  # type: ignore[union-attr]
+    assert call(app, "/dlq/retry?job_id=bad-1").status == 404  # no action by GET
+
+
+def test_retry_from_the_dead_letters_requeues_the_job(store: JobStore) -> None:
+    app = Dashboard(store)
+    assert f'name="csrf" value="{app.guard.csrf_token}"' in call(app, "/dlq").body
+    done = post(app, "/dlq/retry", job_id="bad-1")
+    assert done.status == 303 and done.headers["Location"].startswith("/dlq?note=requeued+1")
+    assert store.result("bad-1").status is JobStatus.PENDING  # type: ignore[union-attr]
+
+
+def test_purge_and_retry_all_of_a_task_ask_first(store: JobStore) -> None:
+    app = Dashboard(store)
+    asked = post(app, "/dlq/retry-task", task="tests.fail")
+    assert asked.status == 200 and 'name="confirmed" value="yes"' in asked.body
+    assert store.result("bad-1").status is JobStatus.FAILED  # type: ignore[union-attr]
+    assert post(app, "/dlq/purge", job_id="bad-1").status == 200
+    assert store.result("bad-1") is not None
+    assert post(app, "/dlq/purge", job_id="bad-1", confirmed="yes").status == 303
+    assert store.result("bad-1") is None
+
+
+def test_a_schedule_is_paused_resumed_and_removed_from_the_page(store: JobStore) -> None:
+    app = Dashboard(store)
+
+    def status() -> str:
+        [master] = [m for m in store.list_masters(include_cancelled=True)]
+        return str(master["status"])
+
+    assert post(app, "/schedules/pause", key="nightly").status == 303
+    assert status() == JobStatus.PAUSED.value
+    assert ">resume<" in call(app, "/schedules").body
+    assert post(app, "/schedules/pause", key="nightly").status == 409
+    assert post(app, "/schedules/resume", key="nightly").status == 303
+    assert status() == JobStatus.PENDING.value
+    assert post(app, "/schedules/remove", key="nightly").status == 200  # asks first
+    assert post(app, "/schedules/remove", key="nightly", confirmed="yes").status == 303
+    assert status() == JobStatus.REVOKED.value
+
+
+def test_read_only_shows_no_action_and_refuses_them(store: JobStore) -> None:
+    app = Dashboard(store, read_only=True)
+    page = call(app, "/dlq").body
+    assert "bad-1" in page and "<form" not in page.split("</header>")[1].replace(
+        '<form method="get"', ""
+    )
+    assert post(app, "/dlq/retry", job_id="bad-1").status == 403
+    assert store.result("bad-1").status is JobStatus.FAILED  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("auth", ["admin:s3cret", "a-token-of-ours"])
+def test_with_auth_on_anonymous_gets_401(store: JobStore, auth: str) -> None:
+    app = Dashboard(store, auth=auth)
+    anonymous = call(app, "/")
+    assert anonymous.status == 401 and "Basic" in anonymous.headers["WWW-Authenticate"]
+    user = auth if ":" in auth else f"any:{auth}"
+    basic = "Basic " + base64.b64encode(user.encode()).decode()
+    assert call(app, "/", headers={"Authorization": basic}).status == 200
+    wrong = "Basic " + base64.b64encode(b"admin:wrong").decode()
+    assert call(app, "/", headers={"Authorization": wrong}).status == 401
+    if ":" not in auth:
+        assert call(app, "/", headers={"Authorization": f"Bearer {auth}"}).status == 200
+
+
+def test_without_auth_another_sites_host_name_is_refused(store: JobStore) -> None:
+    app = Dashboard(store)
+    assert call(app, "/", headers={"Host": "evil.example:5580"}).status == 403
+    assert call(app, "/", headers={"Host": "localhost:5580"}).status == 200
+    assert call(app, "/", headers={"Host": "[::1]:5580"}).status == 200
+    served_on_purpose = Dashboard(store, loopback_names_only=False)
+    assert call(served_on_purpose, "/", headers={"Host": "10.1.2.3:5580"}).status == 200
+
+
+def test_a_non_loopback_host_without_auth_is_refused_with_exit_2(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'web.db'}"
+    empty_store(url)
+    result = CliRunner().invoke(cli, ["--url", url, "web", "--host", "0.0.0.0"])
+    assert result.exit_code == 2
+    assert "RATCHET_WEB_AUTH" in result.output and "--insecure-no-auth" in result.output
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_ratchet_web_serves_over_http_and_refuses_a_post_without_its_token(store: JobStore) -> None:
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "celery_ratchet.cli.main", "--url", store.url, "web",
+         "--port", str(port)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+
+        def answers() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/dlq", timeout=5) as got:
+                    return got.status == 200 and b"bad-1" in got.read()
+            except (urllib.error.URLError, ConnectionError):
+                return False
+
+        wait_until(answers, 30, "ratchet web to answer")
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/dlq/retry", data=b"job_id=bad-1", method="POST"
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code == 403
+    finally:
+        process.terminate()
+        output = process.communicate(timeout=30)[0].decode()
+    assert f"http://127.0.0.1:{port}/" in output
+
+
+def test_a_schedule_shows_its_last_fire_from_the_occurrence_the_store_holds(
+    store: JobStore,
+) -> None:
+    recurring.register(
+        store,
+        "hourly",
+        MasterSpec("cron:0 0 * * * ?", "UTC"),
+        task_name="tests.tick",
+        priority=4,
+        message=new_job("t").message,
+    )
+    [master] = [m for m in store.list_masters() if m["business_key"] == "hourly"]
+    fired = master["scheduled_time"] - timedelta(hours=1)
+    occurrence = recurring.occurrence_id(master["job_id"], fired)
+    store.enqueue(new_job(occurrence))
+    page = call(Dashboard(store), "/schedules").body
+    row = next(r for r in page.split("<tr>") if "hourly" in r)
+    assert occurrence.replace("+", "%2B").replace(":", "%3A").replace("@", "%40") in row
+    assert "PENDING" in row
+    nightly = next(r for r in page.split("<tr>") if "nightly" in r)
+    assert "—" in nightly
+
+
+def test_an_unreachable_store_is_a_503_with_the_password_masked() -> None:
+    unreachable = JobStore("postgresql://ops:hunter2@127.0.0.1:1/shop", create_schema=False)
+    answer = call(Dashboard(unreachable), "/")
+    assert answer.status == 503
+    assert "hunter2" not in answer.body and "127.0.0.1" in answer.body
