@@ -165,7 +165,7 @@ def is_ratchet_app(app: Celery) -> bool:
 
 def install(app: Celery) -> Celery:
     """Make ``app`` send to and run from its job store. Idempotent; ``task_cls`` does this."""
-    from celery_ratchet.celery import batches, housekeeping, retry, workflows
+    from celery_ratchet.celery import batches, flower, housekeeping, retry, workflows
     from celery_ratchet.celery.consumer import JobConsumer
     from celery_ratchet.celery.sender import follow_held_keys
 
@@ -188,6 +188,7 @@ def install(app: Celery) -> Celery:
         batches.register_tasks(app)
         workflows.register_tasks(app)
         _connect_worker_signals()
+        flower.connect()
         if app.configured:
             apply_defaults(app)
         else:
