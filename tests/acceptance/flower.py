@@ -80,6 +80,15 @@ class FlowerProcess:
         assert status == 200, f"{method} {path}: {status} {body}"
         return json.loads(body)
 
+    def wait_for_events_of(self, node: str) -> None:
+        """Until Flower reads the worker's events (its heartbeats): the tasks sent after this
+        show with every event of theirs."""
+        wait_until(
+            lambda: self.json("GET", "/api/workers?status=true").get(node) is True,
+            PATIENCE,
+            f"Flower to read {node}'s events",
+        )
+
     def task_state(self, task_id: str) -> str | None:
         """The task's state as Flower's task list has it (from the events it read)."""
         state: str | None = self.json("GET", "/api/tasks").get(task_id, {}).get("state")

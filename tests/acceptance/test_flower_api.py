@@ -33,6 +33,7 @@ def test_flower_api_on_a_ratchet_app(ratchet_app: Celery, cluster: Cluster, tmp_
             assert "acc.double" in worker["registered"]
             assert [q["name"] for q in worker["active_queues"]] == ["celery"]
 
+            flower.wait_for_events_of(node)
             done = ratchet_app.tasks["acc.double"].delay(21)
             assert done.get(timeout=PATIENCE) == 42
             wait_until(
@@ -40,6 +41,8 @@ def test_flower_api_on_a_ratchet_app(ratchet_app: Celery, cluster: Cluster, tmp_
                 PATIENCE,
                 "Flower to list the task from its events",
             )
+            listed = flower.json("GET", f"/api/task/info/{done.id}")
+            assert listed["name"] == "acc.double" and listed["worker"] == node
 
             limit = flower.json(
                 "POST", f"/api/task/rate-limit/acc.double?workername={node}&ratelimit=10/m"
