@@ -66,8 +66,8 @@ class FlowerProcess:
         except OSError:
             return False
 
-    def request(self, method: str, path: str) -> tuple[int, str]:
-        data = b"" if method == "POST" else None
+    def request(self, method: str, path: str, body: Any = None) -> tuple[int, str]:
+        data = json.dumps(body).encode() if body is not None else b"" if method == "POST" else None
         call = urllib.request.Request(self.base + path, data=data, method=method)
         try:
             with urllib.request.urlopen(call, timeout=30) as answer:
@@ -75,10 +75,10 @@ class FlowerProcess:
         except urllib.error.HTTPError as refused:
             return refused.code, refused.read().decode()
 
-    def json(self, method: str, path: str) -> Any:
-        status, body = self.request(method, path)
-        assert status == 200, f"{method} {path}: {status} {body}"
-        return json.loads(body)
+    def json(self, method: str, path: str, body: Any = None) -> Any:
+        status, answer = self.request(method, path, body)
+        assert status == 200, f"{method} {path}: {status} {answer}"
+        return json.loads(answer)
 
     def wait_for_events_of(self, node: str) -> None:
         """Until Flower reads the worker's events (its heartbeats): the tasks sent after this

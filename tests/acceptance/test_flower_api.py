@@ -1,7 +1,7 @@
 """Flower started as ``celery -A app flower`` (no broker, no ``--broker``) on a ratchet app with
 a real worker: its HTTP API sees the worker through the store (inspect), lists the tasks it ran
-from the events Redis, sets rate limits, reads queue lengths from the store, and its revoke
-with terminate ends a running job as REVOKED."""
+from the events Redis, sets rate and time limits, adds a consumer, sends a task, reads queue
+lengths from the store, and its revoke with terminate ends a running job as REVOKED."""
 
 from __future__ import annotations
 
@@ -11,10 +11,21 @@ import pytest
 from celery import Celery
 
 from tests.acceptance.conftest import Cluster
-from tests.acceptance.flower import PATIENCE, flower_running, require_flower, start_watched_worker
+from tests.acceptance.flower import (
+    PATIENCE,
+    FlowerProcess,
+    flower_running,
+    require_flower,
+    start_watched_worker,
+)
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
+
+
+def consumed_queues(flower: FlowerProcess, node: str) -> list[str]:
+    worker = flower.json("GET", f"/api/workers?refresh=1&workername={node}")[node]
+    return [queue["name"] for queue in worker["active_queues"]]
 
 
 @pytest.mark.parametrize("dialect", ["postgresql"], indirect=True)
@@ -31,7 +42,7 @@ def test_flower_api_on_a_ratchet_app(ratchet_app: Celery, cluster: Cluster, tmp_
             worker = flower.json("GET", f"/api/workers?refresh=1&workername={node}")[node]
             assert worker["stats"]["pool"]["max-concurrency"] == 1
             assert "acc.double" in worker["registered"]
-            assert [q["name"] for q in worker["active_queues"]] == ["celery"]
+            assert consumed_queues(flower, node) == ["celery"]
 
             flower.wait_for_events_of(node)
             done = ratchet_app.tasks["acc.double"].delay(21)
@@ -49,6 +60,20 @@ def test_flower_api_on_a_ratchet_app(ratchet_app: Celery, cluster: Cluster, tmp_
             )
             assert limit == {"message": "new rate limit set successfully"}
 
+            limits = flower.json(
+                "POST", f"/api/task/timeout/acc.double?workername={node}&soft=30&hard=60"
+            )
+            assert limits == {"message": "time limits set successfully"}
+            added = flower.json("POST", f"/api/worker/queue/add-consumer/{node}?queue=reports")
+            assert added == {"message": "add consumer reports"}
+            wait_until(
+                lambda: "reports" in consumed_queues(flower, node),
+                PATIENCE,
+                "the worker to consume from reports",
+            )
+            sent = flower.json("POST", "/api/task/async-apply/acc.double", {"args": [5]})
+            assert ratchet_app.AsyncResult(sent["task-id"]).get(timeout=PATIENCE) == 10
+
             running = ratchet_app.tasks["acc.sleep"].delay("flower-api", 600)
             wait_until(
                 lambda: flower.task_state(running.id) == "STARTED",
@@ -57,7 +82,8 @@ def test_flower_api_on_a_ratchet_app(ratchet_app: Celery, cluster: Cluster, tmp_
             )
             # The worker's one process is busy: these wait (claimed ahead, or still pending).
             waiting = [ratchet_app.tasks["acc.double"].delay(n) for n in range(3)]
-            (celery,) = flower.json("GET", "/api/queues/length")["active_queues"]
+            lengths = flower.json("GET", "/api/queues/length")["active_queues"]
+            (celery,) = [queue for queue in lengths if queue["name"] == "celery"]
             assert celery["name"] == "celery" and celery["messages"] == 4
             assert celery["messages_ready"] + celery["messages_unacknowledged"] == 4
             assert celery["messages_unacknowledged"] >= 1
