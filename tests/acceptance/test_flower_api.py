@@ -1,7 +1,8 @@
 """Flower started as ``celery -A app flower`` (no broker, no ``--broker``) on a ratchet app with
 a real worker: its HTTP API sees the worker through the store (inspect), lists the tasks it ran
 from the events Redis, sets rate and time limits, adds a consumer, sends a task, reads queue
-lengths from the store, and its revoke with terminate ends a running job as REVOKED."""
+lengths from the store, grows and shrinks the pool, ends a running job as REVOKED with a revoke
+with terminate, and stops the worker with its shutdown."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def consumed_queues(flower: FlowerProcess, node: str) -> list[str]:
 @pytest.mark.parametrize("dialect", ["postgresql"], indirect=True)
 def test_flower_api_on_a_ratchet_app(ratchet_app: Celery, cluster: Cluster, tmp_path: Path) -> None:
     require_flower()
-    _, node = start_watched_worker(cluster)
+    worker, node = start_watched_worker(cluster)
     try:
         with flower_running(ratchet_app, tmp_path) as flower:
             wait_until(
@@ -39,9 +40,9 @@ def test_flower_api_on_a_ratchet_app(ratchet_app: Celery, cluster: Cluster, tmp_
                 PATIENCE,
                 "Flower to see the worker through inspect",
             )
-            worker = flower.json("GET", f"/api/workers?refresh=1&workername={node}")[node]
-            assert worker["stats"]["pool"]["max-concurrency"] == 1
-            assert "acc.double" in worker["registered"]
+            seen = flower.json("GET", f"/api/workers?refresh=1&workername={node}")[node]
+            assert seen["stats"]["pool"]["max-concurrency"] == 1
+            assert "acc.double" in seen["registered"]
             assert consumed_queues(flower, node) == ["celery"]
 
             flower.wait_for_events_of(node)
@@ -92,6 +93,14 @@ def test_flower_api_on_a_ratchet_app(ratchet_app: Celery, cluster: Cluster, tmp_
             assert answer == {"message": f"Revoked '{running.id}'"}
             wait_until(lambda: running.state == "REVOKED", PATIENCE, "the job to be REVOKED")
             assert [job.get(timeout=PATIENCE) for job in waiting] == [0, 2, 4]
+
+            grown = flower.json("POST", f"/api/worker/pool/grow/{node}?n=1")
+            assert grown == {"message": f"Growing '{node}' worker's pool by 1"}
+            shrunk = flower.json("POST", f"/api/worker/pool/shrink/{node}?n=1")
+            assert shrunk == {"message": f"Shrinking '{node}' worker's pool by 1"}
+            stopping = flower.json("POST", f"/api/worker/shutdown/{node}")
+            assert stopping == {"message": "Shutting down!"}
+            assert worker.process.wait(PATIENCE) == 0
     except Exception:
         print(cluster.logs())
         raise

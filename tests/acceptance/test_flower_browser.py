@@ -69,13 +69,18 @@ def test_flower_in_a_browser(
             assert "acc.double" in page.inner_text("#tasks-table")
 
             wait_until(
-                lambda: node in flower.json("GET", "/api/workers"), PATIENCE, "Flower's worker"
+                lambda: node in flower.json("GET", "/api/workers?refresh=1"),
+                PATIENCE,
+                "the worker to answer Flower's inspect",
             )
             page.goto(f"{flower.base}/worker/{node}")
             assert page.inner_text("#workername") == node
             assert "concurrency" in page.inner_text("#tab-pool").lower()
             assert "celery" in page.inner_text("#worker-queues", timeout=PAGE_PATIENCE)
             assert page.locator("#tab-limits").get_by_text("acc.sleep").count() >= 1
+
+            page.goto(f"{flower.base}/broker")
+            assert "celery" in page.inner_text("#queue-table")
 
             running = ratchet_app.tasks["acc.sleep"].delay("flower-browser", 600)
             wait_until(
