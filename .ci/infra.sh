@@ -3,9 +3,10 @@
 # (tests/acceptance/test_pgbouncer.py), PostgreSQL server binaries with pg_basebackup
 # (test_failover.py), MariaDB's Galera provider with rsync for state transfer
 # (test_galera.py), and Quartz 2.3.2 with a JDK for the live cron comparison
-# (tests/unit/test_cron_quartz.py), and Debian's chromium for the dashboard's browser test
-# (tests/acceptance/test_web_browser.py; never a downloaded browser). Idempotent: installs only
-# what is missing, and never starts or reconfigures a system service. Under CI=true anything it cannot provide fails the run.
+# (tests/unit/test_cron_quartz.py), and Debian's chromium for the dashboard's and Flower's browser
+# tests (tests/acceptance/test_web_browser.py, test_flower_browser.py; never a downloaded browser).
+# Idempotent: installs only what is missing, and never starts or reconfigures a system service.
+# Under CI=true anything it cannot provide fails the run.
 set -euo pipefail
 
 missing=()
@@ -52,6 +53,6 @@ if ! mariadbd --verbose --help 2>/dev/null | grep -q '^wsrep-provider'; then
 fi
 [ -f /usr/share/java/quartz2.jar ] || fail "Quartz is still missing (package libquartz2-java)"
 { have java && have javac; } || fail "java/javac are missing (package default-jdk-headless)"
-have mariadb-install-db || fail "mariadb-install-db is missing (package mariadb-server)"
 [ -x /usr/bin/chromium ] || fail "chromium is still missing (package chromium)"
+have mariadb-install-db || fail "mariadb-install-db is missing (package mariadb-server)"
 echo "infra: pgbouncer $(pgbouncer --version 2>/dev/null | head -1 | awk '{print $2}'), galera-4, Quartz, chromium, PostgreSQL and MariaDB binaries ready"

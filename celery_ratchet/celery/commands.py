@@ -11,9 +11,9 @@ from typing import Any
 import click
 from celery import concurrency
 
-from celery_ratchet.celery.install import install, is_ratchet_app
+from celery_ratchet.celery.install import install
 from celery_ratchet.celery.recurring import describe_beat_entry, register_beat_entry
-from celery_ratchet.celery.state import ratchet_state
+from celery_ratchet.celery.state import is_ratchet_app, ratchet_state
 from celery_ratchet.cli.commands import CliContext, CommandFailed, RatchetGroup, add_commands
 from celery_ratchet.errors import RatchetError
 

@@ -9,33 +9,20 @@ from typing import Any
 
 from celery import Celery, signals
 from celery.app import utils as celery_app_utils
-from celery.utils.imports import symbol_by_name
 
-from celery_ratchet.celery import batches, housekeeping, retry, workflows
+from celery_ratchet.celery import batches, flower, housekeeping, retry, workflows
 from celery_ratchet.celery.consumer import JobConsumer
 from celery_ratchet.celery.message import safe_accept
 from celery_ratchet.celery.sender import follow_held_keys
 from celery_ratchet.celery.state import (
     INSTALL_LOCK,
     NO_BROKER,
-    has_state,
     is_installed,
+    is_ratchet_app,
     ratchet_state,
 )
 from celery_ratchet.errors import ConfigurationError
 from celery_ratchet.store.redact import mask_url
-
-
-def is_ratchet_app(app: Celery) -> bool:
-    if has_state(app):
-        return True
-    try:
-        task_cls = symbol_by_name(app.task_cls)
-    except Exception:
-        return False
-    # By the class's mark, not issubclass: the task class installs its app, so this module
-    # cannot import it.
-    return isinstance(task_cls, type) and getattr(task_cls, "ratchet_installs_app", False) is True
 
 
 def install(app: Celery) -> Celery:
@@ -59,6 +46,7 @@ def install(app: Celery) -> Celery:
         batches.register_tasks(app)
         workflows.register_tasks(app)
         _connect_worker_signals()
+        flower.connect()
         if app.configured:
             apply_defaults(app)
         else:

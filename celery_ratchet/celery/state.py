@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 from celery import Celery
+from celery.utils.imports import symbol_by_name
 
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.batches import BatchStore
@@ -146,6 +147,18 @@ def has_state(app: Celery) -> bool:
 def is_installed(app: Celery) -> bool:
     """Whether ratchet is installed on ``app`` (its sends go to the store)."""
     return bool(app.__dict__.get("_ratchet_installed", False))
+
+
+def is_ratchet_app(app: Celery) -> bool:
+    if has_state(app):
+        return True
+    try:
+        task_cls = symbol_by_name(app.task_cls)
+    except Exception:
+        return False
+    # By the class's mark, not issubclass: the task class installs its app, so this module
+    # cannot import it.
+    return isinstance(task_cls, type) and getattr(task_cls, "ratchet_installs_app", False) is True
 
 
 def ratchet_state(app: Celery) -> RatchetState:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from celery import Celery, group
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.store.jobstore import JobStore
 from tests.acceptance.conftest import Cluster, side_effects
