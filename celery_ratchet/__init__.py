@@ -23,7 +23,7 @@ _EXPORTS = {
     "bulk": "celery_ratchet.celery.sender",
     "transaction": "celery_ratchet.celery.sender",
     "job_logger": "celery_ratchet.celery.housekeeping",
-    "batch": "celery_ratchet.celery.batches",
+    "batch": "celery_ratchet.celery.batch_builder",
     "workflow": "celery_ratchet.celery.workflows",
     "predicate": "celery_ratchet.celery.workflows",
     "recurring": "celery_ratchet.celery.recurring",
