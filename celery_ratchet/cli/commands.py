@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from celery_ratchet.domain.batch import BatchKind, BatchState, BatchSummary
+from celery_ratchet.domain.batch import BatchKind, BatchState, BatchSummary, shown_value
 from celery_ratchet.domain.cron import CronExpression
 from celery_ratchet.domain.job import JobStatus, error_record, shown_status
 from celery_ratchet.errors import RatchetError
@@ -285,9 +285,9 @@ _BATCH_COLUMNS = [
 def _batch_row(summary: BatchSummary) -> dict[str, Any]:
     return {
         "batch_id": summary.batch_id,
-        "kind": summary.kind.value,
+        "kind": shown_value(summary.kind),
         "name": summary.name,
-        "state": summary.state.value,
+        "state": shown_value(summary.state),
         "done": summary.done,
         "total": summary.total,
         "written": summary.written if summary.kind is BatchKind.STREAM else summary.total,

@@ -112,7 +112,8 @@ class Dashboard:
             return self._send(start_response, "503 Service Unavailable", self._error(message))
         except Exception as exc:
             # Neither the message nor the traceback's locals: either may hold row contents.
-            where = traceback.extract_tb(exc.__traceback__)[-1]
+            frames = traceback.extract_tb(exc.__traceback__)
+            where = ([f for f in frames if "celery_ratchet" in f.filename] or frames)[-1]
             logger.error(
                 "ratchet web: %s %s failed: %s at %s:%s",
                 method, path, type(exc).__name__, where.filename, where.lineno,

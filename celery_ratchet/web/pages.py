@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from celery_ratchet.domain.batch import BatchState
+from celery_ratchet.domain.batch import BatchState, shown_value
 from celery_ratchet.domain.job import JobStatus, parse_status, shown_status
 from celery_ratchet.runtime import recurring
 from celery_ratchet.runtime.dlq import DeadLetterQueue
@@ -302,9 +302,9 @@ def batches(view: View, query: Mapping[str, list[str]]) -> str:
     rows = [
         [
             link("/batch", b.batch_id, id=b.batch_id),
-            esc(b.kind.value),
+            esc(shown_value(b.kind)),
             esc(b.name),
-            esc(b.state.value),
+            esc(shown_value(b.state)),
             f"{esc(b.done)} / {esc(b.total if b.total is not None else '?')}",
             esc(b.failed),
             bar(b.percent_done, bad=b.failed > 0),
@@ -330,9 +330,9 @@ def batch(view: View, query: Mapping[str, list[str]]) -> str:
         fields(
             {
                 "batch": b.batch_id,
-                "kind": b.kind.value,
+                "kind": shown_value(b.kind),
                 "name": b.name,
-                "state": b.state.value,
+                "state": shown_value(b.state),
                 "done": b.done,
                 "total": b.total,
                 "failed": b.failed,
