@@ -60,6 +60,7 @@ def _status(url: str, data: bytes | None = None) -> int:
         with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=10) as got:
             return int(got.status)
     except urllib.error.HTTPError as exc:
+        exc.close()  # the error holds the response's socket
         return int(exc.code)
 
 

@@ -292,6 +292,7 @@ def test_ratchet_web_serves_over_http_and_refuses_a_post_without_its_token(store
         )
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=5)
+        refused.value.close()  # the error holds the response's socket
         assert refused.value.code == 403
     finally:
         process.terminate()
