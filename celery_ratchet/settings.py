@@ -176,7 +176,19 @@ class RatchetSettings:
     batch_stream_lease_seconds: float = 60.0
     #: ``ratchet web``: ``user:password`` (HTTP basic) or a token (``Authorization: Bearer``);
     #: unset, the dashboard asks no one, and binds only a loopback address.
-    web_auth: str | None = None
+    web_auth: str | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        # URLs with their passwords masked; web_auth (repr=False) not at all.
+        shown = []
+        for f in fields(self):
+            if not f.repr:
+                continue
+            value = getattr(self, f.name)
+            if f.name.endswith("url") and isinstance(value, str):
+                value = mask_password(value, whole=True)
+            shown.append(f"{f.name}={value!r}")
+        return f"RatchetSettings({', '.join(shown)})"
 
     @property
     def wakeups_by_notify(self) -> bool:

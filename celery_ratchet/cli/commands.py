@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from celery_ratchet.domain.batch import BatchKind, BatchState, BatchSummary
+from celery_ratchet.domain.batch import BatchKind, BatchState, BatchSummary, shown_value
 from celery_ratchet.domain.cron import CronExpression
 from celery_ratchet.domain.job import JobStatus, error_record, shown_status
 from celery_ratchet.errors import RatchetError
@@ -285,9 +285,9 @@ _BATCH_COLUMNS = [
 def _batch_row(summary: BatchSummary) -> dict[str, Any]:
     return {
         "batch_id": summary.batch_id,
-        "kind": summary.kind.value,
+        "kind": shown_value(summary.kind),
         "name": summary.name,
-        "state": summary.state.value,
+        "state": shown_value(summary.state),
         "done": summary.done,
         "total": summary.total,
         "written": summary.written if summary.kind is BatchKind.STREAM else summary.total,
@@ -539,23 +539,38 @@ def archive(cli: CliContext, days: float | None, batch_size: int | None) -> None
     is_flag=True,
     help="Serve a non-loopback --host without ratchet_web_auth (anyone reaching it may act).",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="A Host name to answer besides the bound address (repeatable; e.g. the name a "
+    "proxy or DNS gives this machine).",
+)
 @pass_cli
-def web(cli: CliContext, host: str, port: int, read_only: bool, insecure_no_auth: bool) -> None:
+def web(
+    cli: CliContext,
+    host: str,
+    port: int,
+    read_only: bool,
+    insecure_no_auth: bool,
+    allowed_hosts: tuple[str, ...],
+) -> None:
     """Serve the dashboard: queues, jobs, dead letters, schedules, batches, resources, nodes.
 
     Credentials: RATCHET_WEB_AUTH (or the app's ratchet_web_auth), user:password for HTTP
     basic auth or a token; without them, only a loopback address is served."""
     from celery_ratchet.web.app import Dashboard
-    from celery_ratchet.web.guard import Guard, check_bind, is_loopback
+    from celery_ratchet.web.guard import Guard, HostAllowlist, check_bind
     from celery_ratchet.web.server import make
 
     auth = cli.web_auth()
     check_bind(host, Guard(auth), insecure_no_auth=insecure_no_auth)
-    dashboard = Dashboard(
-        cli.store, auth=auth, read_only=read_only, loopback_names_only=is_loopback(host)
-    )
+    hosts = HostAllowlist.for_bind(host, allowed_hosts)
+    dashboard = Dashboard(cli.store, auth=auth, read_only=read_only, hosts=hosts)
     server = make(host, port, dashboard)
-    shown_host = f"[{host}]" if ":" in host else host
+    bare = host.strip("[]")
+    shown_host = f"[{bare}]" if ":" in bare else bare
     click.echo(
         f"ratchet web on http://{shown_host}:{server.server_port}/ for {mask_url(cli.store.url)}"
         f"{' (read-only)' if read_only else ''}{'' if auth else ' (no auth)'}; Ctrl-C stops"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 
 class BatchKind(str, enum.Enum):
@@ -58,9 +59,10 @@ FAILED_STATES = frozenset({"FAILURE", "REVOKED"})
 @dataclass(frozen=True)
 class BatchSummary:
     batch_id: str
-    kind: BatchKind
+    #: A kind or state this version does not know stays its text (see :func:`parse_known`).
+    kind: BatchKind | str
     name: str | None
-    state: BatchState
+    state: BatchState | str
     total: int | None
     done: int
     failed: int
@@ -74,6 +76,20 @@ class BatchSummary:
         if not self.total and self.state is not BatchState.OPEN:
             return 100.0
         return percent_done(self.done, self.total)
+
+
+def parse_known(kind: type[enum.Enum], text: str) -> Any:
+    """A stored kind or state (``BatchKind``, ``BatchState``); one this version does not know
+    (a row written by hand, by another tool or a newer version) stays its text."""
+    try:
+        return kind(text)
+    except ValueError:
+        return str(text)
+
+
+def shown_value(value: enum.Enum | str) -> str:
+    """A kind or state as listings print it; an unknown one says so."""
+    return str(value.value) if isinstance(value, enum.Enum) else f"UNKNOWN({value})"
 
 
 def abandoned_stream_error(written: int) -> str:

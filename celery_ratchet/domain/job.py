@@ -51,6 +51,21 @@ def shown_status(status: JobStatus | str) -> str:
     return status.value if isinstance(status, JobStatus) else f"UNKNOWN({status})"
 
 
+class Unreadable:
+    """A stored value this version cannot read: a timestamp column holding other text (on
+    SQLite nothing stops a hand-written row). Listings show ``unreadable`` in its cell and the
+    rest of the row as stored, as they show an unknown status."""
+
+    def __str__(self) -> str:
+        return "unreadable"
+
+    def __repr__(self) -> str:
+        return "UNREADABLE"
+
+
+UNREADABLE = Unreadable()
+
+
 class JobType(str, enum.Enum):
     SINGLE = "SINGLE"
     RECURRING = "RECURRING"
@@ -193,9 +208,10 @@ class JobSummary:
     status: JobStatus | str
     priority: int
     attempts: int
-    scheduled_time: datetime
-    created_at: datetime
-    finished_at: datetime | None
+    #: A timestamp that is no timestamp is :data:`UNREADABLE` (see :class:`Unreadable`).
+    scheduled_time: datetime | Unreadable
+    created_at: datetime | Unreadable
+    finished_at: datetime | Unreadable | None
     picked_by: str | None
     last_error: str | None = None
     business_key: str | None = None

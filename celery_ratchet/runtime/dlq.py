@@ -99,8 +99,9 @@ class DeadLetterQueue:
         shown = {}
         for letter in letters:
             state = states.get(letter.task_name)
+            finished = letter.finished_at if isinstance(letter.finished_at, datetime) else None
             shown[letter.job_id] = alert_shown(
-                letter.finished_at,
+                finished,
                 opened_at=state.opened_at if state else None,
                 first_opened_at=state.first_opened_at if state else None,
                 last_sent_at=state.last_sent_at if state else None,

@@ -3,12 +3,15 @@ Knows nothing of Celery; the message a master fires is built by the caller."""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from celery_ratchet.domain.job import SCHEDULES_QUEUE, JobStatus, JobType, Message, NewJob
 from celery_ratchet.domain.schedule import MasterSpec
 from celery_ratchet.store.jobstore import JobStore
+
+logger = logging.getLogger(__name__)
 
 MASTER_PREFIX = "recurring:"
 
@@ -104,31 +107,57 @@ def describe(store: JobStore, *, with_last_fire: bool = False) -> list[dict[str,
     ``with_last_fire``: also the last fire time whose occurrence the store holds."""
     rows = []
     for master in store.list_masters():
-        spec = MasterSpec.from_json(master["schedule_spec"])
-        if with_last_fire:
-            extra = {
-                "last_fire": last_fire(store, master["job_id"], spec, master["scheduled_time"])
-            }
-        else:
-            extra = {}
-        rows.append(
-            {
-                **extra,
-                "business_key": master["business_key"],
-                "task": master["task_name"],
-                "schedule": spec.schedule.partition(":")[2]
-                if spec.schedule.startswith("cron:")
-                else f"every {spec.schedule.partition(':')[2]} s",
-                "zone": spec.zone,
-                "misfire": spec.misfire,
-                "status": master["status"],
-                "next_fire": master["scheduled_time"],
-                "upcoming": upcoming(spec, master["scheduled_time"]),
-                "queue": spec.queue,
-                "tags": ",".join(spec.tags),
-            }
-        )
+        try:
+            row = _described(store, master, with_last_fire=with_last_fire)
+        except (ValueError, KeyError, TypeError) as exc:
+            # One stored spec this version cannot read (written by hand, by another tool or
+            # a newer version) is shown as unreadable, not a failed listing; not its text.
+            logger.warning(
+                "schedule %r: its stored spec is unreadable (%s)",
+                master["business_key"], type(exc).__name__,
+            )  # fmt: skip
+            row = _unreadable(master, with_last_fire=with_last_fire)
+        rows.append(row)
     return rows
+
+
+def _described(store: JobStore, master: dict[str, Any], *, with_last_fire: bool) -> dict[str, Any]:
+    spec = MasterSpec.from_json(master["schedule_spec"])
+    extra: dict[str, Any] = {}
+    if with_last_fire:
+        extra["last_fire"] = last_fire(store, master["job_id"], spec, master["scheduled_time"])
+    return {
+        **extra,
+        "business_key": master["business_key"],
+        "task": master["task_name"],
+        "schedule": spec.schedule.partition(":")[2]
+        if spec.schedule.startswith("cron:")
+        else f"every {spec.schedule.partition(':')[2]} s",
+        "zone": spec.zone,
+        "misfire": spec.misfire,
+        "status": master["status"],
+        "next_fire": master["scheduled_time"],
+        "upcoming": upcoming(spec, master["scheduled_time"]),
+        "queue": spec.queue,
+        "tags": ",".join(spec.tags),
+    }
+
+
+def _unreadable(master: dict[str, Any], *, with_last_fire: bool) -> dict[str, Any]:
+    unreadable = "unreadable"
+    return {
+        **({"last_fire": None} if with_last_fire else {}),
+        "business_key": master["business_key"],
+        "task": master["task_name"],
+        "schedule": unreadable,
+        "zone": unreadable,
+        "misfire": unreadable,
+        "status": master["status"],
+        "next_fire": master["scheduled_time"],
+        "upcoming": [],
+        "queue": unreadable,
+        "tags": "",
+    }
 
 
 def upcoming(spec: MasterSpec, next_fire: datetime, count: int = UPCOMING_SHOWN) -> list[datetime]:

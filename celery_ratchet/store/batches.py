@@ -28,6 +28,7 @@ from celery_ratchet.domain.batch import (
     BatchSummary,
     NewBatch,
     expected_children,
+    parse_known,
 )
 from celery_ratchet.domain.job import TERMINAL_STATUSES, JobStatus, NewJob
 from celery_ratchet.errors import StreamAbandoned
@@ -511,9 +512,9 @@ class BatchStore:
         return result
 
     def _summary(self, conn: Connection, row: Any) -> BatchSummary:
-        kind = BatchKind(row.kind)
+        kind: BatchKind | str = parse_known(BatchKind, row.kind)
         total = expected_children(row.total, row.added)
-        state = BatchState(row.state)
+        state: BatchState | str = parse_known(BatchState, row.state)
         if kind is BatchKind.GROUP:
             # A plain group's children report no parts: count their rows.
             finished = case((job.c.status.in_(_FINISHED), 1), else_=0)

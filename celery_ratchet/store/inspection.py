@@ -43,6 +43,12 @@ class Inspection:
         )
         return now
 
+    def job_exists(self, job_id: str) -> bool:
+        """Whether ``scheduler_job`` holds ``job_id`` (a page cursor must)."""
+        stmt = select(job.c.id).where(job.c.job_id == job_id)
+        found = self._run(lambda conn: conn.execute(stmt).first(), "the job was not read")
+        return found is not None
+
     def finished_per_minute(self, minutes: int = 60) -> list[int]:
         """Jobs that ended in each of the last ``minutes`` minutes by the database clock,
         oldest minute first. One statement of a count per minute, each a range of the

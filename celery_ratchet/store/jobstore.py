@@ -31,6 +31,7 @@ from sqlalchemy import (
     select,
     text,
     tuple_,
+    type_coerce,
     update,
 )
 from sqlalchemy.engine import Connection, Engine
@@ -106,6 +107,7 @@ from celery_ratchet.store.schema import (
     ACTIVE_KEY_INDEX,
     ACTIVE_KEY_WHERE,
     MYSQL_ACTIVE_KEY_COLUMN,
+    ListedDateTime,
     UTCDateTime,
     metadata,
     scheduler_group_result,
@@ -1893,9 +1895,9 @@ class JobStore:
                 job.c.status,
                 job.c.priority,
                 job.c.attempts,
-                job.c.scheduled_time,
-                job.c.created_at,
-                job.c.finished_at,
+                _listed(job.c.scheduled_time),
+                _listed(job.c.created_at),
+                _listed(job.c.finished_at),
                 job.c.picked_by,
                 job.c.last_error,
                 job.c.business_key,
@@ -2231,7 +2233,9 @@ class JobStore:
             .where(job.c.picked_by == n.c.node_id, job.c.status == JobStatus.RUNNING.value)
             .scalar_subquery()
         )
-        stmt = select(n, running.label("running")).order_by(n.c.started_at)
+        stamps = ("started_at", "heartbeat_ts")
+        columns = [_listed(c) if c.name in stamps else c for c in n.c]
+        stmt = select(*columns, running.label("running")).order_by(n.c.started_at)
         rows = self._run(lambda conn: conn.execute(stmt).all(), "nodes were not listed")
         return [r._asdict() for r in rows]
 
@@ -2327,6 +2331,11 @@ def _settled_values(status: JobStatus) -> dict[str, Any]:
 
 def _bytes(value: Any) -> bytes | None:
     return None if value is None else bytes(value)
+
+
+def _listed(column: Any) -> Any:
+    """A timestamp column as a listing reads it: one unreadable value is not a failed list."""
+    return type_coerce(column, ListedDateTime()).label(column.name)
 
 
 def _summary(row: Any) -> JobSummary:

@@ -23,6 +23,8 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
+from celery_ratchet.domain.job import UNREADABLE, Unreadable
+
 metadata = MetaData()
 
 _MYSQL = ("mysql", "mariadb")
@@ -56,6 +58,27 @@ class UTCDateTime(TypeDecorator[datetime]):
         if moment.tzinfo is None:
             return moment.replace(tzinfo=timezone.utc)
         return moment.astimezone(timezone.utc)
+
+
+class ListedDateTime(TypeDecorator[Any]):
+    """:class:`UTCDateTime` for listings (``type_coerce`` in a select): a value that is no
+    timestamp reads as :data:`~celery_ratchet.domain.job.UNREADABLE` instead of failing the
+    whole listing. Only SQLite can hold one (its column is text)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+    _stamp = UTCDateTime()
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(String())  # parsed here, where a failure is caught
+        return self._stamp.load_dialect_impl(dialect)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | Unreadable | None:
+        try:
+            return self._stamp.process_result_value(value, dialect)
+        except (ValueError, TypeError):
+            return UNREADABLE
 
 
 def _long_text() -> Any:

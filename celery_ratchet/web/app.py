@@ -8,6 +8,7 @@ Each action is the CLI's own operation: ``ratchet dlq retry`` / ``retry --task``
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -18,7 +19,7 @@ from celery_ratchet.runtime.dlq import DeadLetterQueue
 from celery_ratchet.settings import mask_password
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.web import pages
-from celery_ratchet.web.guard import Guard, is_loopback
+from celery_ratchet.web.guard import Guard, HostAllowlist
 from celery_ratchet.web.render import esc, page
 
 logger = logging.getLogger(__name__)
@@ -65,14 +66,15 @@ class Dashboard:
         *,
         auth: str | None = None,
         read_only: bool = False,
-        loopback_names_only: bool = True,
+        hosts: HostAllowlist | None = None,
     ) -> None:
-        """``loopback_names_only``: without auth, answer only requests addressed to a
-        loopback name (off when serving another address on purpose, --insecure-no-auth)."""
+        """``hosts``: the ``Host`` names answered (by default loopback names only), with
+        or without auth: another site's name resolved to this address (DNS rebinding)
+        is refused."""
         self.store = store
         self.guard = Guard(auth)
         self.read_only = read_only
-        self.loopback_names_only = loopback_names_only
+        self.hosts = hosts or HostAllowlist(frozenset(), loopback=True)
         self._actions: dict[str, Callable[[Query], tuple[str, str] | str]] = {
             "/dlq/retry": self._retry,
             "/dlq/retry-task": self._retry_task,
@@ -83,6 +85,11 @@ class Dashboard:
         }
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        answer = self._answer(environ, start_response)
+        # HEAD: the headers GET would send (Content-Length included), no body.
+        return [] if environ.get("REQUEST_METHOD") == "HEAD" else answer
+
+    def _answer(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "/") or "/"
         try:
@@ -103,16 +110,25 @@ class Dashboard:
             message = mask_password(str(exc))
             logger.warning("ratchet web: %s", message)
             return self._send(start_response, "503 Service Unavailable", self._error(message))
+        except Exception as exc:
+            # Neither the message nor the traceback's locals: either may hold row contents.
+            frames = traceback.extract_tb(exc.__traceback__)
+            where = ([f for f in frames if "celery_ratchet" in f.filename] or frames)[-1]
+            logger.error(
+                "ratchet web: %s %s failed: %s at %s:%s",
+                method, path, type(exc).__name__, where.filename, where.lineno,
+            )  # fmt: skip
+            message = "the page could not be made; the server's log says where it failed"
+            return self._send(start_response, "500 Internal Server Error", self._error(message))
 
     def _admit(self, environ: Mapping[str, Any]) -> None:
         if not self.guard.admits(environ):
             raise Refused("401 Unauthorized", "sign in: this dashboard asks for credentials")
-        if self.loopback_names_only and not self.guard.required:
-            # Without credentials, only a page the browser thinks is on this machine may talk
-            # to it: another site's name resolved to 127.0.0.1 (DNS rebinding) is refused.
-            host = _host_name(str(environ.get("HTTP_HOST", "")))
-            if host and not is_loopback(host):
-                raise Refused("403 Forbidden", f"host {host!r} is not this dashboard's")
+        host = _host_name(str(environ.get("HTTP_HOST", "")))
+        if host and not self.hosts.admits(host):
+            raise Refused(
+                "403 Forbidden", f"host {host!r} is not this dashboard's (see --allowed-host)"
+            )
 
     def _view(self) -> pages.View:
         return pages.View(self.store, self.guard.csrf_token, self.read_only)
@@ -123,9 +139,9 @@ class Dashboard:
         title, render = _PAGES[path]
         try:
             body = render(self._view(), query)
-        except ValueError as exc:
+        except pages.BadRequest as exc:
             return self._send(start_response, "400 Bad Request", self._error(str(exc)))
-        note = query.get("note", [None])[0]
+        note = self.guard.unsealed(_field(query, "note"), _field(query, "sig"))
         html = page(
             title, body, active=_ACTIVE.get(path, path), note=note, read_only=self.read_only
         )
@@ -148,7 +164,7 @@ class Dashboard:
             html = page("Confirm", outcome, active="", note=None, read_only=False)
             return self._send(start_response, "200 OK", html)
         target, note = outcome
-        location = f"{target}?{urlencode({'note': note})}"
+        location = f"{target}?{urlencode({'note': note, 'sig': self.guard.seal(note)})}"
         return self._send(start_response, "303 See Other", "", [("Location", location)])
 
     # -- actions: the CLI's operations --------------------------------------------------------
@@ -202,7 +218,9 @@ class Dashboard:
     # -- responses ----------------------------------------------------------------------------
 
     def _error(self, message: str) -> str:
-        return page("Error", f"<p>{esc(message)}</p>", active="", note=None, read_only=True)
+        return page(
+            "Error", f"<p>{esc(message)}</p>", active="", note=None, read_only=self.read_only
+        )
 
     def _send(
         self,
@@ -241,8 +259,9 @@ def _form(environ: Mapping[str, Any]) -> Query:
 
 
 def _field(form: Query, name: str) -> str | None:
+    """The value as sent: never stripped (``nightly `` is not ``nightly``); only "" is none."""
     found = form.get(name)
-    return found[0].strip() or None if found else None
+    return found[0] if found and found[0] != "" else None
 
 
 def _required(form: Query, name: str) -> str:

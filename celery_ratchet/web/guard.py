@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
 import ipaddress
 import secrets
-from collections.abc import Mapping
+import socket
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from celery_ratchet.errors import ConfigurationError
@@ -28,6 +31,7 @@ class Guard:
         #: One per process: a form rendered by this process carries it; an attacker's page
         #: cannot read it (same-origin policy), so cannot forge an action.
         self.csrf_token = secrets.token_urlsafe(32)
+        self._note_key = secrets.token_bytes(32)
 
     @property
     def required(self) -> bool:
@@ -54,6 +58,38 @@ class Guard:
 
     def csrf_ok(self, sent: str | None) -> bool:
         return sent is not None and _same(sent, self.csrf_token)
+
+    def seal(self, note: str) -> str:
+        """The signature a redirect's ``note`` carries: only this process's notes are shown."""
+        return hmac.new(self._note_key, note.encode("utf-8"), hashlib.sha256).hexdigest()
+
+    def unsealed(self, note: str | None, sig: str | None) -> str | None:
+        """``note`` if this process signed it, else None (a link's own text is not shown)."""
+        if note is None or sig is None:
+            return None
+        return note if _same(sig, self.seal(note)) else None
+
+
+@dataclass(frozen=True)
+class HostAllowlist:
+    """The ``Host`` names a dashboard answers: ``names`` (lower case), and any loopback
+    name when ``loopback``."""
+
+    names: frozenset[str]
+    loopback: bool
+
+    def admits(self, host: str) -> bool:
+        return host.lower() in self.names or (self.loopback and is_loopback(host))
+
+    @classmethod
+    def for_bind(cls, host: str, allowed: Iterable[str] = ()) -> HostAllowlist:
+        """The bound address itself; loopback names when it is a loopback address; the
+        machine's host name when it is every address (0.0.0.0, ::); plus ``allowed``."""
+        bound = host.strip("[]").lower()
+        names = {bound, *(a.strip("[]").lower() for a in allowed)}
+        if bound in ("0.0.0.0", "::", ""):
+            names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+        return cls(frozenset(names - {""}), loopback=is_loopback(bound))
 
 
 def _same(given: str, expected: str) -> bool:

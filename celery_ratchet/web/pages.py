@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from celery_ratchet.domain.batch import BatchState
+from celery_ratchet.domain.batch import BatchState, shown_value
 from celery_ratchet.domain.job import JobStatus, parse_status, shown_status
 from celery_ratchet.runtime import recurring
 from celery_ratchet.runtime.dlq import DeadLetterQueue
@@ -24,6 +24,10 @@ _STATUSES = [s.value for s in JobStatus]
 
 class NotFound(LookupError):
     """The page names a job or batch the store does not hold."""
+
+
+class BadRequest(ValueError):
+    """A value of the request's own query cannot be used (answered 400)."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +50,9 @@ def _status_order(status: str) -> tuple[int, str]:
 
 
 def _one(query: Mapping[str, list[str]], name: str) -> str | None:
+    """The value as sent: never stripped; only "" is none."""
     found = query.get(name)
-    return found[0].strip() or None if found else None
+    return found[0] if found and found[0] != "" else None
 
 
 def overview(view: View, query: Mapping[str, list[str]]) -> str:
@@ -91,8 +96,12 @@ def jobs(view: View, query: Mapping[str, list[str]]) -> str:
         "key": _one(query, "key"),
     }
     if status is not None and status.upper() not in _STATUSES:
-        raise ValueError(f"status {status!r}: one of {', '.join(_STATUSES)}")
+        raise BadRequest(f"status {status!r}: one of {', '.join(_STATUSES)}")
     before = _one(query, "before")
+    if before is not None and not Inspection(view.store).job_exists(before):
+        raise BadRequest(
+            f"before={before!r}: no such job (archived or deleted); start again from /jobs"
+        )
     found = view.store.list_jobs(
         status=JobStatus(status.upper()) if status else None,
         task_name=wanted["task"],
@@ -285,14 +294,17 @@ def schedules(view: View, query: Mapping[str, list[str]]) -> str:
 
 def batches(view: View, query: Mapping[str, list[str]]) -> str:
     state = _one(query, "state")
+    known = [s.value for s in BatchState]
+    if state is not None and state.upper() not in known:
+        raise BadRequest(f"state {state!r}: one of {', '.join(known)}")
     wanted = BatchState(state.upper()) if state else None
     found = BatchStore(view.store).summaries(state=wanted, limit=PAGE_SIZE)
     rows = [
         [
             link("/batch", b.batch_id, id=b.batch_id),
-            esc(b.kind.value),
+            esc(shown_value(b.kind)),
             esc(b.name),
-            esc(b.state.value),
+            esc(shown_value(b.state)),
             f"{esc(b.done)} / {esc(b.total if b.total is not None else '?')}",
             esc(b.failed),
             bar(b.percent_done, bad=b.failed > 0),
@@ -318,9 +330,9 @@ def batch(view: View, query: Mapping[str, list[str]]) -> str:
         fields(
             {
                 "batch": b.batch_id,
-                "kind": b.kind.value,
+                "kind": shown_value(b.kind),
                 "name": b.name,
-                "state": b.state.value,
+                "state": shown_value(b.state),
                 "done": b.done,
                 "total": b.total,
                 "failed": b.failed,

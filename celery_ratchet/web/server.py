@@ -20,8 +20,15 @@ class IPv6ThreadingWSGIServer(ThreadingWSGIServer):
     address_family = socket.AF_INET6
 
 
+#: Seconds a connection may take to send its request: a client that sends its headers
+#: slowly, or not at all, would otherwise hold its thread for ever.
+REQUEST_TIMEOUT = 30.0
+
+
 class _QuietHandler(WSGIRequestHandler):
     """One line a request on stderr, without the query string (it may hold filter values)."""
+
+    timeout = REQUEST_TIMEOUT
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         self.log_message('"%s %s" %s', self.command, self.path.split("?", 1)[0], code)

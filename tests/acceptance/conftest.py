@@ -46,14 +46,15 @@ class Worker:
                    *extra]  # fmt: skip
         environment = {**os.environ, "RATCHET_URL": url, "PYTHONPATH": str(ROOT), **env}
         # Its own process group, so that kill() reaches the pool's children too.
-        self.process = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=environment,
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with log.open("wb") as out:  # the child keeps its own copy of the descriptor
+            self.process = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=environment,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     @property
     def pid(self) -> int:

@@ -60,6 +60,7 @@ def _status(url: str, data: bytes | None = None) -> int:
         with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=10) as got:
             return int(got.status)
     except urllib.error.HTTPError as exc:
+        exc.close()  # the error holds the response's socket
         return int(exc.code)
 
 
@@ -69,12 +70,13 @@ class WebServer:
     def __init__(self, url: str, log: Path, **env: str) -> None:
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery_ratchet.cli.main", "--url", url, "web",
-             "--port", str(self.port)],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-            stdout=log.open("wb"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        with log.open("wb") as out:  # the child keeps its own copy of the descriptor
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "celery_ratchet.cli.main", "--url", url, "web",
+                 "--port", str(self.port)],
+                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
 
         def answers() -> bool:
             try:

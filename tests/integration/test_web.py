@@ -16,19 +16,23 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode
 
 import pytest
 from click.testing import CliRunner
+from sqlalchemy import text
 
 from celery_ratchet.cli.main import cli
 from celery_ratchet.domain.batch import BatchKind, NewBatch
 from celery_ratchet.domain.job import JobStatus, Message, Settlement
 from celery_ratchet.domain.schedule import MasterSpec
 from celery_ratchet.runtime import recurring
+from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.web.app import Dashboard
+from celery_ratchet.web.guard import HostAllowlist
+from celery_ratchet.web.server import make
 from tests.conftest import empty_store
 from tests.helpers import new_job, wait_until
 
@@ -248,7 +252,7 @@ def test_without_auth_another_sites_host_name_is_refused(store: JobStore) -> Non
     assert call(app, "/", headers={"Host": "evil.example:5580"}).status == 403
     assert call(app, "/", headers={"Host": "localhost:5580"}).status == 200
     assert call(app, "/", headers={"Host": "[::1]:5580"}).status == 200
-    served_on_purpose = Dashboard(store, loopback_names_only=False)
+    served_on_purpose = Dashboard(store, hosts=HostAllowlist.for_bind("10.1.2.3"))
     assert call(served_on_purpose, "/", headers={"Host": "10.1.2.3:5580"}).status == 200
 
 
@@ -288,6 +292,7 @@ def test_ratchet_web_serves_over_http_and_refuses_a_post_without_its_token(store
         )
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=5)
+        refused.value.close()  # the error holds the response's socket
         assert refused.value.code == 403
     finally:
         process.terminate()
@@ -323,3 +328,159 @@ def test_an_unreachable_store_is_a_503_with_the_password_masked() -> None:
     answer = call(Dashboard(unreachable), "/")
     assert answer.status == 503
     assert "hunter2" not in answer.body and "127.0.0.1" in answer.body
+
+
+def test_an_action_acts_on_the_value_exactly_as_sent_never_stripped(store: JobStore) -> None:
+    recurring.register(
+        store,
+        "nightly ",
+        MasterSpec("cron:0 0 4 * * ?", "UTC"),
+        task_name="tests.tick",
+        priority=4,
+        message=new_job("t2").message,
+    )
+    app = Dashboard(store)
+    assert post(app, "/schedules/remove", key="nightly ", confirmed="yes").status == 303
+    assert [m["business_key"] for m in store.list_masters()] == ["nightly"]
+    assert "requeued+0+jobs" in post(app, "/dlq/retry", job_id=" bad-1").headers["Location"]
+    assert post(app, "/dlq/purge", job_id="bad-1 ", confirmed="yes").status == 303
+    assert post(app, "/dlq/retry-task", task="tests.fail ", confirmed="yes").status == 303
+    assert store.result("bad-1").status is JobStatus.FAILED  # type: ignore[union-attr]
+    assert "bad-1" not in call(app, "/dlq?task=tests.fail%20").body
+    assert call(app, "/job?id=%20ok-1").status == 404
+
+
+@pytest.mark.parametrize(
+    ("corruption", "path", "shown"),
+    [
+        ("UPDATE scheduler_batch SET kind = 'WEIRD'", "/batches", "UNKNOWN(WEIRD)"),
+        ("UPDATE scheduler_batch SET kind = 'WEIRD'", "/batch?id=batch-1", "UNKNOWN(WEIRD)"),
+        ("UPDATE scheduler_batch SET state = 'ODD'", "/batches", "UNKNOWN(ODD)"),
+        ("UPDATE scheduler_job SET finished_at = 'garbage' WHERE job_id = 'ok-1'", "/jobs",
+         "<td>unreadable</td>"),
+        ("UPDATE scheduler_node SET heartbeat_ts = 'garbage'", "/nodes", "<td>unreadable</td>"),
+        ("""UPDATE scheduler_job SET schedule_spec = '{"schedule":"cron:bogus"}'
+            WHERE business_key = 'nightly'""", "/schedules", "<td>unreadable</td>"),
+        ("UPDATE scheduler_job SET schedule_spec = '{}' WHERE business_key = 'nightly'",
+         "/schedules", "<td>unreadable</td>"),
+    ],
+)  # fmt: skip
+def test_one_corrupt_row_shows_as_unreadable_and_the_page_still_answers(
+    store: JobStore, corruption: str, path: str, shown: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(text(corruption))
+    answer = call(Dashboard(store), path)
+    assert answer.status == 200, answer.body
+    assert shown in answer.body
+    assert "garbage" not in answer.body and "bogus" not in answer.body
+    assert all("bogus" not in r.getMessage() for r in caplog.records)
+    if path == "/jobs":
+        assert "bad-1" in answer.body  # the other rows as stored
+
+
+def test_an_unexpected_failure_is_a_500_page_of_ours_logged_once_without_its_message(
+    store: JobStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise KeyError("row contents: s3cret")
+
+    monkeypatch.setattr(BatchStore, "summaries", broken)
+    for path in ("/batches", "/batch?id=batch-1"):
+        caplog.clear()
+        answer = call(Dashboard(store), path)
+        assert answer.status == 500
+        assert answer.headers["X-Content-Type-Options"] == "nosniff"
+        assert "default-src 'none'" in answer.headers["Content-Security-Policy"]
+        assert "s3cret" not in answer.body and "Traceback" not in answer.body
+        errors = [r for r in caplog.records if r.levelname == "ERROR"]
+        assert len(errors) == 1 and "KeyError" in errors[0].getMessage()
+        assert "s3cret" not in errors[0].getMessage() and errors[0].exc_info is None
+    monkeypatch.setattr(JobStore, "list_jobs", lambda *a, **k: (_ for _ in ()).throw(ValueError))
+    assert call(Dashboard(store), "/jobs").status == 500  # a ValueError of ours is no 400
+
+
+def test_a_non_loopback_bind_answers_only_its_own_and_the_allowed_names(store: JobStore) -> None:
+    hosts = HostAllowlist.for_bind("10.1.2.3", ["ratchet.internal"])
+    app = Dashboard(store, hosts=hosts)  # as --insecure-no-auth serves it: no credentials
+    assert call(app, "/", headers={"Host": "evil.com"}).status == 403
+    assert call(app, "/", headers={"Host": "127.0.0.1:5580"}).status == 403
+    assert call(app, "/", headers={"Host": "10.1.2.3:5580"}).status == 200
+    assert call(app, "/", headers={"Host": "RATCHET.internal:5580"}).status == 200
+    with_auth = Dashboard(store, auth="a-token", hosts=hosts)
+    bearer = {"Authorization": "Bearer a-token"}
+    assert call(with_auth, "/", headers={**bearer, "Host": "evil.com"}).status == 403
+    everywhere = HostAllowlist.for_bind("0.0.0.0")
+    assert everywhere.admits(socket.gethostname()) and not everywhere.admits("evil.com")
+
+
+def test_the_cli_passes_allowed_hosts_and_shows_an_ipv6_host_once_bracketed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: dict[str, Any] = {}
+
+    class Stopped:
+        server_port = 5999
+
+        def serve_forever(self) -> None:
+            raise KeyboardInterrupt
+
+        def server_close(self) -> None:
+            pass
+
+    def fake_make(host: str, port: int, app: Dashboard) -> Stopped:
+        made["app"] = app
+        return Stopped()
+
+    monkeypatch.setattr("celery_ratchet.web.server.make", fake_make)
+    url = f"sqlite:///{tmp_path / 'web.db'}"
+    empty_store(url)
+    args = ["--url", url, "web", "--host", "[::1]", "--allowed-host", "box.lan"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "http://[::1]:5999/" in result.output
+    assert made["app"].hosts.admits("box.lan") and made["app"].hosts.admits("localhost")
+    assert not made["app"].hosts.admits("evil.com")
+
+
+def test_the_request_handler_has_a_socket_timeout() -> None:
+    server = make("127.0.0.1", 0, Dashboard(empty_store("sqlite://")))
+    try:
+        assert server.RequestHandlerClass.timeout is not None
+        assert 0 < server.RequestHandlerClass.timeout <= 60
+    finally:
+        server.server_close()
+
+
+def test_only_a_note_this_process_signed_is_shown(store: JobStore) -> None:
+    app = Dashboard(store)
+    assert "call 555-0100" not in call(app, "/?note=call+555-0100+for+support").body
+    done = post(app, "/dlq/retry", job_id="bad-1")
+    location = done.headers["Location"]
+    assert "requeued 1 job" in call(app, location).body
+    note = parse_qs(location.partition("?")[2])["note"][0]
+    forged = urlencode({"note": note + " and call 555-0100", "sig": "0" * 64})
+    assert "555-0100" not in call(app, f"/dlq?{forged}").body
+
+
+def test_an_unknown_page_cursor_is_a_400_naming_it(store: JobStore) -> None:
+    answer = call(Dashboard(store), "/jobs?before=archived-long-ago")
+    assert answer.status == 400 and "before=" in answer.body
+
+
+def test_head_sends_the_headers_without_the_body(store: JobStore) -> None:
+    app = Dashboard(store)
+    head = call(app, "/dlq", method="HEAD")
+    assert head.status == 200 and head.body == ""
+    assert int(head.headers["Content-Length"]) == len(call(app, "/dlq").body.encode())
+
+
+def test_an_error_page_shows_the_read_only_badge_only_in_read_only_mode(store: JobStore) -> None:
+    assert "read-only</span>" not in call(Dashboard(store), "/job?id=nobody").body
+    assert "read-only</span>" in call(Dashboard(store, read_only=True), "/job?id=nobody").body
+
+
+def test_settings_repr_hides_the_web_credentials_and_masks_url_passwords() -> None:
+    settings = RatchetSettings(url="postgresql://ops:hunter2@db/shop", web_auth="ops:s3cret")
+    shown = repr(settings)
+    assert "s3cret" not in shown and "hunter2" not in shown and "db/shop" in shown
