@@ -102,6 +102,8 @@ from celery_ratchet.store.engine import (
     transaction,
     unavailable,
 )
+from celery_ratchet.store.raw import execute as execute_raw
+from celery_ratchet.store.raw import pooled, raw_statement
 from celery_ratchet.store.redact import mask_url
 from celery_ratchet.store.schema import (
     ACTIVE_KEY_INDEX,
@@ -485,6 +487,13 @@ def _params(new: NewJob) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class _Taken:
+    """A plain insert found its job id taken; ``maybe_ours``: by a try of its own."""
+
+    maybe_ours: bool
+
+
 class JobStore:
     """Job rows in one database. Thread-safe; one instance per URL per process is enough."""
 
@@ -516,6 +525,7 @@ class JobStore:
         #: PostgreSQL: inserts notify listening workers (LISTEN/NOTIFY wake-ups).
         self.notify = notify and self.family == "postgresql"
         self._insert = _insert_statement(self.engine.dialect, notify=self.notify)
+        self._raw_insert = raw_statement(self._insert, self.engine.dialect)
         self._insert_keyed_row = _insert_statement(
             self.engine.dialect, notify=self.notify, keyed=True
         )
@@ -624,6 +634,7 @@ class JobStore:
         """No more ``pg_notify`` on inserts: nothing receives them (see ``send_probe``)."""
         self.notify = False
         self._insert = _insert_statement(self.engine.dialect, notify=False)
+        self._raw_insert = raw_statement(self._insert, self.engine.dialect)
         self._insert_keyed_row = _insert_statement(self.engine.dialect, keyed=True)
         self._release_waiting = self._release_waiting_silently
         self._replace_running = self._replace_running_silently
@@ -643,18 +654,21 @@ class JobStore:
         self.ensure_schema()
         return self._attempt(work, what)
 
-    def _attempt(self, work: Callable[[Connection], T], what: str) -> T:
+    def _attempt(
+        self, work: Callable[[Any], T], what: str, connect: Callable[[], Any] | None = None
+    ) -> T:
         """Run ``work`` on a pooled connection: once more after a dropped connection, a few
-        more times after a deadlock; :class:`StoreUnavailable` when the database is gone."""
+        more times after a deadlock; :class:`StoreUnavailable` when the database is gone.
+        ``connect``: where the connection comes from (default: a SQLAlchemy Connection)."""
         try:
-            done = self._attempt_once(work, what)
+            done = self._attempt_once(work, what, connect or self.engine.connect)
         except StoreUnavailable as exc:
             self.reachability.failed(exc)
             raise
         self.reachability.succeeded()
         return done
 
-    def _attempt_once(self, work: Callable[[Connection], T], what: str) -> T:
+    def _attempt_once(self, work: Callable[[Any], T], what: str, connect: Callable[[], Any]) -> T:
         reconnected = False
         conflicts = 0
         #: A statement went out before the connection was lost: it may have been committed.
@@ -662,7 +676,7 @@ class JobStore:
         while True:
             connected = False
             try:
-                with self.engine.connect() as conn:
+                with connect() as conn:
                     connected = True
                     return work(conn)
             except DBAPIError as exc:
@@ -754,6 +768,13 @@ class JobStore:
         keyed = any(j.business_key is not None for j in jobs)
         heads = {w.depends_on for w in waiting}
         tries = 0
+        if len(params) == 1 and not keyed and not waiting and params[0]["p_parent_id"] is None:
+            # The common send: one plain row, no chain step to release. A taken id (or a try
+            # that may have committed already) goes on to the full path below, which decides.
+            taken = self._insert_plain(params[0], "no job was enqueued")
+            if taken is None:
+                return {}
+            tries = 1 if taken.maybe_ours else 0
 
         def work(conn: Connection) -> dict[str, str]:
             nonlocal tries
@@ -792,6 +813,25 @@ class JobStore:
                 return self._insert_each(conn, jobs, params, retried, lambda: savepoint(conn))
 
         return self._run(work, "no job was enqueued")
+
+    def _insert_plain(self, params: dict[str, Any], what: str) -> _Taken | None:
+        """Insert one row through the driver itself (see store/raw.py): None when inserted,
+        else its job id is taken (an active job, a finished one to re-arm, or this very row
+        from a try whose reply was lost). Errors are translated as any write's are."""
+        tries = 0
+
+        def work(connection: Any) -> _Taken | None:
+            nonlocal tries
+            tries += 1
+            try:
+                execute_raw(self.engine, connection, self._raw_insert, params)
+            except IntegrityError:
+                # A try before this one lost its connection: the row may be its own.
+                return _Taken(maybe_ours=tries > 1)
+            return None
+
+        self.ensure_schema()
+        return self._attempt(work, what, lambda: pooled(self.engine))
 
     def enqueue_with(
         self,

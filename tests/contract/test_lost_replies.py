@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 
 from celery_ratchet.domain.job import JobStatus, Settlement
@@ -24,28 +24,40 @@ class _Flaky:
         self._breaks = breaks
         self.broken = False
 
+        self.pool = engine.pool
+
     @contextmanager
     def connect(self) -> Iterator[Any]:
         with self._engine.connect() as conn:
             yield _FlakyConnection(conn, self)
 
+    def raw_connection(self) -> Any:
+        """The driver's connection, for the plain single-row insert (store/raw.py)."""
+        return _FlakyConnection(self._engine.raw_connection(), self)
 
-class _FlakyConnection:
-    def __init__(self, conn: Connection, engine: _Flaky) -> None:
-        self._conn = conn
-        self._engine = engine
-
-    def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
-        result = self._conn.execute(statement, *args, **kwargs)
-        if not self._engine.broken and self._engine._breaks(str(statement)):
-            self._engine.broken = True
+    def after(self, statement: Any) -> None:
+        if not self.broken and self._breaks(str(statement)):
+            self.broken = True
             raise OperationalError(
                 str(statement),
                 {},
                 Exception("server closed the connection"),
                 connection_invalidated=True,
             )
+
+
+class _FlakyConnection:
+    def __init__(self, conn: Any, engine: _Flaky) -> None:
+        self._conn = conn
+        self._engine = engine
+
+    def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
+        result = self._conn.execute(statement, *args, **kwargs)
+        self._engine.after(statement)
         return result
+
+    def cursor(self) -> Any:
+        return _FlakyConnection(self._conn.cursor(), self._engine)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
@@ -74,11 +86,13 @@ def test_a_claim_whose_reply_was_lost_is_taken_over(store: JobStore) -> None:
 
 def test_an_enqueue_whose_reply_was_lost_is_not_a_duplicate(store: JobStore) -> None:
     real = store.engine
-    store.engine = _Flaky(real, lambda sql: sql.startswith("INSERT INTO scheduler_job"))
+    flaky = _Flaky(real, lambda sql: sql.startswith("INSERT INTO scheduler_job"))
+    store.engine = flaky  # type: ignore[assignment]
     try:
         store.enqueue(new_job("once"))
     finally:
         store.engine = real
+    assert flaky.broken, "the reply to the INSERT was never lost"
     assert store.count_by_status() == {"PENDING": 1}
 
 

@@ -1,0 +1,121 @@
+"""One statement on a pooled DBAPI connection, past SQLAlchemy's execution machinery.
+
+A single-row enqueue spends more time in SQLAlchemy around its INSERT (execution context,
+result proxy, the Connection object) than in the driver. Here the statement is compiled once
+per dialect into the driver's own SQL and parameter order, and each execution is the
+driver's ``cursor.execute`` on a connection checked out of the engine's pool. Errors come out
+as SQLAlchemy's would (a :class:`~sqlalchemy.exc.DBAPIError` of the same class, a lost
+connection invalidated with the pool), so the store translates them exactly as it does any
+other statement's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import PoolProxiedConnection
+
+
+@dataclass(frozen=True)
+class RawStatement:
+    """A statement as its driver takes it: SQL text and how to lay out its parameters."""
+
+    sql: str
+    #: Parameter names in order for a positional paramstyle (qmark), else None (named).
+    order: tuple[str, ...] | None
+    #: Every parameter name of a named paramstyle.
+    names: tuple[str, ...]
+    #: Bind processors of typed parameters (datetimes, binary), as SQLAlchemy applies them.
+    processors: Mapping[str, Callable[[Any], Any]]
+
+    def parameters(self, values: Mapping[str, Any]) -> Any:
+        processors = self.processors
+        if self.order is not None:
+            return tuple(
+                processors[n](values[n]) if n in processors else values[n] for n in self.order
+            )
+        bound = {n: values[n] for n in self.names}
+        for name, process in processors.items():
+            bound[name] = process(bound[name])
+        return bound
+
+
+def raw_statement(statement: Any, dialect: Dialect) -> RawStatement:
+    compiled = statement.compile(dialect=dialect)
+    processors = {}
+    for name, bind in compiled.binds.items():
+        process = bind.type._cached_bind_processor(dialect)
+        if process is not None:
+            processors[name] = process
+    order = tuple(compiled.positiontup) if compiled.positional else None
+    return RawStatement(compiled.string, order, tuple(compiled.binds), processors)
+
+
+@contextmanager
+def pooled(engine: Engine) -> Iterator[PoolProxiedConnection]:
+    """A DBAPI connection of the engine's pool (autocommit, as all of the store's are); a
+    connection that cannot be made fails as SQLAlchemy's own ``connect()`` would."""
+    dialect = engine.dialect
+    try:
+        connection = engine.raw_connection()
+    except dialect.loaded_dbapi.Error as orig:
+        raise DBAPIError.instance(
+            None,
+            None,
+            orig,
+            dialect.loaded_dbapi.Error,
+            hide_parameters=True,
+            connection_invalidated=bool(dialect.is_disconnect(orig, None, None)),
+            dialect=dialect,
+        ) from orig
+    try:
+        yield connection
+    finally:
+        connection.close()  # back to the pool (or discarded, once invalidated)
+
+
+def execute(
+    engine: Engine, connection: PoolProxiedConnection, statement: RawStatement, values: Any
+) -> int:
+    """Run ``statement`` once; its row count. Driver errors are raised as SQLAlchemy's."""
+    dialect = engine.dialect
+    parameters = statement.parameters(values)
+    cursor = None
+    try:
+        cursor = connection.cursor()
+        cursor.execute(statement.sql, parameters)
+        count: int = cursor.rowcount
+        cursor.close()
+        return count
+    except dialect.loaded_dbapi.Error as orig:
+        lost = bool(dialect.is_disconnect(orig, connection, cursor))
+        if lost:
+            # As SQLAlchemy does: the pool's other connections are presumed dead too.
+            engine.pool._invalidate(connection, orig)
+        _close_quietly(cursor)
+        raise DBAPIError.instance(
+            statement.sql,
+            parameters,
+            orig,
+            dialect.loaded_dbapi.Error,
+            hide_parameters=True,
+            connection_invalidated=lost,
+            dialect=dialect,
+        ) from orig
+    except BaseException:
+        # Interrupted mid-statement: the connection's protocol state is unknown.
+        connection.invalidate()
+        raise
+
+
+def _close_quietly(cursor: Any) -> None:
+    if cursor is None:
+        return
+    # The connection is failing already: its first error is the one raised.
+    with suppress(Exception):
+        cursor.close()
