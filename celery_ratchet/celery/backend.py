@@ -150,6 +150,29 @@ class RatchetBackend(BaseBackend):
             self.store.store_untracked_result(task_id, name, status, **values)
         return result
 
+    def mark_as_failure(
+        self,
+        task_id: str,
+        exc: Any,
+        traceback: str | None = None,
+        request: Any = None,
+        store_result: bool = True,
+        call_errbacks: bool = True,
+        state: str = states.FAILURE,
+    ) -> Any:
+        """Celery's, and the members of a group chained after the failed task fail too.
+
+        Celery fails the steps chained after a failure by their ids, and a group's id is
+        not what its GroupResult waits for: its members would stay PENDING, and
+        ``get()`` on the chain's result would wait for ever."""
+        outcome = super().mark_as_failure(
+            task_id, exc, traceback, request, store_result, call_errbacks, state
+        )
+        if store_result and request is not None:
+            for member in _group_members(getattr(request, "chain", None)):
+                self.store_result(member, exc, state, traceback=traceback)
+        return outcome
+
     def _store_progress(
         self, task_id: str, token: str | None, result: Any, state: str, traceback: str | None
     ) -> None:
@@ -340,6 +363,29 @@ class RatchetBackend(BaseBackend):
         """Clear stored return values older than ``result_expires`` (the rows stay)."""
         if self.expires:
             self.store.expire_results(float(self.expires))
+
+
+def _group_members(chain: Any) -> list[str]:
+    """Task ids of the members of the groups in a request's remaining chain, nested ones
+    included (a member that is itself a group or a chain is looked into)."""
+    if not isinstance(chain, (list, tuple)):
+        return []
+    found: list[str] = []
+    signatures = [s for s in chain if isinstance(s, dict) and s.get("subtask_type") == "group"]
+    while signatures:
+        signature = signatures.pop()
+        kwargs = signature.get("kwargs") or {}
+        members = kwargs.get("tasks") or []
+        for member in members if isinstance(members, (list, tuple)) else []:
+            if not isinstance(member, dict):
+                continue
+            if member.get("subtask_type") == "group":
+                signatures.append(member)
+            elif member.get("subtask_type") is None:
+                member_id = (member.get("options") or {}).get("task_id")
+                if isinstance(member_id, str):
+                    found.append(member_id)
+    return found
 
 
 def _claim_token(request: Any) -> str | None:

@@ -7,7 +7,7 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
-from celery import Celery
+from celery import Celery, group
 from celery.canvas import StampingVisitor
 from celery.exceptions import TaskRevokedError
 from celery.worker import state as worker_state
@@ -42,3 +42,11 @@ def test_a_job_sent_right_after_a_revoke_by_stamped_headers_is_revoked(
     finally:
         kept = [s for s in worker_state.revoked_stamps.get("monitoring_id", []) if s not in stamps]
         worker_state.revoked_stamps["monitoring_id"] = kept
+
+
+def test_a_group_chained_after_a_failure_fails_with_it(worker_app: Celery) -> None:
+    add, fail = worker_app.tasks["t.add"], worker_app.tasks["t.fail"]
+    result = (add.s(1, 1) | fail.s() | group(add.s(1), add.s(1))).delay()
+    with pytest.raises(ValueError, match="2"):
+        result.get(timeout=TIMEOUT)
+    assert [member.state for member in result.results] == ["FAILURE", "FAILURE"]
