@@ -250,6 +250,10 @@ class RatchetBackend(BaseBackend):
             # version): not ready, not an error; the job's own text stays in the store.
             return UNKNOWN_STATE, None
         if status is JobStatus.SUCCEEDED:
+            if record.job_result is None and record.result_type is None and _ignored(record):
+                # Sent with ignore_result: Celery stores nothing, and such a result reads
+                # PENDING for ever; the row's own status stays for the store's bookkeeping.
+                return states.PENDING, None
             value = self.decode(record.job_result) if record.job_result is not None else None
             return states.SUCCESS, value
         if status in (JobStatus.FAILED, JobStatus.REVOKED):
@@ -363,6 +367,15 @@ class RatchetBackend(BaseBackend):
         """Clear stored return values older than ``result_expires`` (the rows stay)."""
         if self.expires:
             self.store.expire_results(float(self.expires))
+
+
+def _ignored(record: ResultRecord) -> bool:
+    """The job was sent with ``ignore_result`` (Celery's message header)."""
+    try:
+        headers = kjson.loads(record.headers) if record.headers else None
+    except ValueError:
+        return False
+    return isinstance(headers, dict) and headers.get("ignore_result") is True
 
 
 def _group_members(chain: Any) -> list[str]:

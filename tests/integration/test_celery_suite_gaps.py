@@ -12,6 +12,10 @@ from celery.canvas import StampingVisitor
 from celery.exceptions import TaskRevokedError
 from celery.worker import state as worker_state
 
+from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.domain.job import JobStatus
+from tests.helpers import wait_until
+
 TIMEOUT = 30
 
 
@@ -50,3 +54,20 @@ def test_a_group_chained_after_a_failure_fails_with_it(worker_app: Celery) -> No
     with pytest.raises(ValueError, match="2"):
         result.get(timeout=TIMEOUT)
     assert [member.state for member in result.results] == ["FAILURE", "FAILURE"]
+
+
+def test_a_result_sent_with_ignore_result_reads_pending_as_stock(worker_app: Celery) -> None:
+    add = worker_app.tasks["t.add"]
+    sent = add.apply_async((1, 2), ignore_result=True)
+    store = ratchet_state(worker_app).store
+
+    def finished() -> bool:
+        record = store.result(sent.id)
+        return record is not None and record.status is JobStatus.SUCCEEDED
+
+    wait_until(finished, TIMEOUT, "the job to succeed")
+    fresh = worker_app.AsyncResult(sent.id)
+    assert (fresh.state, fresh.result) == ("PENDING", None)
+    stored = add.delay(1, 2)
+    assert stored.get(timeout=TIMEOUT) == 3
+    assert worker_app.AsyncResult(stored.id).state == "SUCCESS"
