@@ -250,7 +250,11 @@ class RatchetBackend(BaseBackend):
             # version): not ready, not an error; the job's own text stays in the store.
             return UNKNOWN_STATE, None
         if status is JobStatus.SUCCEEDED:
-            if record.job_result is None and record.result_type is None and _ignored(record):
+            if (
+                record.job_result is None
+                and record.result_type is None
+                and _ignored(self.app, record)
+            ):
                 # Sent with ignore_result: Celery stores nothing, and such a result reads
                 # PENDING for ever; the row's own status stays for the store's bookkeeping.
                 return states.PENDING, None
@@ -369,13 +373,18 @@ class RatchetBackend(BaseBackend):
             self.store.expire_results(float(self.expires))
 
 
-def _ignored(record: ResultRecord) -> bool:
-    """The job was sent with ``ignore_result`` (Celery's message header)."""
+def _ignored(app: Any, record: ResultRecord) -> bool:
+    """The job's result is ignored, as Celery's worker decides it: the message's
+    ``ignore_result`` when the sender set it, else the task's own (when registered here)."""
     try:
         headers = kjson.loads(record.headers) if record.headers else None
     except ValueError:
-        return False
-    return isinstance(headers, dict) and headers.get("ignore_result") is True
+        headers = None
+    flag = headers.get("ignore_result") if isinstance(headers, dict) else None
+    if flag is None:
+        task = app.tasks.get(record.task_name)
+        flag = getattr(task, "ignore_result", False)
+    return flag is True
 
 
 def _group_members(chain: Any) -> list[str]:

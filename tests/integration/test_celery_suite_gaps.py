@@ -71,3 +71,22 @@ def test_a_result_sent_with_ignore_result_reads_pending_as_stock(worker_app: Cel
     stored = add.delay(1, 2)
     assert stored.get(timeout=TIMEOUT) == 3
     assert worker_app.AsyncResult(stored.id).state == "SUCCESS"
+
+
+def test_a_task_that_ignores_its_result_reads_pending_when_sent_by_name(
+    worker_app: Celery,
+) -> None:
+    add = worker_app.tasks["t.add"]
+    store = ratchet_state(worker_app).store
+    add.ignore_result = True
+    try:
+        sent = worker_app.send_task("t.add", args=(1, 2))
+
+        def finished() -> bool:
+            record = store.result(sent.id)
+            return record is not None and record.status is JobStatus.SUCCEEDED
+
+        wait_until(finished, TIMEOUT, "the job to succeed")
+        assert worker_app.AsyncResult(sent.id).state == "PENDING"
+    finally:
+        add.ignore_result = False
