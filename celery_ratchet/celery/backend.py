@@ -150,6 +150,29 @@ class RatchetBackend(BaseBackend):
             self.store.store_untracked_result(task_id, name, status, **values)
         return result
 
+    def mark_as_failure(
+        self,
+        task_id: str,
+        exc: Any,
+        traceback: str | None = None,
+        request: Any = None,
+        store_result: bool = True,
+        call_errbacks: bool = True,
+        state: str = states.FAILURE,
+    ) -> Any:
+        """Celery's, and the members of a group chained after the failed task fail too.
+
+        Celery fails the steps chained after a failure by their ids, and a group's id is
+        not what its GroupResult waits for: its members would stay PENDING, and
+        ``get()`` on the chain's result would wait for ever."""
+        outcome = super().mark_as_failure(
+            task_id, exc, traceback, request, store_result, call_errbacks, state
+        )
+        if store_result and request is not None:
+            for member in _group_members(getattr(request, "chain", None)):
+                self.store_result(member, exc, state, traceback=traceback)
+        return outcome
+
     def _store_progress(
         self, task_id: str, token: str | None, result: Any, state: str, traceback: str | None
     ) -> None:
@@ -227,6 +250,14 @@ class RatchetBackend(BaseBackend):
             # version): not ready, not an error; the job's own text stays in the store.
             return UNKNOWN_STATE, None
         if status is JobStatus.SUCCEEDED:
+            if (
+                record.job_result is None
+                and record.result_type is None
+                and _ignored(self.app, record)
+            ):
+                # Sent with ignore_result: Celery stores nothing, and such a result reads
+                # PENDING for ever; the row's own status stays for the store's bookkeeping.
+                return states.PENDING, None
             value = self.decode(record.job_result) if record.job_result is not None else None
             return states.SUCCESS, value
         if status in (JobStatus.FAILED, JobStatus.REVOKED):
@@ -340,6 +371,43 @@ class RatchetBackend(BaseBackend):
         """Clear stored return values older than ``result_expires`` (the rows stay)."""
         if self.expires:
             self.store.expire_results(float(self.expires))
+
+
+def _ignored(app: Any, record: ResultRecord) -> bool:
+    """The job's result is ignored, as Celery's worker decides it: the message's
+    ``ignore_result`` when the sender set it, else the task's own (when registered here)."""
+    try:
+        headers = kjson.loads(record.headers) if record.headers else None
+    except ValueError:
+        headers = None
+    flag = headers.get("ignore_result") if isinstance(headers, dict) else None
+    if flag is None:
+        task = app.tasks.get(record.task_name)
+        flag = getattr(task, "ignore_result", False)
+    return flag is True
+
+
+def _group_members(chain: Any) -> list[str]:
+    """Task ids of the members of the groups in a request's remaining chain, nested ones
+    included (a member that is itself a group or a chain is looked into)."""
+    if not isinstance(chain, (list, tuple)):
+        return []
+    found: list[str] = []
+    signatures = [s for s in chain if isinstance(s, dict) and s.get("subtask_type") == "group"]
+    while signatures:
+        signature = signatures.pop()
+        kwargs = signature.get("kwargs") or {}
+        members = kwargs.get("tasks") or []
+        for member in members if isinstance(members, (list, tuple)) else []:
+            if not isinstance(member, dict):
+                continue
+            if member.get("subtask_type") == "group":
+                signatures.append(member)
+            elif member.get("subtask_type") is None:
+                member_id = (member.get("options") or {}).get("task_id")
+                if isinstance(member_id, str):
+                    found.append(member_id)
+    return found
 
 
 def _claim_token(request: Any) -> str | None:

@@ -8,6 +8,7 @@ import logging
 from signal import Signals
 from typing import Any
 
+from billiard.common import TERM_SIGNAME
 from celery.app.control import Control
 from celery.exceptions import TaskRevokedError
 from celery.platforms import signals as platform_signals
@@ -43,6 +44,28 @@ class RatchetControl(Control):
             **kwargs,
         )
         return replies if kwargs.get("reply") else reached
+
+    def revoke_by_stamped_headers(
+        self,
+        headers: Any,
+        destination: Any = None,
+        terminate: bool = False,
+        signal: Any = TERM_SIGNAME,
+        **kwargs: Any,
+    ) -> Any:
+        """Celery's revoke by stamped headers. Without ``reply``, it still waits (up to
+        ``timeout``, one second by default) until each live worker has taken the stamps in,
+        so that a job sent after it returns is revoked: a worker reads broadcasts between
+        claims, and would otherwise run such a job before it learnt of the revocation."""
+        if kwargs.get("reply"):
+            return super().revoke_by_stamped_headers(
+                headers, destination, terminate, signal, **kwargs
+            )
+        nodes = len(destination) if destination else len(ratchet_state(self.app).store.list_nodes())
+        if nodes:
+            kwargs.update(reply=True, limit=kwargs.get("limit") or nodes)
+        super().revoke_by_stamped_headers(headers, destination, terminate, signal, **kwargs)
+        return None
 
     def _revoke_in_store(self, task_id: str | list[str], terminate: bool, signal: Any) -> int:
         """Pending jobs become REVOKED; running ones are marked, so that their node drops

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Celery's own integration suite (t/integration of Celery's sdist) against celery_ratchet.
+# Not part of ./dev test: it downloads Celery's sdist and runs its tests outside this repo.
+#
+#   bench/celery_suite/run.sh ratchet  [pytest args]  ratchet store + ratchet result backend
+#   bench/celery_suite/run.sh redisres [pytest args]  ratchet store + Redis result backend
+#   bench/celery_suite/run.sh stock    [pytest args]  stock Celery, Redis broker + backend
+#
+# Default tests: t/integration/test_tasks.py, test_canvas.py, test_inspect.py. Work files
+# (Celery's sdist, a venv with this checkout installed editable, junit XML) go to
+# $CELSUITE_WORK (default /tmp/celery_suite). The store is a fresh PostgreSQL database
+# celsuite_<run> on $CELSUITE_PG (default postgres@127.0.0.1:5432); Redis on 127.0.0.1:6379
+# db 0 (Celery's suite reads db 0 itself). Summary: python3 summary.py $CELSUITE_WORK/<run>.xml
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+WORK="${CELSUITE_WORK:-/tmp/celery_suite}"
+PG="${CELSUITE_PG:-postgres@127.0.0.1:5432}"
+run="${1:?name a run: ratchet, redisres or stock}"; shift
+mkdir -p "$WORK"
+PY="$WORK/venv/bin/python"
+if [ ! -x "$PY" ]; then
+  python3 -m venv "$WORK/venv"
+  "$PY" -m pip install -q -e "$REPO[all,test]" pytest-timeout pytest-subtests pydantic
+fi
+version="$("$PY" -c 'import celery; print(celery.__version__)')"
+SRC="$WORK/celery-$version"
+if [ ! -d "$SRC/t/integration" ]; then
+  "$PY" -m pip download -q --no-binary :all: --no-deps "celery==$version" -d "$WORK"
+  tar xzf "$WORK/celery-$version.tar.gz" -C "$WORK"
+fi
+cp "$HERE/conftest.py" "$SRC/conftest.py"
+tests=("$@")
+[ ${#tests[@]} -eq 0 ] && tests=(t/integration/test_tasks.py t/integration/test_canvas.py
+                                 t/integration/test_inspect.py)
+db="celsuite_${run}"
+case "$run" in
+  ratchet)  export CELSUITE_MODE=ratchet TEST_BACKEND="ratchet://" ;;
+  redisres) export CELSUITE_MODE=ratchet TEST_BACKEND="redis://127.0.0.1:6379/0" ;;
+  stock)    export CELSUITE_MODE=stock TEST_BROKER="redis://127.0.0.1:6379/0"
+            export TEST_BACKEND="redis://127.0.0.1:6379/0" ;;
+  *) echo "unknown run $run: ratchet, redisres or stock" >&2; exit 2 ;;
+esac
+if [ "$CELSUITE_MODE" = ratchet ]; then
+  unset TEST_BROKER
+  "$PY" - "$PG" "$db" <<'PY'
+import sys
+from sqlalchemy import create_engine, text
+engine = create_engine(f"postgresql+psycopg://{sys.argv[1]}/postgres", isolation_level="AUTOCOMMIT")
+with engine.connect() as conn:
+    conn.execute(text(f'DROP DATABASE IF EXISTS "{sys.argv[2]}" WITH (FORCE)'))
+    conn.execute(text(f'CREATE DATABASE "{sys.argv[2]}"'))
+PY
+  export RATCHET_URL="postgresql+psycopg://$PG/$db"
+fi
+cd "$SRC"
+exec "$PY" -m pytest -p no:cacheprovider -p celery.contrib.pytest -o addopts="" -q -rfEs \
+  --timeout="${CELSUITE_TIMEOUT:-60}" --junitxml="$WORK/$run.xml" "${tests[@]}"
