@@ -12,7 +12,7 @@ from celery.canvas import StampingVisitor
 from celery.exceptions import TaskRevokedError
 from celery.worker import state as worker_state
 
-from celery_ratchet.celery.app import ratchet_state
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from tests.helpers import wait_until
 
