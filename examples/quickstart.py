@@ -14,10 +14,12 @@ import sys
 import time
 from pathlib import Path
 
-from celery import Celery, group
+from celery import group
 
-app = Celery("quickstart", task_cls="celery_ratchet:RatchetTask")  # 1. the task base class
-# app.conf.ratchet_url = "postgresql://localhost/shop"              # 2. the store (default SQLite)
+from celery_ratchet import Celery  # 1. the app class: ratchet from its creation on
+
+app = Celery("quickstart")
+# app.conf.ratchet_url = "postgresql://localhost/shop"  # 2. the store (default SQLite)
 
 
 @app.task
