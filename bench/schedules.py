@@ -65,28 +65,30 @@ def schedule_texts(count: int, every: int, aligned: bool) -> list[str]:
     return [f"cron:{i % every}/{every} * * * * ?" for i in range(count)]
 
 
-def register(url: str, count: int, every: int, aligned: bool) -> None:
-    """Register the schedules from a process of their own (the bench app reads its URL from
-    the environment when imported)."""
+def register(url: str, count: int, every: int, aligned: bool, processes: int = 4) -> None:
+    """Register the schedules from processes of their own (the bench app reads its URL from
+    the environment when imported), each a share of them."""
     code = (
         "import sys\n"
         "from bench.schedules import _register_here\n"
-        "_register_here(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == '1')\n"
+        "_register_here(*map(int, sys.argv[1:]))\n"
     )
-    subprocess.run(
-        [sys.executable, "-c", code, str(count), str(every), "1" if aligned else "0"],
-        cwd=ROOT,
-        env={**os.environ, "RATCHET_URL": url, "PYTHONPATH": str(ROOT)},
-        check=True,
-    )
+    env = {**os.environ, "RATCHET_URL": url, "PYTHONPATH": str(ROOT)}
+    args = [str(count), str(every), "1" if aligned else "0", str(processes)]
+    procs = [subprocess.Popen([sys.executable, "-c", code, *args, str(share)], cwd=ROOT, env=env)
+             for share in range(processes)]  # fmt: skip
+    if any(p.wait() for p in procs):
+        raise RuntimeError("schedules were not registered")
 
 
-def _register_here(count: int, every: int, aligned: bool) -> None:
+def _register_here(count: int, every: int, aligned: int, shares: int, share: int) -> None:
     from bench.apps import ratchet_app
     from celery_ratchet.celery.recurring import schedule_recurring
 
     signature = ratchet_app.signature("bench.occurrence")
-    for i, text in enumerate(schedule_texts(count, every, aligned)):
+    for i, text in enumerate(schedule_texts(count, every, bool(aligned))):
+        if i % shares != share:
+            continue
         kind, _, value = text.partition(":")
         schedule_recurring(
             ratchet_app,
