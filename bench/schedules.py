@@ -3,9 +3,9 @@
     ./dev bench schedules [--schedules 2000] [--every 10] [--workers 3] [--window 60]
     ./dev bench schedules --ceiling [--every 10] [--workers 3]
 
-Each schedule fires ``bench.occurrence``, which records in Redis its job id (so a tick run
-twice shows) and how late it started: the wall clock at its start minus its fire time (the
-task's ``eta``). Schedules are spread over the period by default (cron ``s/P`` with s = i mod
+Each schedule fires ``bench.occurrence``, which records in Redis (database 12, which no
+other bench flushes) its job id (so a tick run twice shows) and how late it started: the
+wall clock at its start minus its fire time (the task's ``eta``). Schedules are spread over the period by default (cron ``s/P`` with s = i mod
 P: N/P occurrences each second); ``--aligned`` makes them all ``every=P`` (N at once every P
 seconds). Workers (``celery worker -P threads -c 4`` each, ``--pool`` to change) start after
 the schedules are registered, on a database of their own (created, then dropped); after a
@@ -34,7 +34,7 @@ import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN = os.environ.get("BENCH_PG_ADMIN", "host=127.0.0.1 user=postgres dbname=postgres")
-REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = os.environ.get("BENCH_SCHEDULES_REDIS_URL", "redis://127.0.0.1:6379/12")
 KEY_PREFIX = "bench-sched-"
 
 
