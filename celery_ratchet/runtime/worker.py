@@ -886,15 +886,22 @@ class WorkerRuntime:
             plans.append((spec, decided))
         if not firings:
             return
+        fired: list[bool | None]
         try:
-            fired = self.store.fire_masters(firings)
-        except Exception as exc:  # left RUNNING: the next reconciliation hands them back
+            fired = list(self.store.fire_masters(firings))
+        except (StoreUnavailable, StoreBusy) as exc:  # left RUNNING: reconciliation returns them
             self._throttle.warn(
                 "fire", "ratchet: %d recurring jobs did not fire: %s", len(firings), exc
             )
             return
+        except Exception:
+            # One master's occurrences refused (say, a field too long) must not hold the
+            # others back: each on its own, and only that one stays unfired.
+            fired = [self._fire_alone(*firing) for firing in firings]
         created = False
         for (master, occurrences, _), planned, ok in zip(firings, plans, fired, strict=True):
+            if ok is None:  # said already
+                continue
             if not ok:
                 logger.warning(
                     "ratchet: recurring job %s lost its claim while firing", master.job_id
@@ -914,6 +921,18 @@ class WorkerRuntime:
                 )
         if created:
             self._hint.set()
+
+    def _fire_alone(
+        self, master: ClaimedJob, occurrences: Sequence[NewJob], next_due: datetime | None
+    ) -> bool | None:
+        """Fire one master; None when it failed (and that was logged)."""
+        try:
+            return self.store.fire_master(master, occurrences, next_due)
+        except Exception as exc:  # left RUNNING: the next reconciliation hands it back
+            self._throttle.warn(
+                "fire", "ratchet: recurring job %s did not fire: %s", master.job_id, exc
+            )
+            return None
 
     def wake(self) -> None:
         """New work may be due (an enqueue notification, recovered orphans): claim now."""
