@@ -5,14 +5,15 @@
 
 Each schedule fires ``bench.occurrence``, which records in Redis (database 12, which no
 other bench flushes) its job id (so a tick run twice shows) and how late it started: the
-wall clock at its start minus its fire time (the task's ``eta``). Schedules are spread
-over the period by default (cron ``s/P`` with s = i mod P: N/P occurrences each second);
-``--aligned`` makes them all ``every=P`` (N at once every P seconds). Workers (``celery worker -P threads -c 4`` each, ``--pool`` to change) start after
-the schedules are registered, on a database of their own (created, then dropped); after a
-warm-up the window is measured: ticks whose fire time falls in it, expected from the
-schedules themselves, against those that ran. ``--ceiling`` raises the schedule count until
-start lateness p99 passes 1 s (or a tick is missed or run twice) and reports the last rate
-fired on time. Nothing here asserts anything; read the figures.
+wall clock at its start minus its fire time (the task's ``eta``). Schedules are spread over
+the period by default (cron ``s/P`` with s = i mod P: N/P occurrences each second);
+``--aligned`` makes them all ``every=P`` (N at once every P seconds). Workers (``celery
+worker -P threads -c 4`` each, ``--pool`` to change) start after the schedules are
+registered, on a database of their own (created, then dropped); after a warm-up the window
+is measured: ticks whose fire time falls in it, expected from the schedules themselves,
+against those that ran. ``--ceiling`` raises the schedule count until start lateness p99
+passes 1 s (or a tick is missed or run twice) and reports the last rate fired on time.
+Nothing here asserts anything; read the figures.
 """
 
 from __future__ import annotations
