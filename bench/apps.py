@@ -58,5 +58,21 @@ def tick() -> None:
     """A per-second schedule (bench/idle.py): how late each tick is comes from its row."""
 
 
+#: The schedules bench's own Redis database: other benches flush theirs while it runs.
+SCHEDULES_REDIS_URL = os.environ.get("BENCH_SCHEDULES_REDIS_URL", "redis://127.0.0.1:6379/12")
+_schedules_board = redis.Redis.from_url(SCHEDULES_REDIS_URL)
+
+
+@ratchet_app.task(name="bench.occurrence", bind=True, ignore_result=True)
+def occurrence(self: object) -> None:
+    """One tick of a schedule (bench/schedules.py): how late it started, and that it ran."""
+    request = self.request  # type: ignore[attr-defined]
+    started = time.time()
+    with _schedules_board.pipeline(transaction=False) as pipe:
+        pipe.hincrby("schedules:runs", request.id, 1)
+        pipe.rpush("schedules:late", f"{request.eta}|{started}")
+        pipe.execute()
+
+
 _register(ratchet_app, "ratchet")
 _register(redis_app, "redis")

@@ -1,6 +1,8 @@
 """celery_ratchet beside raw SQL and beside Celery on its Redis broker, in one run.
 
     ./dev bench [--jobs 10000] [--quick]
+    ./dev bench schedules [--schedules 2000] [--every 10] [--workers 3]   (bench/schedules.py)
+    ./dev bench backlog [--sizes 10000,1000000] [--claims 5000]            (bench/backlog.py)
 
 Measures on PostgreSQL: enqueue rate (``.delay()`` in a loop), bulk enqueue (a group of
 1,000), drain rate (N queued no-op tasks, one worker, ``-c 4``, timed from worker start),
@@ -412,6 +414,16 @@ def bench_latency(samples: int, sparse: int) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["schedules"]:  # its own command line: see bench/schedules.py
+        from bench.schedules import main as schedules
+
+        schedules(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["backlog"]:  # its own command line: see bench/backlog.py
+        from bench.backlog import main as backlog
+
+        backlog(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=10_000, help="jobs to drain")
     parser.add_argument("--enqueue", type=int, default=3_000, help="single sends per round")

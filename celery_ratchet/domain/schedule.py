@@ -11,6 +11,7 @@ oldest first, up to ``n`` in total (default 11); ``FIRE_ONCE`` creates only the 
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ class CronSchedule:
     zone: str = "UTC"
 
     def __post_init__(self) -> None:
-        CronExpression(self.expression, self.zone)  # validates: raises CronError
+        _compiled(self.expression, self.zone)  # validates: raises CronError
 
     @property
     def cron(self) -> CronExpression:
@@ -47,15 +48,16 @@ class CronSchedule:
         return f"cron:{self.expression}"
 
 
-_cache: dict[tuple[str, str], CronExpression] = {}
+#: Compiled expressions kept: every master fires through one, many share a few; bounded, as
+#: programmatic schedules may each have their own.
+_COMPILED_KEPT = 4096
 
 
+@functools.lru_cache(maxsize=_COMPILED_KEPT)
 def _compiled(expression: str, zone: str) -> CronExpression:
-    key = (expression, zone)
-    cron = _cache.get(key)
-    if cron is None:
-        cron = _cache[key] = CronExpression(expression, zone)
-    return cron
+    """A compiled expression is immutable: compiled once, not on every fire. An invalid one
+    raises each time (nothing is cached)."""
+    return CronExpression(expression, zone)
 
 
 @dataclass(frozen=True)
@@ -226,13 +228,19 @@ class MasterSpec:
 
     @classmethod
     def from_json(cls, text: str) -> MasterSpec:
-        data = json.loads(text)
-        return cls(
-            schedule=data["schedule"],
-            zone=data.get("zone", "UTC"),
-            misfire=data.get("misfire", f"CATCH_UP:{DEFAULT_CATCH_UP}"),
-            queue=data.get("queue", "celery"),
-            name=data.get("name"),
-            tags=tuple(data.get("tags") or ()),
-            expires_seconds=data.get("expires_seconds"),
-        )
+        """Read on every fire of a master: the same text makes the same (frozen) spec."""
+        return _spec_from_json(text)
+
+
+@functools.lru_cache(maxsize=_COMPILED_KEPT)
+def _spec_from_json(text: str) -> MasterSpec:
+    data = json.loads(text)
+    return MasterSpec(
+        schedule=data["schedule"],
+        zone=data.get("zone", "UTC"),
+        misfire=data.get("misfire", f"CATCH_UP:{DEFAULT_CATCH_UP}"),
+        queue=data.get("queue", "celery"),
+        name=data.get("name"),
+        tags=tuple(data.get("tags") or ()),
+        expires_seconds=data.get("expires_seconds"),
+    )

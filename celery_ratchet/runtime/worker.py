@@ -6,7 +6,6 @@ must eventually be told the outcome through :meth:`WorkerRuntime.settle`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
@@ -31,7 +30,7 @@ from celery_ratchet.domain.job import (
     Settlement,
 )
 from celery_ratchet.domain.liveness import LivenessJudge
-from celery_ratchet.domain.schedule import MasterSpec, plan
+from celery_ratchet.domain.schedule import MasterSpec, Plan, plan
 from celery_ratchet.errors import StoreBusy, StoreUnavailable
 from celery_ratchet.runtime.control import CommandRunner, ControlLoop
 from celery_ratchet.runtime.fence import Fence, new_tag, stamp
@@ -48,6 +47,8 @@ _MASTER_CHECK_SECONDS = 0.25
 _DUE_MARGIN_SECONDS = 0.005
 #: While no announcement has reached this node, it asks for one this often.
 _PROBE_SECONDS = 30.0
+#: Recurring masters claimed, and fired in one transaction, at once.
+_MASTER_BATCH = 200
 #: A recurring master that cannot be planned is retried this much later, not abandoned.
 _MASTER_RETRY_SECONDS = 60.0
 #: Put in the settler's queue when the runtime closes: nothing to write, just wake up.
@@ -825,14 +826,13 @@ class WorkerRuntime:
         fired = False
         if due:
             try:
-                masters = self.store.claim(self.node_id, [SCHEDULES_QUEUE], 20)
+                masters = self.store.claim(self.node_id, [SCHEDULES_QUEUE], _MASTER_BATCH)
             except Exception as exc:
                 self._throttle.warn("masters", "ratchet: recurring jobs not checked: %s", exc)
                 self._master_due = now + self.settings.poll_interval
                 return
-            for master in masters:
-                self._fire(master)
-            if len(masters) == 20:  # there may be more due: claim again at once
+            self._fire(masters)
+            if len(masters) == _MASTER_BATCH:  # there may be more due: claim again at once
                 self._master_due = 0.0
                 return
             fired = bool(masters)
@@ -857,48 +857,82 @@ class WorkerRuntime:
             # it, or it is not claimable yet), look again a little later, not in a spin.
             self._master_due = now + (_MASTER_CHECK_SECONDS if claimed_none else 0.0)
 
-    def _fire(self, master: ClaimedJob) -> None:
-        """A recurring master came due: create its occurrences, per its misfire policy, and
-        set its next due time, in one transaction."""
+    def _fire(self, masters: Sequence[ClaimedJob]) -> None:
+        """Recurring masters came due: create their occurrences, per each one's misfire
+        policy, and set their next due times, all in one transaction."""
         assert self.occurrence is not None
-        # The database clock decides what is overdue, as it decided what was due.
-        now = max(master.claimed_now or datetime.now(timezone.utc), master.scheduled_time)
-        try:
-            spec = MasterSpec.from_json(master.schedule_spec or "")
-            decided = plan(spec.timetable, master.scheduled_time, now, spec.policy)
-            occurrences = [self.occurrence(master, spec, fire) for fire in decided.fire]
-        except Exception:
-            # Perhaps only this node cannot (a missing time zone, an older version): try
-            # again later, on whichever node claims it, rather than abandon the schedule.
-            logger.exception(
-                "ratchet: recurring job %s cannot fire; retrying in %ss",
-                master.job_id,
-                _MASTER_RETRY_SECONDS,
-            )
-            retry_at = now + timedelta(seconds=_MASTER_RETRY_SECONDS)
-            with contextlib.suppress(Exception):
-                self.store.fire_master(master, [], retry_at)
+        firings: list[tuple[ClaimedJob, list[NewJob], datetime | None]] = []
+        plans: list[tuple[MasterSpec, Plan] | None] = []
+        for master in masters:
+            # The database clock decides what is overdue, as it decided what was due.
+            now = max(master.claimed_now or datetime.now(timezone.utc), master.scheduled_time)
+            try:
+                spec = MasterSpec.from_json(master.schedule_spec or "")
+                decided = plan(spec.timetable, master.scheduled_time, now, spec.policy)
+                occurrences = [self.occurrence(master, spec, fire) for fire in decided.fire]
+            except Exception:
+                # Perhaps only this node cannot (a missing time zone, an older version): try
+                # again later, on whichever node claims it, rather than abandon the schedule.
+                logger.exception(
+                    "ratchet: recurring job %s cannot fire; retrying in %ss",
+                    master.job_id,
+                    _MASTER_RETRY_SECONDS,
+                )
+                retry_at = now + timedelta(seconds=_MASTER_RETRY_SECONDS)
+                firings.append((master, [], retry_at))
+                plans.append(None)
+                continue
+            firings.append((master, occurrences, decided.next_due))
+            plans.append((spec, decided))
+        if not firings:
             return
+        fired: list[bool | None]
         try:
-            fired = self.store.fire_master(master, occurrences, decided.next_due)
+            fired = list(self.store.fire_masters(firings))
+        except (StoreUnavailable, StoreBusy) as exc:  # left RUNNING: reconciliation returns them
+            self._throttle.warn(
+                "fire", "ratchet: %d recurring jobs did not fire: %s", len(firings), exc
+            )
+            return
+        except Exception:
+            # One master's occurrences refused (say, a field too long) must not hold the
+            # others back: each on its own, and only that one stays unfired.
+            fired = [self._fire_alone(*firing) for firing in firings]
+        created = False
+        for (master, occurrences, _), planned, ok in zip(firings, plans, fired, strict=True):
+            if ok is None:  # said already
+                continue
+            if not ok:
+                logger.warning(
+                    "ratchet: recurring job %s lost its claim while firing", master.job_id
+                )
+                continue
+            created = created or bool(occurrences)
+            if planned is None:
+                continue
+            spec, decided = planned
+            if decided.skipped:
+                logger.warning(
+                    "ratchet: recurring job %s missed %d fire times; policy %s created %d",
+                    master.job_id,
+                    decided.skipped + len(decided.fire),
+                    spec.misfire,
+                    len(decided.fire),
+                )
+        if created:
+            self._hint.set()
+
+    def _fire_alone(
+        self, master: ClaimedJob, occurrences: Sequence[NewJob], next_due: datetime | None
+    ) -> bool | None:
+        """Fire one master; None when it failed (and that was logged)."""
+        try:
+            return self.store.fire_master(master, occurrences, next_due)
         except Exception as exc:  # left RUNNING: the next reconciliation hands it back
             self._throttle.warn(
                 "fire", "ratchet: recurring job %s did not fire: %s", master.job_id, exc
             )
-            return
-        if not fired:
-            logger.warning("ratchet: recurring job %s lost its claim while firing", master.job_id)
-            return
-        if decided.skipped:
-            logger.warning(
-                "ratchet: recurring job %s missed %d fire times; policy %s created %d",
-                master.job_id,
-                decided.skipped + len(decided.fire),
-                spec.misfire,
-                len(decided.fire),
-            )
-        if occurrences:
-            self._hint.set()
+            return None
 
     def wake(self) -> None:
         """New work may be due (an enqueue notification, recovered orphans): claim now."""

@@ -36,10 +36,12 @@ _CLAIMED = (
 )
 #: Levels the aging merge reads one by one. The store clamps priorities into 0-9; rows
 #: written otherwise (before that, up to 255, or by hand, below 0) are read by the first and
-#: last parts, so none is ever left behind.
+#: last parts, so none is ever left behind. Each of 0-9 is a level of its own: a range
+#: (``priority <= 0``) is not in (due time, id) order in the index, so the database would
+#: sort every pending row of priority 0 on each claim, a cost growing with the backlog.
 _LEVEL_CONDITIONS = (
-    [f"priority <= {MIN_PRIORITY}"]
-    + [f"priority = {p}" for p in range(MIN_PRIORITY + 1, MAX_PRIORITY + 1)]
+    [f"priority < {MIN_PRIORITY}"]
+    + [f"priority = {p}" for p in range(MIN_PRIORITY, MAX_PRIORITY + 1)]
     + [f"priority > {MAX_PRIORITY}"]
 )
 
@@ -86,7 +88,7 @@ def candidates(kind: str, now: str, shape: ClaimShape, columns: str, lock: bool)
     Without aging one index scan in (priority desc, due time) order serves it. With aging the
     order depends on the clock, so no index holds it; but within one priority level the
     effective priority only grows with the wait, so the best ``limit`` rows overall are among
-    the ``limit`` oldest of each level: read those (eleven short index range scans) and order
+    the ``limit`` oldest of each level: read those (twelve short index range scans) and order
     that handful. Exact, and its cost does not grow with the backlog.
     """
     lock_clause = " FOR UPDATE SKIP LOCKED" if lock else ""

@@ -247,6 +247,8 @@ _DEFINITION = (
     "properties", "business_key", "schedule_spec",
 )  # fmt: skip
 
+#: Masters whose next due time one UPDATE sets: well within every dialect's bind limit.
+_MASTER_IDS_PER_UPDATE = 500
 _CLEARED_CLAIM = {"picked_by": None, "claim_token": None, "claimed_at": None, "started_at": None}
 _CLEARED_RESULT = {
     "revoke_requested": None,
@@ -2026,6 +2028,51 @@ class JobStore:
             return self._run(work, "the recurring job did not fire")
         except _ClaimLost:
             return False
+
+    def fire_masters(
+        self, firings: Sequence[tuple[ClaimedJob, Sequence[NewJob], datetime | None]]
+    ) -> list[bool]:
+        """:meth:`fire_master` for many claimed masters in one transaction: every
+        occurrence in one insert, the masters' next due times in one UPDATE per distinct
+        (claim, next due time). When any master's claim was lost, nothing of the batch is
+        kept and each is fired on its own instead, so that the others still fire; the
+        result says, per master, whether it fired."""
+        if len(firings) <= 1:
+            return [self.fire_master(*f) for f in firings]
+        params = [_params(o) for _, occurrences, _ in firings for o in occurrences]
+        groups: dict[tuple[str, datetime | None], list[str]] = {}
+        for master, _, next_due in firings:
+            groups.setdefault((master.token, next_due), []).append(master.job_id)
+        statements = []
+        for (token, next_due), job_ids in groups.items():
+            for start in range(0, len(job_ids), _MASTER_IDS_PER_UPDATE):
+                chunk = job_ids[start : start + _MASTER_IDS_PER_UPDATE]
+                values: dict[str, Any] = dict(_CLEARED_CLAIM)
+                if next_due is None:  # no fire time left: the schedule is over
+                    values.update(status=JobStatus.SUCCEEDED.value, finished_at=db_now())
+                else:
+                    values.update(status=JobStatus.PENDING.value, scheduled_time=next_due)
+                held = and_(
+                    job.c.job_id.in_(chunk),
+                    job.c.claim_token == token,
+                    job.c.status == JobStatus.RUNNING.value,
+                )
+                statements.append((update(job).where(held).values(**values), len(chunk)))
+
+        def work(conn: Connection) -> bool:
+            with transaction(conn):
+                if params:
+                    self._insert_many(conn, params, ignore_existing=True)
+                for statement, expected in statements:
+                    if conn.execute(statement).rowcount != expected:
+                        raise _ClaimLost
+            return True
+
+        try:
+            self._run(work, "the recurring jobs did not fire")
+        except _ClaimLost:
+            return [self.fire_master(*f) for f in firings]
+        return [True] * len(firings)
 
     def set_master_status(
         self, job_id: str, status: JobStatus, *, due: datetime | None = None

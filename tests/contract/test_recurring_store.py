@@ -109,3 +109,51 @@ def test_an_exhausted_master_finishes(store: JobStore, db_url: str) -> None:
     assert store.list_masters() == []
     record = store.result(master.job_id)
     assert record is not None and record.status is JobStatus.SUCCEEDED
+
+
+def test_masters_fired_together_each_fire_once(store: JobStore, db_url: str) -> None:
+    for key in ("a", "b", "c", "d"):
+        _register(db_url, key, MasterSpec("every:1").to_json())
+    masters = sorted(_claim_due_master(store), key=lambda m: m.job_id)
+    assert len(masters) == 4
+    firings = []
+    for m in masters:
+        fire = m.scheduled_time
+        occurrence = new_job(recurring.occurrence_id(m.job_id, fire), task="tests.tick")
+        # The last master's schedule is over: it finishes instead of coming due again.
+        next_due = None if m is masters[-1] else fire + timedelta(seconds=1)
+        firings.append((m, [occurrence], next_due))
+    assert store.fire_masters(firings) == [True] * 4
+    # Fired again for the same times (a node that crashed after firing): nothing twice.
+    again = sorted(_claim_due_master(store), key=lambda m: m.job_id)
+    assert len(again) == 3
+    refire = [(m, firings[i][1], m.scheduled_time + timedelta(hours=1))
+              for i, m in enumerate(again)]  # fmt: skip
+    assert store.fire_masters(refire) == [True] * 3
+    ids = [j.job_id for j in store.list_jobs(limit=20)]
+    for _, [occurrence], _ in firings:
+        assert ids.count(occurrence.job_id) == 1
+    statuses = {m["job_id"]: m["status"] for m in store.list_masters(include_cancelled=True)}
+    assert statuses[masters[-1].job_id] == "SUCCEEDED"
+    assert {statuses[m.job_id] for m in again} == {"PENDING"}
+
+
+def test_a_lost_claim_among_masters_fired_together_stops_only_its_own(
+    store: JobStore, db_url: str
+) -> None:
+    for key in ("kept", "lost"):
+        _register(db_url, key, MasterSpec("every:1").to_json())
+    kept, lost = sorted(_claim_due_master(store), key=lambda m: m.job_id)
+    assert (kept.job_id, lost.job_id) == ("recurring:kept", "recurring:lost")
+    with store.engine.connect() as conn:  # another node took the second one over
+        conn.exec_driver_sql(
+            "UPDATE scheduler_job SET claim_token = 'other' WHERE job_id = 'recurring:lost'"
+        )
+    firings = [
+        (m, [new_job(f"occurrence-of-{m.job_id}", task="tests.tick")],
+         m.scheduled_time + timedelta(seconds=1))
+        for m in (kept, lost)
+    ]  # fmt: skip
+    assert store.fire_masters(firings) == [True, False]
+    assert store.result("occurrence-of-recurring:kept") is not None
+    assert store.result("occurrence-of-recurring:lost") is None

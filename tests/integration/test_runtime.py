@@ -124,3 +124,45 @@ def test_a_node_that_cannot_heartbeat_stops_starting_jobs(store: JobStore) -> No
     finally:
         store.heartbeat = real_heartbeat  # type: ignore[method-assign]
         rt.close(timeout=10)
+
+
+def test_a_master_whose_occurrence_is_refused_does_not_hold_the_others_back(
+    store: JobStore,
+) -> None:
+    """Masters due together fire in one transaction; one whose occurrence the store
+    refuses is left unfired and the others fire all the same."""
+    from datetime import datetime, timedelta, timezone
+
+    from celery_ratchet.domain.job import NewJob
+    from celery_ratchet.domain.schedule import MasterSpec
+    from celery_ratchet.runtime import recurring
+
+    template = new_job("template", task="tests.tick")
+    past = datetime.now(timezone.utc) - timedelta(seconds=30)  # registered a while ago
+    for key in ("first", "refused", "last"):
+        recurring.register(store, key, MasterSpec("every:3600"), task_name="tests.tick",
+                           priority=4, message=template.message, now=past)  # fmt: skip
+    with store.engine.connect() as conn:  # all three due now
+        conn.exec_driver_sql(
+            "UPDATE scheduler_job SET scheduled_time = created_at WHERE job_type = 'RECURRING'"
+        )
+
+    def occurrence(master: ClaimedJob, spec: MasterSpec, fire: datetime) -> NewJob:
+        job_id = recurring.occurrence_id(master.job_id, fire)
+        queue = "q" * 1000 if "refused" in master.job_id else "celery"  # over its column
+        return new_job(job_id, task="tests.tick", queue=queue)
+
+    executor = Executor()
+    rt = WorkerRuntime(store, FAST, node_id="n", queues=["celery"],
+                       capacity=Capacity(running=4, buffered=4), dispatch=executor,
+                       occurrence=occurrence)  # fmt: skip
+    executor.runtime = rt
+    rt.start()
+    try:
+        wait_for(lambda: {j.split("@")[0] for j in executor.ran}
+                 >= {"recurring:first", "recurring:last"})  # fmt: skip
+    finally:
+        rt.close(timeout=10)
+    assert not [j for j in executor.ran if j.startswith("recurring:refused")]
+    statuses = {m["job_id"]: m["status"] for m in store.list_masters()}
+    assert statuses["recurring:first"] == statuses["recurring:last"] == "PENDING"
