@@ -315,7 +315,7 @@ class WorkerRuntime:
             sent = time.monotonic()
             try:
                 self.store.register_node(
-                    self.node_id, self.hostname, os.getpid(), self.queues, self.capacity.running
+                    self.node_id, self.hostname, os.getpid(), self.queues, self.capacity.executing
                 )
                 with self._lock:
                     self._epoch += 1

@@ -166,3 +166,23 @@ def test_a_master_whose_occurrence_is_refused_does_not_hold_the_others_back(
     assert not [j for j in executor.ran if j.startswith("recurring:refused")]
     statuses = {m["job_id"]: m["status"] for m in store.list_masters()}
     assert statuses["recurring:first"] == statuses["recurring:last"] == "PENDING"
+
+
+def test_a_node_is_listed_with_the_jobs_it_runs_at_once_not_its_pool_feed(store: JobStore) -> None:
+    # A prefork worker of -c 3 keeps six jobs in its pool (three waiting for a free process):
+    # `ratchet nodes` and the dashboard show the 3 it was started with.
+    rt = WorkerRuntime(
+        store,
+        FAST,
+        node_id="c3-node",
+        queues=["celery"],
+        capacity=Capacity(running=6, buffered=6, slots=3),
+        dispatch=Executor(),
+    )
+    rt.start()
+    try:
+        wait_for(lambda: any(n["node_id"] == "c3-node" for n in store.list_nodes()))
+        [node] = [n for n in store.list_nodes() if n["node_id"] == "c3-node"]
+        assert node["concurrency"] == 3
+    finally:
+        rt.close(timeout=10)
