@@ -6,12 +6,14 @@ import dataclasses
 import multiprocessing
 
 import pytest
+from sqlalchemy import update
 
 from celery_ratchet.domain.batch import BatchKind, BatchPart, BatchState, NewBatch
 from celery_ratchet.domain.job import JobStatus, JobType, NewJob, Settlement
 from celery_ratchet.errors import DuplicateJob
 from celery_ratchet.store.batches import BatchStore, decide
 from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.schema import scheduler_batch
 from tests.helpers import new_job
 
 
@@ -192,3 +194,48 @@ def test_processes_racing_to_decide_a_workflow_decide_each_branch_once(
         )
     assert sum(decided) == 30
     assert all(r.state == "FIRED" for p in parents for r in batches.conditions(p))
+
+
+def test_a_late_settle_of_a_step_retried_from_the_dlq_keeps_its_chain_waiting(
+    store: JobStore,
+) -> None:
+    store.enqueue_many([new_job("l1")], [step("l2", "l1"), step("l3", "l2")])
+    [claimed] = store.claim("n", ["celery"], 10)
+    # The result backend stores the failure first; the worker's settle of the same execution
+    # is queued and written later, here only after the job was retried from the DLQ.
+    assert store.store_outcome("l1", claimed.token, JobStatus.FAILED, error='"boom"')
+    assert status_of(store, "l3") is JobStatus.REVOKED
+    assert store.retry_failed(["l1"]) == 1
+    assert store.settle([Settlement("l1", claimed.token, JobStatus.FAILED, '"boom"', None)]) == 0
+    assert [status_of(store, j) for j in ("l1", "l2", "l3")] == [
+        JobStatus.PENDING,
+        JobStatus.WAITING,
+        JobStatus.WAITING,
+    ]
+    # The retried step succeeds and sends the next one: the waiting row is released.
+    [again] = store.claim("n", ["celery"], 10)
+    assert again.job_id == "l1"
+    store.enqueue_many([dataclasses.replace(new_job("l2"), parent_id="l1")], [step("l3", "l2")])
+    assert [j.job_id for j in store.claim("n", ["celery"], 10)] == ["l2"]
+
+
+def test_a_settle_after_the_backend_counted_the_child_leaves_the_counters(
+    store: JobStore,
+) -> None:
+    batches = BatchStore(store)
+    batches.open(NewBatch("sc", BatchKind.STREAM, None))
+    store.enqueue_many([dataclasses.replace(new_job("sc1"), group_id="sc")])
+    [claimed] = store.claim("n", ["celery"], 1)
+    part = BatchPart("sc", "sc1", 0, "FAILURE", '{"exc_type": "ValueError"}')
+    assert store.store_outcome("sc1", claimed.token, JobStatus.FAILED, error='"bad"', part=part)
+    # Another child counted itself (done + 1) in a transaction whose part row a concurrent
+    # recount could not see yet; the settle of sc1 must not recount the batch over it.
+    with store.engine.begin() as conn:
+        conn.execute(
+            update(scheduler_batch)
+            .where(scheduler_batch.c.batch_id == "sc")
+            .values(done=scheduler_batch.c.done + 1)
+        )
+    store.settle([Settlement("sc1", claimed.token, JobStatus.FAILED, '"bad"', None)])
+    progress = batches.progress("sc")
+    assert (progress.done, progress.failed) == (2, 1)
