@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import threading
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import text, update
 
 from celery_ratchet.domain.batch import BatchKind, BatchPart, BatchState, NewBatch
 from celery_ratchet.domain.job import JobStatus, JobType, NewJob, Settlement
 from celery_ratchet.errors import DuplicateJob
-from celery_ratchet.store.batches import BatchStore, decide
+from celery_ratchet.store.batches import BatchStore, decide, record_part
+from celery_ratchet.store.engine import transaction
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.store.schema import scheduler_batch
-from tests.helpers import new_job
+from tests.helpers import new_job, wait_until
 
 
 def step(job_id: str, after: str) -> NewJob:
@@ -238,4 +240,31 @@ def test_a_settle_after_the_backend_counted_the_child_leaves_the_counters(
         )
     store.settle([Settlement("sc1", claimed.token, JobStatus.FAILED, '"bad"', None)])
     progress = batches.progress("sc")
+    assert (progress.done, progress.failed) == (2, 1)
+
+
+def _waiting_for_a_lock(store: JobStore) -> bool:
+    """Whether some session of this database waits for a row lock."""
+    if store.engine.dialect.name == "postgresql":
+        query = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+    else:
+        query = "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+    with store.engine.connect() as conn:
+        return bool(conn.execute(text(query)).scalar())
+
+
+def test_a_recount_waits_for_a_child_counting_itself(server_store: JobStore) -> None:
+    store, batches = server_store, BatchStore(server_store)
+    batches.open(NewBatch("rc", BatchKind.CHORD, 2))
+    store.enqueue_many([dataclasses.replace(new_job("rc2"), group_id="rc")])
+    with store.engine.connect() as child:
+        with transaction(child):
+            # A child's outcome counts it (its part, done + 1), not committed yet ...
+            record_part(child, BatchPart("rc", "rc1", 0, "SUCCESS", "1"))
+            # ... while the other child is revoked unrun: its part is counted by a recount.
+            revoke = threading.Thread(target=store.request_revoke, args=(["rc2"], '"revoked"'))
+            revoke.start()
+            wait_until(lambda: _waiting_for_a_lock(store), 30, "the revoke to wait for the lock")
+        revoke.join(30)
+    progress = batches.progress("rc")
     assert (progress.done, progress.failed) == (2, 1)
