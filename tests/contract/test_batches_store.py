@@ -244,16 +244,18 @@ def test_a_settle_after_the_backend_counted_the_child_leaves_the_counters(
 
 
 def _waiting_for_a_lock(store: JobStore) -> bool:
-    """Whether some session of this database waits for a row lock."""
-    if store.engine.dialect.name == "postgresql":
-        query = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-    else:
-        query = "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+    """Whether some session of this (private) database waits for a lock."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
     with store.engine.connect() as conn:
         return bool(conn.execute(text(query)).scalar())
 
 
 def test_a_recount_waits_for_a_child_counting_itself(server_store: JobStore) -> None:
+    if server_store.family != "postgresql":
+        pytest.skip("the recount's subquery reads a statement snapshot on PostgreSQL only")
     store, batches = server_store, BatchStore(server_store)
     batches.open(NewBatch("rc", BatchKind.CHORD, 2))
     store.enqueue_many([dataclasses.replace(new_job("rc2"), group_id="rc")])
