@@ -161,7 +161,10 @@ def record_ended_parts(conn: Connection, job_ids: Sequence[str], state: str) -> 
         return []
     columns = ["batch_id", "job_id", "position", "state", "result", "finished_at"]
     conn.execute(insert_ignoring_conflicts(conn.dialect, part_table).from_select(columns, ended))
-    # Recounted rather than incremented: some of these may have been counted already.
+    # Recounted rather than incremented: some of these may have been counted already. The
+    # rows are locked first: a child counting itself concurrently (done + 1) then either
+    # committed its part before the count below is read, or adds itself after it.
+    conn.execute(select(batch.c.batch_id).where(batch.c.batch_id.in_(touched)).with_for_update())
     counted = select(func.count()).where(part_table.c.batch_id == batch.c.batch_id)
     failed = counted.where(part_table.c.state.in_(FAILED_STATES))
     conn.execute(

@@ -1299,17 +1299,10 @@ class JobStore:
             for resource, claims in held.items()
         ]
 
-        ended = [(s.job_id, s.error) for s in settlements if s.status.value in _CANCELS_DOWNSTREAM]
-        # Celery reports the children of chords it ran itself; these are for those it never
-        # got to run (unknown task, malformed, revoked in the buffer). Counted once either way.
-        ended_parts: dict[str, list[str]] = defaultdict(list)
-        for s in settlements:
-            if s.status.value in _CANCELS_DOWNSTREAM:
-                state = "FAILURE" if s.status is JobStatus.FAILED else "REVOKED"
-                ended_parts[state].append(s.job_id)
+        ending = [s for s in settlements if s.status.value in _CANCELS_DOWNSTREAM]
 
         def work(conn: Connection) -> int:
-            if not ended:
+            if not ending:
                 return settle_rows(conn)
             with transaction(conn):  # parts and counters change with the outcome
                 return settle_rows(conn)
@@ -1317,18 +1310,44 @@ class JobStore:
         handed_back = [s.job_id for s in settlements if s.status is JobStatus.PENDING]
 
         def settle_rows(conn: Connection) -> int:
+            # Only the rows this settle ends: the result backend usually stored the outcome
+            # first (with its part, and the steps after it revoked), and the job may have
+            # been retried from the dead-letter queue since; an old settle arriving then
+            # must not revoke the chain steps the retry restored, nor recount the batch.
+            ended = self._still_held(conn, ending)
             changed = self._settle_counting_dead_letters(conn, params)
             if handed_back:  # due again at once, for any node: wake the idle ones
                 self._announce_queues_of(conn, handed_back)
             for release in releases:  # one statement per resource, not per job
                 conn.execute(release)
-            for job_id, error in ended:
-                cancel_downstream(conn, job_id, error)
+            # Celery reports the children of chords it ran itself; these are for those it
+            # never got to run (unknown task, malformed, revoked in the buffer).
+            ended_parts: dict[str, list[str]] = defaultdict(list)
+            for s in ended:
+                cancel_downstream(conn, s.job_id, s.error)
+                state = "FAILURE" if s.status is JobStatus.FAILED else "REVOKED"
+                ended_parts[state].append(s.job_id)
             for state, ids in ended_parts.items():
                 record_ended_parts(conn, ids, state)
             return changed
 
         return self._run(work, "job outcomes were not recorded")
+
+    def _still_held(self, conn: Connection, settlements: list[Settlement]) -> list[Settlement]:
+        """Those of ``settlements`` whose claim still holds its job (RUNNING under it)."""
+        if not settlements:
+            return []
+        claims = [(s.job_id, s.token) for s in settlements]
+        held = {
+            r.job_id
+            for r in conn.execute(
+                select(job.c.job_id).where(
+                    job.c.status == JobStatus.RUNNING.value,
+                    tuple_(job.c.job_id, job.c.claim_token).in_(claims),
+                )
+            )
+        }
+        return [s for s in settlements if s.job_id in held]
 
     def _settle_counting_dead_letters(self, conn: Connection, params: list[dict[str, Any]]) -> int:
         """Settle, counting the jobs this settle fails into their alert windows. Those rows

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import threading
 
 import pytest
+from sqlalchemy import text, update
 
 from celery_ratchet.domain.batch import BatchKind, BatchPart, BatchState, NewBatch
 from celery_ratchet.domain.job import JobStatus, JobType, NewJob, Settlement
 from celery_ratchet.errors import DuplicateJob
-from celery_ratchet.store.batches import BatchStore, decide
+from celery_ratchet.store.batches import BatchStore, decide, record_part
+from celery_ratchet.store.engine import transaction
 from celery_ratchet.store.jobstore import JobStore
-from tests.helpers import new_job
+from celery_ratchet.store.schema import scheduler_batch
+from tests.helpers import new_job, wait_until
 
 
 def step(job_id: str, after: str) -> NewJob:
@@ -192,3 +196,77 @@ def test_processes_racing_to_decide_a_workflow_decide_each_branch_once(
         )
     assert sum(decided) == 30
     assert all(r.state == "FIRED" for p in parents for r in batches.conditions(p))
+
+
+def test_a_late_settle_of_a_step_retried_from_the_dlq_keeps_its_chain_waiting(
+    store: JobStore,
+) -> None:
+    store.enqueue_many([new_job("l1")], [step("l2", "l1"), step("l3", "l2")])
+    [claimed] = store.claim("n", ["celery"], 10)
+    # The result backend stores the failure first; the worker's settle of the same execution
+    # is queued and written later, here only after the job was retried from the DLQ.
+    assert store.store_outcome("l1", claimed.token, JobStatus.FAILED, error='"boom"')
+    assert status_of(store, "l3") is JobStatus.REVOKED
+    assert store.retry_failed(["l1"]) == 1
+    assert store.settle([Settlement("l1", claimed.token, JobStatus.FAILED, '"boom"', None)]) == 0
+    assert [status_of(store, j) for j in ("l1", "l2", "l3")] == [
+        JobStatus.PENDING,
+        JobStatus.WAITING,
+        JobStatus.WAITING,
+    ]
+    # The retried step succeeds and sends the next one: the waiting row is released.
+    [again] = store.claim("n", ["celery"], 10)
+    assert again.job_id == "l1"
+    store.enqueue_many([dataclasses.replace(new_job("l2"), parent_id="l1")], [step("l3", "l2")])
+    assert [j.job_id for j in store.claim("n", ["celery"], 10)] == ["l2"]
+
+
+def test_a_settle_after_the_backend_counted_the_child_leaves_the_counters(
+    store: JobStore,
+) -> None:
+    batches = BatchStore(store)
+    batches.open(NewBatch("sc", BatchKind.STREAM, None))
+    store.enqueue_many([dataclasses.replace(new_job("sc1"), group_id="sc")])
+    [claimed] = store.claim("n", ["celery"], 1)
+    part = BatchPart("sc", "sc1", 0, "FAILURE", '{"exc_type": "ValueError"}')
+    assert store.store_outcome("sc1", claimed.token, JobStatus.FAILED, error='"bad"', part=part)
+    # Another child counted itself (done + 1) in a transaction whose part row a concurrent
+    # recount could not see yet; the settle of sc1 must not recount the batch over it.
+    with store.engine.begin() as conn:
+        conn.execute(
+            update(scheduler_batch)
+            .where(scheduler_batch.c.batch_id == "sc")
+            .values(done=scheduler_batch.c.done + 1)
+        )
+    store.settle([Settlement("sc1", claimed.token, JobStatus.FAILED, '"bad"', None)])
+    progress = batches.progress("sc")
+    assert (progress.done, progress.failed) == (2, 1)
+
+
+def _waiting_for_a_lock(store: JobStore) -> bool:
+    """Whether some session of this (private) database waits for a lock."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    with store.engine.connect() as conn:
+        return bool(conn.execute(text(query)).scalar())
+
+
+def test_a_recount_waits_for_a_child_counting_itself(server_store: JobStore) -> None:
+    if server_store.family != "postgresql":
+        pytest.skip("the recount's subquery reads a statement snapshot on PostgreSQL only")
+    store, batches = server_store, BatchStore(server_store)
+    batches.open(NewBatch("rc", BatchKind.CHORD, 2))
+    store.enqueue_many([dataclasses.replace(new_job("rc2"), group_id="rc")])
+    with store.engine.connect() as child:
+        with transaction(child):
+            # A child's outcome counts it (its part, done + 1), not committed yet ...
+            record_part(child, BatchPart("rc", "rc1", 0, "SUCCESS", "1"))
+            # ... while the other child is revoked unrun: its part is counted by a recount.
+            revoke = threading.Thread(target=store.request_revoke, args=(["rc2"], '"revoked"'))
+            revoke.start()
+            wait_until(lambda: _waiting_for_a_lock(store), 30, "the revoke to wait for the lock")
+        revoke.join(30)
+    progress = batches.progress("rc")
+    assert (progress.done, progress.failed) == (2, 1)
