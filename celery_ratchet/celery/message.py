@@ -118,7 +118,10 @@ def job_from_message(
         priority = default_priority if priority is None else to_numeric(priority)
     except ValueError as exc:
         raise InvalidJob("priority", f"task {name!r}: {exc}") from None
-    properties["priority"] = priority
+    # The message keeps the sender's priority (or none), which a worker reports as stock
+    # does; the row's priority (the default where none was given) orders claims.
+    if properties.get("priority") is not None:
+        properties["priority"] = priority
     headers.pop(CLAIM_HEADER, None)
     headers.pop(FENCE_HEADER, None)
     return NewJob(
@@ -259,6 +262,10 @@ class JobMessage(KombuMessage):
         if job.fence is not None:
             headers[FENCE_HEADER] = job.fence
         properties = kjson.loads(job.message.properties)
+        #: What the sender's message carried, as stock reports it (a transport's 0 when
+        #: the sender set none); Celery's request keeps the row's, which retries and
+        #: inheriting children copy, so their claim order stays the row's.
+        self.sent_priority: int = properties.get("priority") or 0
         properties["priority"] = job.priority
         super().__init__(
             body=job.message.payload,

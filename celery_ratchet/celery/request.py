@@ -43,6 +43,16 @@ class RatchetRequest(Request):
         keeps the time: it comes from the message headers, not from here."""
         return None
 
+    def info(self, safe: bool = False) -> dict[str, Any]:
+        """Celery's listing (``inspect active``, ``query_task``), with the priority the
+        job's message carried, as stock reports it, not the row's (its default when the
+        sender gave none)."""
+        info: dict[str, Any] = super().info(safe=safe)
+        message = self._message
+        if isinstance(message, JobMessage) and isinstance(info.get("delivery_info"), dict):
+            info["delivery_info"] = {**info["delivery_info"], "priority": message.sent_priority}
+        return info
+
     def _end(
         self,
         status: JobStatus | None,

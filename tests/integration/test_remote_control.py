@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from sqlalchemy import select
 
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.errors import ControlCommandRefused
 from celery_ratchet.store.control import control_store
+from celery_ratchet.store.schema import scheduler_job
 from tests.helpers import wait_until
 
 TIMEOUT = 30
@@ -70,6 +72,35 @@ def test_active_lists_a_running_job(worker_app: Celery) -> None:
     query = inspect.query_task(result.id)
     assert query is not None and query[node][result.id][0] == "active"
     result.get(timeout=TIMEOUT)
+
+
+def test_active_and_query_task_report_the_priority_the_message_carried(
+    worker_app: Celery,
+) -> None:
+    """Stock reports the sender's priority, 0 where it set none; not the row's default (4)."""
+    node = _node(worker_app)
+    unset = worker_app.tasks["t.sleep"].delay(3)
+    given = worker_app.tasks["t.sleep"].apply_async((3,), priority=6)
+    inspect = worker_app.control.inspect(timeout=1, destination=[node])
+    found: dict[str, Any] = {}
+
+    def both_running() -> bool:
+        for request in (inspect.active() or {}).get(node, []):
+            found[request["id"]] = request["delivery_info"]["priority"]
+        return {unset.id, given.id} <= set(found)
+
+    wait_until(both_running, TIMEOUT, "both jobs to show in inspect active")
+    assert (found[unset.id], found[given.id]) == (0, 6)
+    query = inspect.query_task(unset.id, given.id) or {}
+    reported = {i: query[node][i][1]["delivery_info"]["priority"] for i in (unset.id, given.id)}
+    assert reported == {unset.id: 0, given.id: 6}
+    with ratchet_state(worker_app).store.engine.connect() as conn:
+        row_priority = conn.execute(
+            select(scheduler_job.c.priority).where(scheduler_job.c.job_id == unset.id)
+        ).scalar_one()
+    assert row_priority == 4  # the row keeps the default: claim order is unchanged
+    unset.get(timeout=TIMEOUT)
+    given.get(timeout=TIMEOUT)
 
 
 def test_revoke_replies_and_is_listed_by_inspect_revoked(worker_app: Celery) -> None:

@@ -64,7 +64,8 @@ def test_a_message_becomes_a_row() -> None:
     assert (job.root_id, job.parent_id, job.group_id, job.due) == ("root", "parent", "g", None)
     assert json.loads(job.message.payload) == [[1, "a"], {"k": "v"}, {"callbacks": None}]
     assert CLAIM_HEADER not in json.loads(job.message.headers)
-    assert json.loads(job.message.properties)["priority"] == 4
+    # The row has the default; the message keeps what the sender gave (none), as stock's.
+    assert json.loads(job.message.properties).get("priority") is None
 
 
 def test_eta_and_expires_are_stored_as_utc() -> None:
