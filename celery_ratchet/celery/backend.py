@@ -23,6 +23,7 @@ from kombu.utils import json as kjson
 
 from celery_ratchet.celery import batches
 from celery_ratchet.celery.aio import offload
+from celery_ratchet.celery.compat import message_ignore_result_overrides_task
 from celery_ratchet.celery.message import CLAIM_HEADER, check_serializer, safe_accept
 from celery_ratchet.celery.pool import RUNNING, stop_mode
 from celery_ratchet.celery.sender import joined
@@ -374,17 +375,20 @@ class RatchetBackend(BaseBackend):
 
 
 def _ignored(app: Any, record: ResultRecord) -> bool:
-    """The job's result is ignored, as Celery's worker decides it: the message's
-    ``ignore_result`` when the sender set it, else the task's own (when registered here)."""
+    """The job's result is ignored, as the installed Celery's worker decides it: the
+    message's ``ignore_result`` and the task's own (when registered here); see
+    :func:`~celery_ratchet.celery.compat.message_ignore_result_overrides_task`."""
     try:
         headers = kjson.loads(record.headers) if record.headers else None
     except ValueError:
         headers = None
     flag = headers.get("ignore_result") if isinstance(headers, dict) else None
-    if flag is None:
+    if flag is True:
+        return True
+    if flag is None or not message_ignore_result_overrides_task():
         task = app.tasks.get(record.task_name)
-        flag = getattr(task, "ignore_result", False)
-    return flag is True
+        return getattr(task, "ignore_result", False) is True
+    return False
 
 
 def _group_members(chain: Any) -> list[str]:

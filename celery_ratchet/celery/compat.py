@@ -29,3 +29,14 @@ def django_task_method(name: str) -> Callable[..., Any]:
         ) from None
     method: Callable[..., Any] = getattr(DjangoTask, name)
     return method
+
+
+def message_ignore_result_overrides_task() -> bool:
+    """Whether the message's ``ignore_result`` (when the sender set it) overrides the task's own.
+
+    Celery 5.6+ decides by the message when it carries the flag (``get_actual_ignore_result``);
+    older releases always send it (False by default) and ignore a result when either the
+    message or the task says so."""
+    from celery.app import task
+
+    return hasattr(task, "get_actual_ignore_result")

@@ -12,6 +12,7 @@ from celery.canvas import StampingVisitor
 from celery.exceptions import TaskRevokedError
 from celery.worker import state as worker_state
 
+from celery_ratchet.celery.compat import message_ignore_result_overrides_task
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from tests.helpers import wait_until
@@ -76,6 +77,10 @@ def test_a_result_sent_with_ignore_result_reads_pending_as_stock(worker_app: Cel
 def test_a_task_that_ignores_its_result_reads_pending_when_sent_by_name(
     worker_app: Celery,
 ) -> None:
+    if not message_ignore_result_overrides_task():
+        # Celery before 5.6 reads the task's ignore_result once, when its worker builds the
+        # task's tracer: switched on afterwards, as here, stock stores the result too.
+        pytest.skip("Celery < 5.6 fixes a task's ignore_result when its worker starts")
     add = worker_app.tasks["t.add"]
     store = ratchet_state(worker_app).store
     add.ignore_result = True

@@ -53,3 +53,12 @@ def test_django_task_method_without_django_says_so(monkeypatch: pytest.MonkeyPat
 def test_django_task_method_names_only_celerys_methods() -> None:
     with pytest.raises(ValueError, match="not one of Celery's Django task methods"):
         django_task_method("delay")
+
+
+def test_message_ignore_result_overrides_task_follows_the_installed_celery() -> None:
+    from importlib.metadata import version
+
+    from celery_ratchet.celery.compat import message_ignore_result_overrides_task
+
+    major, minor = (int(p) for p in version("celery").split(".")[:2])
+    assert message_ignore_result_overrides_task() is ((major, minor) >= (5, 6))
