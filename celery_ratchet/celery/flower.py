@@ -120,12 +120,9 @@ def _on_import_modules(sender: Any = None, **_: Any) -> None:
         install_hooks()
 
 
-_connected = False
-
-
 def connect() -> None:
-    """Install the hooks whenever a ratchet app's modules are loaded with Flower present."""
-    global _connected
-    if not _connected:
-        _connected = True
-        signals.import_modules.connect(_on_import_modules, weak=False)
+    """Install the hooks whenever a ratchet app's modules are loaded with Flower present.
+    Once per process: the signal keeps one receiver per ``dispatch_uid``."""
+    signals.import_modules.connect(
+        _on_import_modules, weak=False, dispatch_uid="celery_ratchet.flower"
+    )

@@ -114,14 +114,11 @@ def forget_broker(app: Celery) -> None:
     conf.worker_enable_remote_control = False
 
 
-_signals_connected = False
-
-
 def _connect_worker_signals() -> None:
-    global _signals_connected
-    if not _signals_connected:
-        _signals_connected = True
-        signals.celeryd_init.connect(_on_worker_init, weak=False)
+    # Once per process: the signal keeps one receiver per dispatch_uid.
+    signals.celeryd_init.connect(
+        _on_worker_init, weak=False, dispatch_uid="celery_ratchet.worker_init"
+    )
 
 
 def _on_worker_init(sender: Any = None, instance: Any = None, **_: Any) -> None:
