@@ -43,13 +43,17 @@ class ControlLoop:
         #: Commands broadcast from then on are for this node (by the database clock).
         self._since: datetime | None = None
 
-    def start(self) -> None:
-        """Start reading commands: those broadcast from now on (a node that starts later
-        than a broadcast does not run it, as a worker's mailbox would not receive it)."""
-        try:
-            self._since = self.control.clock()
-        except Exception as exc:  # read again by the thread, once the store answers
-            self._problem(exc)
+    def start(self, since: datetime | None = None) -> None:
+        """Start reading commands: those broadcast from ``since`` (by the database clock;
+        default now) on. A node that starts later than a broadcast does not run it, as a
+        worker's mailbox would not receive it."""
+        if since is not None:
+            self._since = since
+        else:
+            try:
+                self._since = self.control.clock()
+            except Exception as exc:  # read again by the thread, once the store answers
+                self._problem(exc)
         self._thread = threading.Thread(target=self._loop, name="ratchet-control", daemon=True)
         self._thread.start()
 

@@ -214,6 +214,8 @@ class WorkerRuntime:
         #: This node's registration: one more each time it registers (after being declared
         #: dead, its earlier claims are not its own any more).
         self._epoch = 0
+        #: When this node first registered, by the database clock.
+        self._registered_at: datetime | None = None
         #: Which other nodes are dead, from heartbeats this node saw not advance.
         self._judge: LivenessJudge[datetime] = LivenessJudge(
             settings.node_orphan_grace_seconds, node_id
@@ -236,7 +238,9 @@ class WorkerRuntime:
         ):
             self._spawn(name, target)
         if self.control is not None:
-            self.control.start()
+            # From the first registration, not from now: a job claimed meanwhile may already
+            # be the subject of a broadcast (a revoke with terminate).
+            self.control.start(since=self._registered_at)
         for source in self.wakeups:
             source.start(self._woken)
 
@@ -314,9 +318,11 @@ class WorkerRuntime:
         while not self._stopping.is_set():
             sent = time.monotonic()
             try:
-                self.store.register_node(
+                registered = self.store.register_node(
                     self.node_id, self.hostname, os.getpid(), self.queues, self.capacity.executing
                 )
+                if self._registered_at is None:
+                    self._registered_at = registered
                 with self._lock:
                     self._epoch += 1
                 self._confirmed(sent)

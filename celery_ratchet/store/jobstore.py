@@ -2150,18 +2150,29 @@ class JobStore:
 
     def register_node(
         self, node_id: str, hostname: str, pid: int, queues: Sequence[str], concurrency: int
-    ) -> None:
+    ) -> datetime:
+        """Register a node; returns the moment it was registered, by the database clock
+        (what it may have been asked to do is what was asked from then on)."""
         n = scheduler_node
-        stmt = insert(n).values(
-            node_id=node_id,
-            hostname=hostname,
-            pid=pid,
-            queues=",".join(queues),
-            concurrency=concurrency,
-            started_at=db_now(),
-            heartbeat_ts=db_now(),
-        )
-        self._run(lambda conn: conn.execute(stmt), "the node was not registered")
+
+        def work(conn: Connection) -> datetime:
+            with transaction(conn):
+                now: datetime = conn.execute(select(db_now())).scalar_one()
+                conn.execute(
+                    insert(n).values(
+                        node_id=node_id,
+                        hostname=hostname,
+                        pid=pid,
+                        queues=",".join(queues),
+                        concurrency=concurrency,
+                        started_at=now,
+                        heartbeat_ts=now,
+                    )
+                )
+                return now
+
+        registered: datetime = self._run(work, "the node was not registered")
+        return registered
 
     def heartbeat(self, node_id: str) -> bool:
         """Refresh the node's heartbeat; False when the row is gone (declared dead)."""

@@ -12,6 +12,7 @@ from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
 from celery_ratchet.errors import StoreUnavailable
 from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
 from celery_ratchet.settings import RatchetSettings
+from celery_ratchet.store.control import control_store
 from celery_ratchet.store.jobstore import JobStore
 from tests.helpers import new_job
 
@@ -193,3 +194,44 @@ def test_a_node_is_listed_with_the_jobs_it_runs_at_once_not_its_pool_feed(store:
         assert node["concurrency"] == 3
     finally:
         rt.close(timeout=10)
+
+
+def test_a_broadcast_about_a_job_the_node_just_started_is_run(
+    store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim threads start before the control thread: a revoke broadcast the moment the
+    first job starts is the node's to run, however late the control thread looks."""
+    control = control_store(store)
+    original_clock = control.clock
+    release = threading.Event()
+
+    def late_clock() -> object:  # the control thread gets to it after the job started
+        release.wait(10)
+        return original_clock()
+
+    monkeypatch.setattr(control, "clock", late_clock)
+    ran: list[str] = []
+    executor = Executor()
+
+    def broadcast_when_started(job: ClaimedJob) -> None:
+        control.broadcast("revoke", "{}", ttl_seconds=60)
+        release.set()
+        executor(job)
+
+    rt = WorkerRuntime(
+        store,
+        FAST,
+        node_id="live-node",
+        queues=["celery"],
+        capacity=Capacity(running=4, buffered=4),
+        dispatch=broadcast_when_started,
+        control=lambda command: ran.append(command.command),  # type: ignore[func-returns-value]
+    )
+    executor.runtime = rt
+    store.enqueue_many([new_job("started-first")])
+    rt.start()
+    try:
+        wait_for(lambda: ran == ["revoke"])
+    finally:
+        rt.close(timeout=10)
+    assert executor.ran == ["started-first"]
