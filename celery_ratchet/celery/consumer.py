@@ -50,7 +50,8 @@ from celery_ratchet.errors import (
 from celery_ratchet.runtime.dlq import DeadLetterAlerts
 from celery_ratchet.runtime.fence import current_fence
 from celery_ratchet.runtime.worker import WorkerRuntime
-from celery_ratchet.store.jobstore import REVOKE_ONLY, quiet_outages
+from celery_ratchet.store.core import quiet_outages
+from celery_ratchet.store.job_rows import REVOKE_ONLY
 
 logger = logging.getLogger(__name__)
 

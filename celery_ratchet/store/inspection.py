@@ -1,7 +1,7 @@
 """Reads for the web dashboard that the CLI's listings do not make: throughput per minute,
 one job's links to its chain and batch, a batch's children by status, resource permits.
 
-Beside :mod:`celery_ratchet.store.jobstore` (``list_jobs``, ``queue_stats``, ``list_nodes``)
+Beside :mod:`celery_ratchet.store.admin` (``list_jobs``, ``queue_stats``, ``list_nodes``)
 and :mod:`celery_ratchet.store.batches` (``summaries``), which the dashboard reads as well.
 """
 

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from celery_ratchet.domain.job import JobStatus, Message, NewJob, Settlement
 from celery_ratchet.errors import DuplicateJob, StoreUnavailable
-from celery_ratchet.store import jobstore
+from celery_ratchet.store import enqueue
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.store.schema import scheduler_job
 from tests.conftest import Servers
@@ -25,13 +25,13 @@ DUE = datetime(2031, 5, 17, 8, 30, 15, 123456, tzinfo=timezone.utc)
 def raw_inserts(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The job ids inserted through the driver's own cursor."""
     seen: list[str] = []
-    real = jobstore.execute_raw
+    real = enqueue.execute_raw
 
     def counting(engine: Any, connection: Any, statement: Any, values: Any) -> int:
         seen.append(values["p_job_id"])
         return real(engine, connection, statement, values)
 
-    monkeypatch.setattr(jobstore, "execute_raw", counting)
+    monkeypatch.setattr(enqueue, "execute_raw", counting)
     yield seen
 
 

@@ -24,7 +24,8 @@ from celery_ratchet.domain.job import (
 from celery_ratchet.domain.schedule import MasterSpec
 from celery_ratchet.runtime import recurring
 from celery_ratchet.store.engine import libpq_conninfo
-from celery_ratchet.store.jobstore import NOTIFY_CHANNEL, JobStore
+from celery_ratchet.store.job_rows import NOTIFY_CHANNEL
+from celery_ratchet.store.jobstore import JobStore
 from tests.conftest import Servers, empty_store
 from tests.helpers import new_job
 

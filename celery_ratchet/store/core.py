@@ -1,0 +1,383 @@
+"""The store's shared ground: one database, its connections and errors, the schema, the
+prepared statements and the wake-ups."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import (
+    bindparam,
+    case,
+    delete,
+    func,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DataError, DBAPIError
+
+from celery_ratchet.domain.job import (
+    JobStatus,
+)
+from celery_ratchet.domain.priority import DEFAULT_BOOST_MINUTES
+from celery_ratchet.errors import (
+    SchemaMissing,
+    StoreBusy,
+    StoreUnavailable,
+)
+from celery_ratchet.store.claim import (
+    RETURNED,
+    strategy_for,
+)
+from celery_ratchet.store.ddl import bring_up_to_date, schema_differences
+from celery_ratchet.store.engine import (
+    EngineOptions,
+    db_now,
+    engine_for,
+    family,
+    is_missing_table,
+    is_prepared_statement_conflict,
+    is_retryable_conflict,
+    is_unavailable,
+    prepared_statement_conflict,
+    refused,
+    unavailable,
+)
+from celery_ratchet.store.job_rows import (
+    _CLEARED_CLAIM,
+    _CLEARED_RESULT,
+    _TERMINAL,
+    NOTIFY_CHANNEL,
+    _held,
+    _insert_statement,
+    _new_job_values,
+    job,
+)
+from celery_ratchet.store.raw import raw_statement
+from celery_ratchet.store.redact import mask_url
+from celery_ratchet.store.schema import (
+    ACTIVE_KEY_WHERE,
+    MYSQL_ACTIVE_KEY_COLUMN,
+    UTCDateTime,
+    scheduler_resource_permit,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class Reachability:
+    """Logs the job store going away once, and its return once, per process: not one line
+    per failed statement. Processes whose outages another process reports (a worker's pool
+    processes, reported by the worker) log them at DEBUG only (:func:`quiet_outages`)."""
+
+    #: Level of the two lines; DEBUG where another process of the same worker logs them.
+    level = logging.WARNING
+
+    def __init__(self, display_url: str) -> None:
+        self.display_url = display_url
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+
+    @property
+    def down(self) -> bool:
+        return self._down_since is not None
+
+    def failed(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._down_since is not None:
+                return
+            self._down_since = time.monotonic()
+        logger.log(self.level, "ratchet: the job store is unreachable: %s", exc)
+
+    def succeeded(self) -> None:
+        if self._down_since is None:  # read without the lock: the common case stays cheap
+            return
+        with self._lock:
+            since, self._down_since = self._down_since, None
+        if since is not None:
+            logger.log(
+                self.level,
+                "ratchet: the job store at %s is reachable again after %.1fs",
+                self.display_url,
+                time.monotonic() - since,
+            )
+
+
+def quiet_outages() -> None:
+    """In this process, log the job store's outages at DEBUG: another process (the worker's
+    main process) reports them."""
+    Reachability.level = logging.DEBUG
+
+
+T = TypeVar("T")
+_CONFLICT_RETRIES = 5
+
+
+class StoreCore:
+    """Job rows in one database: the connection, its errors, the schema and the wake-ups
+    every concern of the store shares."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        create_schema: bool = True,
+        engine: Engine | None = None,
+        priority_boost_minutes: float = DEFAULT_BOOST_MINUTES,
+        notify: bool = False,
+        engine_options: EngineOptions | None = None,
+        dlq_alert_task: str | None = None,
+    ):
+        self.url = url
+        #: The task sent dead-letter alerts: with one, each job failing for good is counted
+        #: into its task name's alert window, in the transaction that fails it.
+        self.dlq_alert_task = dlq_alert_task
+        #: Aging: a waiting job gains one priority level per this many minutes (0: never).
+        self.priority_boost_minutes = max(float(priority_boost_minutes), 0.0)
+        self.display_url = mask_url(url)
+        #: Whether the database answers, as this process last found it.
+        self.reachability = Reachability(self.display_url)
+        self.engine = engine or engine_for(url, engine_options)
+        self.family = family(self.engine.dialect.name)
+        self._claim = strategy_for(self.engine.dialect)
+        self._create_schema = create_schema
+        self._schema_ready = False
+        #: PostgreSQL: inserts notify listening workers (LISTEN/NOTIFY wake-ups).
+        self.notify = notify and self.family == "postgresql"
+        self._insert = _insert_statement(self.engine.dialect, notify=self.notify)
+        self._raw_insert = raw_statement(self._insert, self.engine.dialect)
+        self._insert_keyed_row = _insert_statement(
+            self.engine.dialect, notify=self.notify, keyed=True
+        )
+        if self.family == "mysql":
+            # A locking read sees the latest committed row, even inside a caller's
+            # REPEATABLE READ transaction whose snapshot predates the holder.
+            self._key_holder = text(
+                f"SELECT job_id FROM scheduler_job WHERE {MYSQL_ACTIVE_KEY_COLUMN} = :key "
+                "LOCK IN SHARE MODE"
+            )
+            self._committed_key_holder = text(
+                f"SELECT job_id FROM scheduler_job WHERE {MYSQL_ACTIVE_KEY_COLUMN} = :key"
+            )
+        else:
+            self._key_holder = text(
+                f"SELECT job_id FROM scheduler_job WHERE business_key = :key AND {ACTIVE_KEY_WHERE}"
+            )
+            self._committed_key_holder = self._key_holder
+        released = _new_job_values()
+        released.pop("group_id")  # a step keeps the group its signature was frozen with
+        # A chain step stored ahead holds no business key (see waiting_steps): releasing it
+        # gives it none, so the release never meets the unique index on active keys.
+        released.pop("business_key")
+        self._release_waiting_silently = (
+            update(job)
+            .where(job.c.job_id == bindparam("p_job_id"), job.c.status == JobStatus.WAITING.value)
+            .values(**released, created_at=db_now())
+        )
+        self._release_waiting = self._release_waiting_silently
+        if self.notify:
+            self._release_waiting = self._release_waiting.returning(
+                func.pg_notify(NOTIFY_CHANNEL, job.c.queue)
+            )
+        self._select_claimed = text(
+            f"SELECT {RETURNED} FROM scheduler_job "
+            "WHERE claim_token = :token AND status = 'RUNNING'"
+        ).columns(scheduled_time=UTCDateTime())
+        rescheduled = _new_job_values()
+        # A retry or replace is the same job: it keeps its business key (and stays active).
+        rescheduled.pop("business_key")
+        self._replace_running = (
+            update(job)
+            .where(*_held(bindparam("p_job_id"), bindparam("p_token")))
+            .values(**rescheduled, **_CLEARED_CLAIM)
+        )
+        owned = _held(bindparam("p_job_id"), bindparam("p_token"))
+        finished = {"status": bindparam("p_status"), "finished_at": db_now()}
+        self._store_outcome = (
+            update(job)
+            .where(*owned)
+            .values(
+                **finished,
+                job_result=bindparam("p_job_result"),
+                result_type=bindparam("p_result_type"),
+                result_meta=bindparam("p_result_meta"),
+                last_error=bindparam("p_error"),
+                error_traceback=bindparam("p_traceback"),
+            )
+        )
+        handed_back = bindparam("p_status") == JobStatus.PENDING.value
+        cleared = {k: case((handed_back, None), else_=job.c[k]) for k in _CLEARED_CLAIM}
+        self._settle_one = (
+            update(job)
+            .where(*owned)
+            .values(
+                status=bindparam("p_status"),
+                finished_at=case((handed_back, None), else_=db_now()),
+                last_error=func.coalesce(bindparam("p_error"), job.c.last_error),
+                error_traceback=func.coalesce(bindparam("p_traceback"), job.c.error_traceback),
+                **cleared,
+            )
+        )
+        permit = scheduler_resource_permit
+        self._known_resources: set[str] = set()
+        self._count_permits = (
+            select(func.count())
+            .select_from(permit)
+            .where(permit.c.resource == bindparam("resource"))
+        )
+        still_running = (
+            select(job.c.id)
+            .where(
+                job.c.job_id == permit.c.job_id,
+                job.c.claim_token == permit.c.claim_token,
+                job.c.status == JobStatus.RUNNING.value,
+            )
+            .correlate(permit)
+        )
+        self._drop_stale_permits = delete(permit).where(
+            permit.c.resource == bindparam("resource"), ~still_running.exists()
+        )
+        self._replace_running_silently = self._replace_running
+        if self.notify:
+            # A retry is due again (now or after its countdown): idle workers sleep until
+            # the next due time they know of, so they are told.
+            self._replace_running = self._replace_running.returning(
+                func.pg_notify(NOTIFY_CHANNEL, job.c.queue)
+            )
+        self._reuse_finished = (
+            update(job)
+            .where(job.c.job_id == bindparam("p_job_id"), job.c.status.in_(_TERMINAL))
+            .values(**_new_job_values(), **_CLEARED_CLAIM, **_CLEARED_RESULT, created_at=db_now())
+        )
+
+    def stop_notifying(self) -> None:
+        """No more ``pg_notify`` on inserts: nothing receives them (see ``send_probe``)."""
+        self.notify = False
+        self._insert = _insert_statement(self.engine.dialect, notify=False)
+        self._raw_insert = raw_statement(self._insert, self.engine.dialect)
+        self._insert_keyed_row = _insert_statement(self.engine.dialect, keyed=True)
+        self._release_waiting = self._release_waiting_silently
+        self._replace_running = self._replace_running_silently
+
+    def send_probe(self, payload: str) -> None:
+        """NOTIFY the wake-up channel through the store's own connections, the way inserts
+        do: a listener that never receives it listens where enqueues do not notify."""
+        statement = select(func.pg_notify(NOTIFY_CHANNEL, bindparam("payload")))
+        self._attempt(
+            lambda conn: conn.execute(statement, {"payload": payload}),
+            "the wake-up probe was not sent",
+        )
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _run(self, work: Callable[[Connection], T], what: str) -> T:
+        self.ensure_schema()
+        return self._attempt(work, what)
+
+    def _attempt(
+        self, work: Callable[[Any], T], what: str, connect: Callable[[], Any] | None = None
+    ) -> T:
+        """Run ``work`` on a pooled connection: once more after a dropped connection, a few
+        more times after a deadlock; :class:`StoreUnavailable` when the database is gone.
+        ``connect``: where the connection comes from (default: a SQLAlchemy Connection)."""
+        try:
+            done = self._attempt_once(work, what, connect or self.engine.connect)
+        except StoreUnavailable as exc:
+            self.reachability.failed(exc)
+            raise
+        self.reachability.succeeded()
+        return done
+
+    def _attempt_once(self, work: Callable[[Any], T], what: str, connect: Callable[[], Any]) -> T:
+        reconnected = False
+        conflicts = 0
+        #: A statement went out before the connection was lost: it may have been committed.
+        maybe_sent = False
+        while True:
+            connected = False
+            try:
+                with connect() as conn:
+                    connected = True
+                    return work(conn)
+            except DBAPIError as exc:
+                if is_prepared_statement_conflict(exc):
+                    raise prepared_statement_conflict(exc, what) from exc
+                if is_retryable_conflict(exc):
+                    if conflicts >= _CONFLICT_RETRIES:
+                        raise StoreBusy(
+                            f"the job store kept refusing for lock conflicts ({exc.orig}); {what}"
+                        ) from exc
+                    conflicts += 1
+                    time.sleep(0.005 * conflicts)
+                    continue
+                if is_unavailable(exc):
+                    maybe_sent = maybe_sent or connected
+                    if exc.connection_invalidated and not reconnected:
+                        reconnected = True
+                        continue
+                    raise unavailable(self.url, exc, what, sent=maybe_sent) from exc
+                if isinstance(exc, DataError):
+                    raise refused(exc, what) from exc
+                if is_missing_table(exc):
+                    raise SchemaMissing(
+                        f"the job store at {self.display_url} has no ratchet tables (or not all "
+                        f"of them); create them with `ratchet --url URL schema apply`, or start "
+                        f"a worker once; {what}"
+                    ) from exc
+                raise
+            except Exception as exc:
+                if is_unavailable(exc):
+                    maybe_sent = maybe_sent or connected
+                    raise unavailable(self.url, exc, what, sent=maybe_sent) from exc
+                raise
+
+    def ensure_schema(self) -> None:
+        if self._schema_ready or not self._create_schema:
+            return
+        # At start-up, active jobs of an earlier version sharing a business key do not keep
+        # this process from running: the unique index waits for a later start (a warning).
+        created = self._attempt(
+            lambda conn: bring_up_to_date(conn, wait_for_unique_keys=True),
+            "the schema was not created",
+        )
+        self._schema_ready = True
+        if created:
+            logger.info("ratchet: created or brought up to date: %s", ", ".join(created))
+
+    def create_missing_tables(self) -> list[str]:
+        return self._attempt(self._create_tables, "the schema was not created")
+
+    def schema_differences(self) -> list[str]:
+        """What the live database lacks of the schema: tables, columns, indexes."""
+        return self._attempt(schema_differences, "the schema was not checked")
+
+    def _create_tables(self, conn: Connection) -> list[str]:
+        # Serialized by the database's schema lock: processes starting together on an empty
+        # database create one schema, and none of them sees another's half-made tables.
+        return bring_up_to_date(conn)
+
+    def announce(self, word: str) -> None:
+        """PostgreSQL with LISTEN/NOTIFY on: tell listening workers ``word`` now."""
+        if self.notify:
+            self._run(lambda conn: self._announce(conn, word), "no wake-up was sent")
+
+    def _announce(self, conn: Connection, word: str) -> None:
+        """PostgreSQL with LISTEN/NOTIFY on: tell listening workers ``word`` (a queue name,
+        or a word such as ``REVOCATIONS_WAKEUP``), delivered when the transaction commits."""
+        if self.notify:
+            conn.execute(select(func.pg_notify(NOTIFY_CHANNEL, word)))
+
+    def _announce_queues_of(self, conn: Connection, job_ids: Sequence[str]) -> None:
+        """Tell listening workers the queues of these jobs (each queue once: PostgreSQL
+        delivers one notification per distinct payload of a transaction)."""
+        if self.notify and job_ids:
+            conn.execute(
+                select(func.pg_notify(NOTIFY_CHANNEL, job.c.queue)).where(
+                    job.c.job_id.in_(list(job_ids))
+                )
+            )

@@ -1,0 +1,234 @@
+"""Worker nodes: registration, heartbeats and the recovery of dead nodes' jobs."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import (
+    and_,
+    bindparam,
+    delete,
+    insert,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.engine import Connection
+
+from celery_ratchet.domain.job import (
+    JobStatus,
+    JobType,
+    error_record,
+)
+from celery_ratchet.store import dlq_alerts
+from celery_ratchet.store.batches import (
+    cancel_downstream,
+    record_ended_parts,
+)
+from celery_ratchet.store.engine import (
+    db_now,
+    db_now_minus,
+    transaction,
+)
+from celery_ratchet.store.job_rows import (
+    _CLEARED_CLAIM,
+    job,
+)
+from celery_ratchet.store.schema import (
+    scheduler_node,
+    scheduler_resource_permit,
+)
+from celery_ratchet.store.settle import ClaimOps
+
+
+@dataclass(frozen=True)
+class OrphanRecovery:
+    """What one orphan scan took back from dead nodes."""
+
+    #: Jobs due again (PENDING).
+    requeued: list[str]
+    #: Jobs past ``ratchet_max_recoveries``: FAILED, in the dead-letter queue.
+    dead_lettered: list[str]
+    #: The nodes declared dead (their rows deleted).
+    dead_nodes: list[str]
+
+    @property
+    def jobs(self) -> list[str]:
+        return sorted(self.requeued + self.dead_lettered)
+
+
+def recovery_limit_record(claims: int, limit: int) -> str:
+    """The error of a job dead-lettered by orphan recovery, as Celery stores exceptions."""
+    message = (
+        f"this job was taken back from a node that died or was declared dead while holding "
+        f"it, after {claims} claims that never finished (more than ratchet_max_recoveries = "
+        f"{limit}), so it is not run again: its task may crash or stall its worker (killed, "
+        "out of memory, os._exit, a long call holding the GIL under -P threads). Fix the "
+        "task, then requeue the job from the dead-letter queue (`ratchet dlq retry <job id>`"
+        " or celery_ratchet.dlq(app).retry(job_id)); or raise ratchet_max_recoveries"
+    )
+    return error_record("RecoveryLimitExceeded", [message], "celery_ratchet.errors")
+
+
+class NodeOps(ClaimOps):
+    """Worker nodes: registration, heartbeats and the recovery of dead nodes' jobs."""
+
+    # -- nodes ------------------------------------------------------------------------------
+
+    def register_node(
+        self, node_id: str, hostname: str, pid: int, queues: Sequence[str], concurrency: int
+    ) -> datetime:
+        """Register a node; returns the moment it was registered, by the database clock
+        (what it may have been asked to do is what was asked from then on)."""
+        n = scheduler_node
+
+        def work(conn: Connection) -> datetime:
+            with transaction(conn):
+                now: datetime = conn.execute(select(db_now())).scalar_one()
+                conn.execute(
+                    insert(n).values(
+                        node_id=node_id,
+                        hostname=hostname,
+                        pid=pid,
+                        queues=",".join(queues),
+                        concurrency=concurrency,
+                        started_at=now,
+                        heartbeat_ts=now,
+                    )
+                )
+                return now
+
+        registered: datetime = self._run(work, "the node was not registered")
+        return registered
+
+    def heartbeat(self, node_id: str) -> bool:
+        """Refresh the node's heartbeat; False when the row is gone (declared dead)."""
+        n = scheduler_node
+        stmt = update(n).where(n.c.node_id == node_id).values(heartbeat_ts=db_now())
+        return self._run(lambda conn: conn.execute(stmt).rowcount == 1, "no heartbeat was written")
+
+    def set_node_queues(self, node_id: str, queues: Sequence[str]) -> None:
+        n = scheduler_node
+        stmt = update(n).where(n.c.node_id == node_id).values(queues=",".join(queues))
+        self._run(lambda conn: conn.execute(stmt), "the node's queues were not recorded")
+
+    def remove_node(self, node_id: str) -> None:
+        n = scheduler_node
+        self._run(
+            lambda conn: conn.execute(delete(n).where(n.c.node_id == node_id)),
+            "the node was not removed",
+        )
+
+    def node_heartbeats(self) -> dict[str, datetime]:
+        """The last heartbeat of every registered node (by the database clock)."""
+        n = scheduler_node
+        stmt = select(n.c.node_id, n.c.heartbeat_ts)
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "heartbeats were not read")
+        return {r.node_id: r.heartbeat_ts for r in rows}
+
+    def recover_orphans(
+        self,
+        grace_seconds: float,
+        *,
+        observed: Mapping[str, datetime] | None = None,
+        max_recoveries: int | None = None,
+    ) -> OrphanRecovery:
+        """Take the RUNNING jobs of dead nodes back, release their permits and delete the
+        dead nodes, atomically.
+
+        ``observed``: the nodes the caller watched stay silent for a full grace period, each
+        with the heartbeat it saw; a node counts as dead only if its heartbeat still has that
+        value (it did not beat since) and is older than ``grace_seconds`` by the database
+        clock. Without it, every node silent for ``grace_seconds`` by the database clock is
+        dead: only right for a caller that knows no node was cut off from the database.
+
+        Jobs owned by no registered node (a node row removed by hand, a node that died while
+        registering, a forged row with no owner) count as orphaned once their claim is older
+        than the grace period, or has no time at all.
+
+        A job a dead node held after more than ``max_recoveries`` claims since it was last
+        scheduled (``claims``; hand-backs of live nodes count too) is not run again: it is
+        FAILED, in the dead-letter queue, with an error that says so. The others (and every
+        recurring master) are PENDING again.
+        """
+        n, p = scheduler_node, scheduler_resource_permit
+        cutoff = db_now_minus(grace_seconds)
+        silent = select(n.c.node_id, n.c.heartbeat_ts).where(n.c.heartbeat_ts < cutoff)
+        if observed is not None:
+            silent = silent.where(n.c.node_id.in_(list(observed)))
+        if self.family != "sqlite":
+            silent = silent.with_for_update(skip_locked=True)
+        owned_by = job.c.picked_by.in_(bindparam("dead", expanding=True))
+        unowned = and_(
+            or_(job.c.picked_by.is_(None), job.c.picked_by.not_in(select(n.c.node_id))),
+            or_(job.c.claimed_at.is_(None), job.c.claimed_at < cutoff),
+        )
+
+        def work(conn: Connection) -> OrphanRecovery:
+            with transaction(conn):
+                if observed is not None and not observed:
+                    dead: list[str] = []
+                else:
+                    dead = [
+                        r.node_id
+                        for r in conn.execute(silent)
+                        if observed is None or observed.get(r.node_id) == r.heartbeat_ts
+                    ]
+                running = job.c.status == JobStatus.RUNNING.value
+                where = and_(running, or_(owned_by, unowned) if dead else unowned)
+                params = {"dead": dead} if dead else {}
+                found = select(job.c.job_id, job.c.claims, job.c.job_type).where(where)
+                if self.family != "sqlite":  # (SQLite: the transaction holds the write lock)
+                    # Locked as read: a settle racing this recovery waits for it, then finds
+                    # the claim gone; the downstream effects below match the rows changed.
+                    found = found.with_for_update()
+                given_up = defaultdict(list)
+                requeued = []
+                for r in conn.execute(found, params):
+                    # A recurring master is claimed at every fire time, and its firing is
+                    # ratchet's own: its schedule is never given up.
+                    master = r.job_type == JobType.RECURRING.value
+                    if max_recoveries is not None and r.claims > max_recoveries and not master:
+                        given_up[r.claims].append(r.job_id)
+                    else:
+                        requeued.append(r.job_id)
+                if requeued:
+                    conn.execute(
+                        update(job)
+                        .where(where, job.c.job_id.in_(requeued))
+                        .values(status=JobStatus.PENDING.value, **_CLEARED_CLAIM),
+                        params,
+                    )
+                dead_lettered = []
+                for claims, ids in given_up.items():
+                    error = recovery_limit_record(claims, max_recoveries or 0)
+                    conn.execute(
+                        update(job)
+                        .where(where, job.c.job_id.in_(ids))
+                        .values(
+                            status=JobStatus.FAILED.value,
+                            finished_at=db_now(),
+                            last_error=error,
+                            error_traceback=None,
+                        ),
+                        params,
+                    )
+                    cancel_downstream(conn, ids, error)
+                    record_ended_parts(conn, ids, "FAILURE")
+                    dead_lettered += ids
+                if dead_lettered:
+                    self._count_dead_letters(
+                        conn, dlq_alerts.dead_letters_by_id(conn, dead_lettered)
+                    )
+                orphans = requeued + dead_lettered
+                if orphans:
+                    conn.execute(delete(p).where(p.c.job_id.in_(orphans)))
+                if dead:
+                    conn.execute(delete(p).where(p.c.node_id.in_(dead)))
+                    conn.execute(delete(n).where(n.c.node_id.in_(dead)))
+                return OrphanRecovery(sorted(requeued), sorted(dead_lettered), sorted(dead))
+
+        return self._run(work, "orphaned jobs were not recovered")

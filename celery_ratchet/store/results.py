@@ -1,0 +1,113 @@
+"""Result rows of jobs and groups."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    delete,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.engine import Connection
+
+from celery_ratchet.domain.job import (
+    ResultRecord,
+    parse_status,
+)
+from celery_ratchet.store.core import StoreCore
+from celery_ratchet.store.engine import (
+    db_now,
+    db_now_minus,
+    transaction,
+)
+from celery_ratchet.store.job_rows import (
+    _TERMINAL,
+    _bytes,
+    job,
+)
+from celery_ratchet.store.schema import (
+    scheduler_group_result,
+)
+
+
+class ResultOps(StoreCore):
+    """Result rows of jobs and groups."""
+
+    # -- results ----------------------------------------------------------------------------
+
+    def result(self, job_id: str) -> ResultRecord | None:
+        stmt = select(
+            job.c.job_id,
+            job.c.task_name,
+            job.c.status,
+            job.c.attempts,
+            job.c.queue,
+            job.c.job_result,
+            job.c.result_type,
+            job.c.result_meta,
+            job.c.last_error,
+            job.c.error_traceback,
+            job.c.finished_at,
+            job.c.picked_by,
+            job.c.headers,
+            job.c.payload,
+            job.c.content_type,
+            job.c.content_encoding,
+        ).where(job.c.job_id == job_id)
+        row = self._run(lambda conn: conn.execute(stmt).first(), "the result was not read")
+        if row is None:
+            return None
+        return ResultRecord(
+            **{**row._asdict(), "status": parse_status(row.status), "payload": _bytes(row.payload)}
+        )
+
+    def forget(self, job_id: str) -> None:
+        """Drop a finished job's row; an active job only loses its stored result."""
+
+        def work(conn: Connection) -> None:
+            deleted = conn.execute(
+                delete(job).where(job.c.job_id == job_id, job.c.status.in_(_TERMINAL))
+            ).rowcount
+            if not deleted:
+                conn.execute(
+                    update(job)
+                    .where(job.c.job_id == job_id)
+                    .values(job_result=None, result_type=None, result_meta=None)
+                )
+
+        self._run(work, "the result was not forgotten")
+
+    def expire_results(self, older_than_seconds: float) -> int:
+        """Clear stored return values of jobs finished longer ago than the given age."""
+        stmt = (
+            update(job)
+            .where(
+                job.c.status.in_(_TERMINAL),
+                job.c.finished_at < db_now_minus(older_than_seconds),
+                job.c.job_result.is_not(None),
+            )
+            .values(job_result=None, result_meta=None)
+        )
+        return self._run(lambda conn: conn.execute(stmt).rowcount, "results were not expired")
+
+    def save_group(self, group_id: str, result: str) -> None:
+        g = scheduler_group_result
+
+        def work(conn: Connection) -> None:
+            with transaction(conn):
+                conn.execute(delete(g).where(g.c.group_id == group_id))
+                conn.execute(
+                    insert(g).values(group_id=group_id, result=result, created_at=db_now())
+                )
+
+        self._run(work, "the group was not saved")
+
+    def load_group(self, group_id: str) -> str | None:
+        g = scheduler_group_result
+        stmt = select(g.c.result).where(g.c.group_id == group_id)
+        return self._run(lambda conn: conn.execute(stmt).scalar(), "the group was not read")
+
+    def delete_group(self, group_id: str) -> None:
+        g = scheduler_group_result
+        stmt = delete(g).where(g.c.group_id == group_id)
+        self._run(lambda conn: conn.execute(stmt), "the group was not deleted")

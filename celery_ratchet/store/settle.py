@@ -1,0 +1,500 @@
+"""Claiming due jobs and settling what ran: the compare-and-swap on the claim."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from celery_ratchet.domain.batch import BatchPart
+from celery_ratchet.domain.job import (
+    SCHEDULES_QUEUE,
+    ClaimedJob,
+    JobStatus,
+    Settlement,
+    error_record,
+)
+from celery_ratchet.errors import (
+    RatchetError,
+)
+from celery_ratchet.store import dlq_alerts
+from celery_ratchet.store.batches import (
+    cancel_downstream,
+    record_ended_parts,
+    record_part,
+)
+from celery_ratchet.store.claim import (
+    Claimed,
+    ClaimShape,
+    MalformedRow,
+    claim_params,
+    decode,
+)
+from celery_ratchet.store.core import StoreCore
+from celery_ratchet.store.engine import (
+    db_now,
+    db_now_minus,
+    transaction,
+)
+from celery_ratchet.store.job_rows import (
+    _CANCELS_DOWNSTREAM,
+    _CLEARED_CLAIM,
+    _TERMINAL,
+    _best_first,
+    _group_by_outcome,
+    _held,
+    _insert_ignoring_duplicates,
+    _settled_values,
+    job,
+    storable,
+)
+from celery_ratchet.store.schema import (
+    UTCDateTime,
+    scheduler_resource,
+    scheduler_resource_permit,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class ClaimOps(StoreCore):
+    """Claiming due jobs and settling what ran: the compare-and-swap on the claim."""
+
+    # -- claim and settle -------------------------------------------------------------------
+
+    def claim(self, node_id: str, queues: Sequence[str], limit: int) -> list[ClaimedJob]:
+        """Claim up to ``limit`` due jobs of ``queues`` that need no resource permit."""
+        if limit <= 0 or not queues:
+            return []
+        shape = ClaimShape(len(queues), False, self._boost_for(queues))
+        token = uuid.uuid4().hex
+        params = claim_params(node_id, token, queues, limit)
+
+        def claim(conn: Connection) -> Claimed:
+            if not self._claim.needs_transaction:
+                return self._claim.claim(conn, shape, params)
+            with transaction(conn):
+                return self._claim.claim(conn, shape, params)
+
+        return self._claiming(token, claim)
+
+    def claim_for_resource(
+        self, node_id: str, queues: Sequence[str], resource: str, capacity: int, limit: int
+    ) -> list[ClaimedJob]:
+        """Claim due jobs needing ``resource``, as many as its free permits allow (at most
+        ``capacity`` such jobs RUNNING cluster-wide), each with its permit, atomically."""
+        if limit <= 0 or capacity <= 0 or not queues:
+            return []
+        shape = ClaimShape(len(queues), True, self._boost_for(queues))
+        token = uuid.uuid4().hex
+        self._ensure_resource_row(resource, capacity)
+
+        def claim(conn: Connection) -> Claimed:
+            with transaction(conn):
+                self._lock_resource(conn, resource, capacity)
+                conn.execute(self._drop_stale_permits, {"resource": resource})
+                held = conn.execute(self._count_permits, {"resource": resource}).scalar_one()
+                free = min(capacity - held, limit)
+                if free <= 0:
+                    return Claimed([], [])
+                params = claim_params(node_id, token, queues, free, resource)
+                claimed = self._claim.claim(conn, shape, params)
+                if claimed.jobs:  # a malformed row is failed at once: it needs no permit
+                    permits = [
+                        {"resource": resource, "job_id": j.job_id, "node_id": node_id}
+                        for j in claimed.jobs
+                    ]
+                    conn.execute(
+                        insert(scheduler_resource_permit).values(
+                            acquired_at=db_now(), claim_token=token
+                        ),
+                        permits,
+                    )
+                return claimed
+
+        return self._claiming(token, claim)
+
+    def _boost_for(self, queues: Sequence[str]) -> float:
+        # Recurring masters fire strictly by due time; aging would only cost them.
+        return 0.0 if list(queues) == [SCHEDULES_QUEUE] else self.priority_boost_minutes
+
+    def _claiming(self, token: str, claim: Callable[[Connection], Claimed]) -> list[ClaimedJob]:
+        tries = 0
+
+        def work(conn: Connection) -> Claimed:
+            nonlocal tries
+            tries += 1
+            if tries > 1:
+                # The connection broke after an earlier try: that claim may have committed
+                # with its reply lost. Take its rows over rather than leave them RUNNING.
+                adopted = self._claimed_with(conn, token)
+                if adopted.jobs or adopted.malformed:
+                    return adopted
+            return claim(conn)
+
+        claimed = self._run(work, "no job was claimed")
+        if claimed.malformed:
+            self._fail_malformed(token, claimed.malformed)
+        jobs = sorted(claimed.jobs, key=lambda j: j.id)
+        return _best_first(jobs, self.priority_boost_minutes)
+
+    def _fail_malformed(self, token: str, rows: Sequence[MalformedRow]) -> None:
+        """Fail claimed rows that cannot be run, with the reason; never their arguments.
+        Were this write lost, the rows stay claimed until orphan recovery, then fail again."""
+        settlements = []
+        for row in rows:
+            reason = f"job row {row.id} cannot be run: {row.reason}; it was failed unrun"
+            logger.error("ratchet: job %s: %s", row.job_id, reason)
+            error = error_record("MalformedJob", [reason], "celery_ratchet.errors")
+            settlements.append(Settlement(row.job_id, token, JobStatus.FAILED, error=error))
+        try:
+            self.settle(settlements)
+        except RatchetError as exc:
+            logger.warning("ratchet: malformed jobs were not failed yet: %s", exc)
+
+    def _ensure_resource_row(self, resource: str, capacity: int) -> None:
+        if resource in self._known_resources:
+            return
+        r = scheduler_resource
+        stmt = _insert_ignoring_duplicates(
+            self.engine.dialect, r, {"resource": resource, "capacity": capacity}
+        )
+        self._run(lambda conn: conn.execute(stmt), "the resource was not registered")
+        self._known_resources.add(resource)
+
+    def _lock_resource(self, conn: Connection, resource: str, capacity: int) -> None:
+        """Serialise the claims of one resource: the row lock (SQLite: the write lock taken
+        by BEGIN IMMEDIATE) is held until the permits are written."""
+        r = scheduler_resource
+        lock = (
+            update(r).where(r.c.resource == resource).values(capacity=capacity, updated_at=db_now())
+        )
+        if conn.execute(lock).rowcount == 0:  # the row was deleted by hand: make it again
+            values = {"resource": resource, "capacity": capacity}
+            conn.execute(_insert_ignoring_duplicates(conn.dialect, r, values))
+            conn.execute(lock)
+
+    def _claimed_with(self, conn: Connection, token: str) -> Claimed:
+        rows = conn.execute(self._select_claimed, {"token": token}).all()
+        return decode(rows, token)
+
+    def running_claims(self, node_id: str, *, older_than_seconds: float) -> list[tuple[str, str]]:
+        """(job id, claim token) of every row ``node_id`` has held RUNNING for a while."""
+        stmt = select(job.c.job_id, job.c.claim_token).where(
+            job.c.status == JobStatus.RUNNING.value,
+            job.c.picked_by == node_id,
+            or_(job.c.claimed_at.is_(None), job.c.claimed_at < db_now_minus(older_than_seconds)),
+        )
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "claims were not listed")
+        return [(r.job_id, r.claim_token) for r in rows]
+
+    def settle(self, settlements: Iterable[Settlement]) -> int:
+        """Finish claimed executions in one round trip where the driver pipelines. Rows whose
+        claim is gone are left alone; returns the number of rows changed."""
+        settlements = list(settlements)
+        params = [
+            {"p_job_id": s.job_id, "p_token": s.token, "p_status": s.status.value,
+             "p_error": storable(s.error), "p_traceback": storable(s.traceback)}
+            for s in settlements
+        ]  # fmt: skip
+        if not params:
+            return 0
+        held: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for s in settlements:
+            if s.resource is not None:
+                held[s.resource].append((s.job_id, s.token))
+        permit = scheduler_resource_permit
+        releases = [
+            delete(permit).where(
+                permit.c.resource == resource,
+                tuple_(permit.c.job_id, permit.c.claim_token).in_(claims),
+            )
+            for resource, claims in held.items()
+        ]
+
+        ending = [s for s in settlements if s.status.value in _CANCELS_DOWNSTREAM]
+
+        def work(conn: Connection) -> int:
+            if not ending:
+                return settle_rows(conn)
+            with transaction(conn):  # parts and counters change with the outcome
+                return settle_rows(conn)
+
+        handed_back = [s.job_id for s in settlements if s.status is JobStatus.PENDING]
+
+        def settle_rows(conn: Connection) -> int:
+            # Only the rows this settle ends: the result backend usually stored the outcome
+            # first (with its part, and the steps after it revoked), and the job may have
+            # been retried from the dead-letter queue since; an old settle arriving then
+            # must not revoke the chain steps the retry restored, nor recount the batch.
+            ended = self._still_held(conn, ending)
+            changed = self._settle_counting_dead_letters(conn, params)
+            if handed_back:  # due again at once, for any node: wake the idle ones
+                self._announce_queues_of(conn, handed_back)
+            for release in releases:  # one statement per resource, not per job
+                conn.execute(release)
+            # Celery reports the children of chords it ran itself; these are for those it
+            # never got to run (unknown task, malformed, revoked in the buffer).
+            ended_parts: dict[str, list[str]] = defaultdict(list)
+            for s in ended:
+                cancel_downstream(conn, s.job_id, s.error)
+                state = "FAILURE" if s.status is JobStatus.FAILED else "REVOKED"
+                ended_parts[state].append(s.job_id)
+            for state, ids in ended_parts.items():
+                record_ended_parts(conn, ids, state)
+            return changed
+
+        return self._run(work, "job outcomes were not recorded")
+
+    def _still_held(self, conn: Connection, settlements: list[Settlement]) -> list[Settlement]:
+        """Those of ``settlements`` whose claim still holds its job (RUNNING under it)."""
+        if not settlements:
+            return []
+        claims = [(s.job_id, s.token) for s in settlements]
+        held = {
+            r.job_id
+            for r in conn.execute(
+                select(job.c.job_id).where(
+                    job.c.status == JobStatus.RUNNING.value,
+                    tuple_(job.c.job_id, job.c.claim_token).in_(claims),
+                )
+            )
+        }
+        return [s for s in settlements if s.job_id in held]
+
+    def _settle_counting_dead_letters(self, conn: Connection, params: list[dict[str, Any]]) -> int:
+        """Settle, counting the jobs this settle fails into their alert windows. Those rows
+        are changed one at a time, so only the ones this settle changed count (the result
+        backend may have failed the same claim already, and counted it then)."""
+        failing = JobStatus.FAILED.value
+        if self.dlq_alert_task is None or all(p["p_status"] != failing for p in params):
+            return self._settle_rows(conn, params)
+        others = [p for p in params if p["p_status"] != failing]
+        changed = self._settle_rows(conn, others) if others else 0
+        newly_failed = []
+        for p in params:
+            if p["p_status"] == failing and conn.execute(self._settle_one, p).rowcount == 1:
+                changed += 1
+                newly_failed.append((p["p_job_id"], p["p_token"]))
+        self._count_dead_letters(conn, dlq_alerts.dead_letters(conn, newly_failed))
+        return changed
+
+    def _count_dead_letters(self, conn: Connection, letters: list[dlq_alerts.DeadLetter]) -> None:
+        if self.dlq_alert_task is not None and letters:
+            dlq_alerts.count_dead_letters(conn, letters, excluded=self.dlq_alert_task)
+
+    def _settle_rows(self, conn: Connection, params: list[dict[str, Any]]) -> int:
+        if self.family != "mysql":  # executemany: pipelined by psycopg and sqlite3
+            return conn.execute(self._settle_one, params).rowcount
+        # PyMySQL would send executemany row by row: group the plain outcomes instead.
+        plain = [p for p in params if p["p_error"] is None and p["p_traceback"] is None]
+        changed = 0
+        for p in params:
+            if p["p_error"] is not None or p["p_traceback"] is not None:
+                changed += conn.execute(self._settle_one, p).rowcount
+        for status, claims in _group_by_outcome(plain).items():
+            stmt = (
+                update(job)
+                .where(
+                    job.c.status == JobStatus.RUNNING.value,
+                    tuple_(job.c.job_id, job.c.claim_token).in_(claims),
+                )
+                .values(**_settled_values(JobStatus(status)))
+            )
+            changed += conn.execute(stmt).rowcount
+        return changed
+
+    def defer(self, deferrals: Sequence[tuple[str, str, datetime]]) -> int:
+        """Give claimed jobs back, due at the given times, as if never claimed (an open
+        circuit breaker): no attempt is counted. Returns how many were still held."""
+        if not deferrals:
+            return 0
+        permit = scheduler_resource_permit
+        params = [{"p_job_id": j, "p_token": t, "p_due": due} for j, t, due in deferrals]
+        back = (
+            update(job)
+            .where(*_held(bindparam("p_job_id"), bindparam("p_token")))
+            .values(
+                status=JobStatus.PENDING.value,
+                scheduled_time=bindparam("p_due", type_=UTCDateTime()),
+                claims=job.c.claims - 1,
+                **_CLEARED_CLAIM,
+            )
+        )
+        release = delete(permit).where(
+            permit.c.job_id == bindparam("p_job_id"), permit.c.claim_token == bindparam("p_token")
+        )
+
+        def work(conn: Connection) -> int:
+            with transaction(conn):
+                changed = conn.execute(back, params).rowcount
+                conn.execute(release, [{"p_job_id": j, "p_token": t} for j, t, _ in deferrals])
+                self._announce_queues_of(conn, [j for j, _, _ in deferrals])
+            return changed
+
+        return self._run(work, "no job was deferred")
+
+    def store_outcome(
+        self,
+        job_id: str,
+        token: str,
+        status: JobStatus,
+        *,
+        job_result: str | None = None,
+        result_type: str | None = None,
+        result_meta: str | None = None,
+        error: str | None = None,
+        traceback: str | None = None,
+        part: BatchPart | None = None,
+    ) -> bool:
+        """Finish the execution this claim owns, with its result; False if the claim was lost.
+
+        ``part``: the job is a child of a batch, which counts it in the same transaction."""
+        params = {
+            "p_job_id": job_id,
+            "p_token": token,
+            "p_status": status.value,
+            "p_job_result": job_result,
+            "p_result_type": result_type,
+            "p_result_meta": result_meta,
+            "p_error": storable(error),
+            "p_traceback": storable(traceback),
+        }
+        cancels = status.value in _CANCELS_DOWNSTREAM
+
+        def work(conn: Connection) -> bool:
+            if part is None and not cancels:
+                return bool(conn.execute(self._store_outcome, params).rowcount == 1)
+            with transaction(conn):
+                if conn.execute(self._store_outcome, params).rowcount != 1:
+                    return False
+                if part is not None:
+                    record_part(conn, part)
+                if cancels:
+                    cancel_downstream(conn, job_id, error)
+                if status is JobStatus.FAILED:
+                    self._count_dead_letters(conn, dlq_alerts.dead_letters(conn, [(job_id, token)]))
+                return True
+
+        return self._run(work, "the result was not stored")
+
+    def store_untracked_result(
+        self,
+        job_id: str,
+        task_name: str,
+        status: JobStatus,
+        *,
+        job_result: str | None = None,
+        result_type: str | None = None,
+        result_meta: str | None = None,
+        error: str | None = None,
+        traceback: str | None = None,
+    ) -> None:
+        """A result written without a claim (an eager run, a manual ``mark_as_*``).
+
+        A finished row takes the new state; an active row keeps its state (its claim decides)
+        but records the result; with no row, a finished row is inserted.
+        """
+        result_values = {
+            "job_result": job_result,
+            "result_type": result_type,
+            "result_meta": result_meta,
+            "last_error": error,
+            "error_traceback": traceback,
+        }
+
+        # A revoked job never ran, so it cannot have failed since: it stays REVOKED and keeps
+        # the error (Celery writes a failed chain step's exception to the steps after it).
+        new_status: Any = status.value
+        if status is JobStatus.FAILED:
+            new_status = case(
+                (job.c.status == JobStatus.REVOKED.value, JobStatus.REVOKED.value),
+                else_=status.value,
+            )
+
+        def work(conn: Connection) -> None:
+            finished = conn.execute(
+                update(job)
+                .where(job.c.job_id == job_id, job.c.status.in_(_TERMINAL))
+                .values(status=new_status, finished_at=db_now(), **result_values)
+            ).rowcount
+            if finished:
+                return
+            active = conn.execute(
+                update(job).where(job.c.job_id == job_id).values(**result_values)
+            ).rowcount
+            if active:
+                return
+            # Inserted concurrently by another writer: that row stands.
+            with contextlib.suppress(IntegrityError):
+                conn.execute(
+                    insert(job).values(
+                        job_id=job_id,
+                        task_name=task_name,
+                        queue="",
+                        status=status.value,
+                        priority=0,
+                        scheduled_time=db_now(),
+                        created_at=db_now(),
+                        finished_at=db_now(),
+                        payload=b"",
+                        content_type="",
+                        content_encoding="",
+                        headers="{}",
+                        properties="{}",
+                        **result_values,
+                    )
+                )
+
+        self._run(work, "the result was not stored")
+
+    def holds(self, job_id: str, token: str) -> bool:
+        """Whether this claim still owns the job (it is RUNNING under it)."""
+        stmt = select(job.c.id).where(*_held(job_id, token))
+        return bool(self._run(lambda conn: conn.execute(stmt).first() is not None, "not read"))
+
+    def note_retry(self, job_id: str, error: str | None, traceback: str | None) -> None:
+        """Record why a job that was just rescheduled for a retry failed."""
+        stmt = (
+            update(job)
+            .where(job.c.job_id == job_id, job.c.status == JobStatus.PENDING.value)
+            .values(last_error=error, error_traceback=traceback)
+        )
+        self._run(lambda conn: conn.execute(stmt), "the retry reason was not stored")
+
+    def store_progress(self, job_id: str, token: str, meta: str | None, *, started: bool) -> None:
+        """A running job's interim state (STARTED, or a custom one from ``update_state``)."""
+        values: dict[str, Any] = {"result_meta": meta}
+        if started:
+            values["started_at"] = db_now()
+        stmt = update(job).where(*_held(job_id, token)).values(**values)
+        self._run(lambda conn: conn.execute(stmt), "the job's progress was not stored")
+
+    def next_due_in(self, queues: Sequence[str]) -> float | None:
+        """Seconds (by the database's clock) until the earliest pending job of ``queues`` is
+        due: negative when one is overdue, None when none is pending."""
+        if not queues:
+            return None
+        stmt = select(func.min(job.c.scheduled_time), db_now()).where(
+            job.c.status == JobStatus.PENDING.value, job.c.queue.in_(list(queues))
+        )
+        due, now = self._run(lambda conn: conn.execute(stmt).one(), "no due time was read")
+        return None if due is None else (due - now).total_seconds()
