@@ -6,7 +6,7 @@ from typing import Any
 
 from celery_ratchet.celery.asyncpool import AsyncPool
 from celery_ratchet.celery.state import ratchet_state
-from celery_ratchet.runtime.worker import Capacity
+from celery_ratchet.runtime.base import Capacity
 
 
 def capacity_for(consumer: Any, processes: int | None = None) -> Capacity:

@@ -10,7 +10,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from celery_ratchet.domain.job import REVOCATIONS_WAKEUP, ClaimedJob, JobStatus, Settlement
-from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
+from celery_ratchet.runtime.base import Capacity
+from celery_ratchet.runtime.worker import WorkerRuntime
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.jobstore import JobStore
 from tests.helpers import new_job

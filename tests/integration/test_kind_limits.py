@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, NewJob, Settlement
-from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
+from celery_ratchet.runtime.base import Capacity
+from celery_ratchet.runtime.worker import WorkerRuntime
 from celery_ratchet.store.jobstore import JobStore
 from tests.helpers import new_job, wait_until
 from tests.integration.test_runtime import FAST

@@ -10,7 +10,8 @@ import pytest
 
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
 from celery_ratchet.errors import StoreUnavailable
-from celery_ratchet.runtime.worker import Capacity, WorkerRuntime
+from celery_ratchet.runtime.base import Capacity
+from celery_ratchet.runtime.worker import WorkerRuntime
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.control import control_store
 from celery_ratchet.store.jobstore import JobStore

@@ -1,0 +1,145 @@
+"""Outcomes of the jobs a node ran: buffered, written in batches by the settler thread."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from dataclasses import replace
+
+from celery_ratchet.domain.job import (
+    JobStatus,
+    Settlement,
+)
+from celery_ratchet.errors import StoreBusy, StoreUnavailable
+from celery_ratchet.runtime.base import (
+    _CLOSED,
+    _SETTLE_BATCH,
+    RuntimeBase,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class Outcomes(RuntimeBase):
+    """Outcomes of the jobs a node ran: buffered, written in batches by the settler thread."""
+
+    def settle(self, settlement: Settlement) -> None:
+        """Record the end of one dispatched job (thread-safe, never blocks on the database)."""
+        settlement = self._with_permit(settlement)
+        # Reported before it is freed: at every instant the job is in flight or unwritten,
+        # so the claim check (_reconcile) never takes it for a claim this node lost.
+        self._report(settlement)
+        self._free(settlement.job_id, settlement.token)
+
+    def _with_permit(self, settlement: Settlement) -> Settlement:
+        with self._lock:
+            resource = self._permits.pop((settlement.job_id, settlement.token), None)
+        return settlement if resource is None else replace(settlement, resource=resource)
+
+    def record_outcome(self, job_id: str, token: str, failed: bool) -> None:
+        """Count a finished execution in its task's circuit breaker, if it has one."""
+        with self._lock:
+            protected = self._protected.pop((job_id, token), None)
+            if protected is not None:
+                breaker, probe = protected
+                breaker.record(failed, time.monotonic(), probe=probe)
+
+    def _report(self, settlement: Settlement) -> None:
+        with self._lock:
+            self._unwritten[(settlement.job_id, settlement.token)] = settlement
+        self._settlements.put(settlement)
+
+    def _written(self, settlements: list[Settlement]) -> None:
+        with self._lock:
+            for s in settlements:
+                self._unwritten.pop((s.job_id, s.token), None)
+        if any(s.status is JobStatus.PENDING for s in settlements):
+            # Handed back, due again at once: this node may claim them (claims it had lost
+            # track of), others are told where the channel does not tell them by itself.
+            self._announce(self.queues)
+            self.wake()
+
+    def _unwritten_count(self) -> int:
+        with self._lock:
+            return len(self._unwritten)
+
+    def release(self, job_id: str, token: str) -> None:
+        """Free the slot of a job whose row needs no write (a retry already rescheduled it):
+        the row may be due again, so claim at once rather than at the next idle look."""
+        self._free(job_id, token)
+        self._hint.set()
+
+    def _free(self, job_id: str, token: str) -> None:
+        with self._lock:
+            if self._in_flight.get(job_id) == token:
+                del self._in_flight[job_id]
+                self._uncount_kind(job_id)
+            self._permits.pop((job_id, token), None)
+            self._protected.pop((job_id, token), None)  # an end with no outcome to count
+        self._wake.set()
+
+    def _settle_loop(self) -> None:
+        pending: list[Settlement] = []
+        while True:
+            if not pending:
+                try:
+                    pending.append(self._settlements.get(timeout=0.2))
+                except queue.Empty:
+                    if self._closed.is_set():
+                        return
+                    continue
+            while len(pending) < _SETTLE_BATCH:
+                try:
+                    pending.append(self._settlements.get_nowait())
+                except queue.Empty:
+                    break
+            pending = [s for s in pending if s is not _CLOSED]
+            if not pending:
+                continue
+            if self._write(pending):
+                self._written(pending)
+                pending = []
+                continue
+            self._write_failed_at = time.monotonic()
+            if self._closed.wait(self.settings.poll_interval_min * 10):
+                time.sleep(self.settings.poll_interval_min)  # closing: keep trying
+
+    def _write(self, settlements: list[Settlement]) -> bool:
+        """Write outcomes; False (keep them, retry later) while the store is unreachable or
+        busy. A batch the database refuses is written row by row, so one bad row (say, a
+        traceback it cannot store) does not take the others down with it."""
+        try:
+            self.store.settle(settlements)
+        except (StoreUnavailable, StoreBusy) as exc:
+            self._throttle.warn("settle", "ratchet: %s; will retry, nothing is lost", exc)
+            return False
+        except Exception as exc:
+            logger.warning(
+                "ratchet: writing %d outcomes failed (%r); one at a time", len(settlements), exc
+            )
+            return all(self._write_one(s) for s in settlements)
+        self._throttle.clear("settle", "ratchet: job outcomes are being written again")
+        return True
+
+    def _write_one(self, settlement: Settlement) -> bool:
+        try:
+            self.store.settle([settlement])
+            return True
+        except (StoreUnavailable, StoreBusy):
+            return False
+        except Exception:
+            logger.exception(
+                "ratchet: outcome of job %s refused; writing its status alone", settlement.job_id
+            )
+        try:
+            self.store.settle([replace(settlement, error=None, traceback=None)])
+        except (StoreUnavailable, StoreBusy):
+            return False
+        except Exception:
+            logger.exception(
+                "ratchet: outcome of job %s cannot be written; the job stays "
+                "RUNNING until this node's claims are reconciled",
+                settlement.job_id,
+            )
+        return True
