@@ -14,6 +14,7 @@ the results of a group's or ``bulk()``'s members are pointed so when the batch i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -124,17 +125,19 @@ class JobBatch:
             if groups:  # a group's row, for `ratchet batches` (a chord's exists already)
                 state.batches.open_groups(groups, within)
             if within is not None:
-                held = store.enqueue_within(within, jobs, waiting)
+                with _discarded_if_unsent(state, groups, within):
+                    held = store.enqueue_within(within, jobs, waiting)
                 _wake_after_commit(within, state, [j.queue for j in jobs if j.job_id not in held])
                 _point_at_holders(held, results)
                 for stored in callbacks:
                     stored()
                 return
-        held = _with_retry(
-            lambda again: store.enqueue_many(jobs, waiting, maybe_committed=again),
-            conf.task_publish_retry,
-            dict(conf.task_publish_retry_policy or {}),
-        )
+        with _discarded_if_unsent(state, groups, None):
+            held = _with_retry(
+                lambda again: store.enqueue_many(jobs, waiting, maybe_committed=again),
+                conf.task_publish_retry,
+                dict(conf.task_publish_retry_policy or {}),
+            )
         ratchet_state(self.app).published([j.queue for j in jobs if j.job_id not in held])
         _point_at_holders(held, results)
         for stored in callbacks:
@@ -317,27 +320,46 @@ class RatchetAMQP(AMQP):
             if isinstance(producer, JobBatch):
                 producer.add(job, published, waiting)
                 return
+            groups = [job.group_id] if job.group_id else []
             with joined(app) as within:
-                if job.group_id:
-                    state.batches.open_groups([job.group_id], within)
+                if groups:
+                    state.batches.open_groups(groups, within)
                 if within is not None:
-                    held = state.store.enqueue_within(within, [job], waiting)
+                    with _discarded_if_unsent(state, groups, within):
+                        held = state.store.enqueue_within(within, [job], waiting)
                     if not held:
                         _wake_after_commit(within, state, [job.queue])
                     _point_at_holders(held, [])
                     published()
                     return
-            held = _with_retry(
-                lambda again: state.store.enqueue_many([job], waiting, maybe_committed=again),
-                retries,
-                policy,
-            )
+            with _discarded_if_unsent(state, groups, None):
+                held = _with_retry(
+                    lambda again: state.store.enqueue_many([job], waiting, maybe_committed=again),
+                    retries,
+                    policy,
+                )
             if not held:
                 state.published([job.queue])
             _point_at_holders(held, [])
             published()
 
         return send_task_message
+
+
+@contextlib.contextmanager
+def _discarded_if_unsent(state: Any, batch_ids: list[str], conn: Any) -> Iterator[None]:
+    """The children of these chords and groups are being written: if that raises, the
+    batches opened for them go too (unless a child row exists after all), rather than stay
+    open for ever."""
+    try:
+        yield
+    except Exception:
+        if batch_ids:
+            try:
+                state.batches.discard_unsent(batch_ids, conn)
+            except Exception as exc:  # the send's own error is the one to raise
+                logger.warning("ratchet: batches %s left open: %s", ", ".join(batch_ids), exc)
+        raise
 
 
 def _wake_after_commit(conn: Any, state: Any, queues: list[str]) -> None:

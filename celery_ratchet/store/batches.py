@@ -288,6 +288,29 @@ class BatchStore:
             "the group was not recorded",
         )
 
+    def discard_unsent(self, batch_ids: Sequence[str], conn: Connection | None = None) -> int:
+        """Chords and groups whose children could not be written (their send raised): their
+        rows go, so that none stays open waiting for children that never come. One with a
+        child row, a finished part or a count of either is kept. Returns how many went."""
+        if not batch_ids:
+            return 0
+        kinds = [BatchKind.CHORD.value, BatchKind.GROUP.value]
+        has_child = select(job.c.id).where(job.c.group_id == batch.c.batch_id).exists()
+        has_part = select(part_table.c.batch_id).where(part_table.c.batch_id == batch.c.batch_id)
+        stmt = delete(batch).where(
+            batch.c.batch_id.in_(list(dict.fromkeys(batch_ids))),
+            batch.c.kind.in_(kinds),
+            batch.c.state == BatchState.OPEN.value,
+            batch.c.done == 0,
+            batch.c.added == 0,
+            ~has_child,
+            ~has_part.exists(),
+        )
+        discarded: int = self._write(
+            conn, lambda c: c.execute(stmt).rowcount, "the unsent batch was not discarded"
+        )
+        return discarded
+
     def set_total(self, batch_id: str, total: int, conn: Connection | None = None) -> None:
         """The number of children, known once the last of them is being sent."""
         stmt = update(batch).where(batch.c.batch_id == batch_id).values(total=total)

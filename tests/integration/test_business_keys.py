@@ -141,6 +141,30 @@ def test_a_chord_member_whose_key_is_held_refuses_the_whole_chord(worker_app: Ce
     send(worker_app, k)
     add = worker_app.tasks["t.add"]
     header = [add.s(5, 5).set(queue=PARKED, ratchet={"business_key": k}), add.s(6, 6)]
+    before = _rows(worker_app)
     with pytest.raises(DuplicateJob):
         chord(header)(worker_app.tasks["t.tsum"].s())
     assert len(jobs_of(worker_app, k)) == 1
+    # Nothing of the refused chord is left: no member, no body, no open batch.
+    assert _rows(worker_app) == before
+
+
+def _rows(app: Celery) -> tuple[int, list[tuple[str, str]]]:
+    """Jobs, and open batches (kind, id), in the store."""
+    with ratchet_state(app).store.engine.connect() as conn:
+        jobs = conn.execute(text("SELECT COUNT(*) FROM scheduler_job")).scalar_one()
+        batches = conn.execute(
+            text("SELECT kind, batch_id FROM scheduler_batch WHERE state = 'OPEN'")
+        ).all()
+    return int(jobs), sorted((b.kind, b.batch_id) for b in batches)
+
+
+def test_a_group_refused_for_a_held_key_leaves_no_open_group(worker_app: Celery) -> None:
+    k = key()
+    send(worker_app, k)
+    add = worker_app.tasks["t.add"]
+    raising = {"business_key": k, "on_duplicate": "raise"}
+    before = _rows(worker_app)
+    with pytest.raises(DuplicateJob):
+        group(add.s(1, 1).set(queue=PARKED), add.s(2, 2).set(ratchet=raising)).apply_async()
+    assert _rows(worker_app) == before
