@@ -169,4 +169,5 @@ class Liveness(Claiming):
                     len(recovered.requeued),
                     ", ".join(recovered.requeued[:20]),
                 )
+                self._announce(recovered.queues)  # the other nodes (PostgreSQL: notified)
                 self.wake()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import (
@@ -54,6 +54,8 @@ class OrphanRecovery:
     dead_lettered: list[str]
     #: The nodes declared dead (their rows deleted).
     dead_nodes: list[str]
+    #: The queues of the requeued jobs.
+    queues: list[str] = field(default_factory=list)
 
     @property
     def jobs(self) -> list[str]:
@@ -180,13 +182,14 @@ class NodeOps(ClaimOps):
                 running = job.c.status == JobStatus.RUNNING.value
                 where = and_(running, or_(owned_by, unowned) if dead else unowned)
                 params = {"dead": dead} if dead else {}
-                found = select(job.c.job_id, job.c.claims, job.c.job_type).where(where)
+                found = select(job.c.job_id, job.c.claims, job.c.job_type, job.c.queue).where(where)
                 if self.family != "sqlite":  # (SQLite: the transaction holds the write lock)
                     # Locked as read: a settle racing this recovery waits for it, then finds
                     # the claim gone; the downstream effects below match the rows changed.
                     found = found.with_for_update()
                 given_up = defaultdict(list)
                 requeued = []
+                queues: set[str] = set()
                 for r in conn.execute(found, params):
                     # A recurring master is claimed at every fire time, and its firing is
                     # ratchet's own: its schedule is never given up.
@@ -195,6 +198,7 @@ class NodeOps(ClaimOps):
                         given_up[r.claims].append(r.job_id)
                     else:
                         requeued.append(r.job_id)
+                        queues.add(r.queue)
                 if requeued:
                     conn.execute(
                         update(job)
@@ -202,6 +206,9 @@ class NodeOps(ClaimOps):
                         .values(status=JobStatus.PENDING.value, **_CLEARED_CLAIM),
                         params,
                     )
+                    # Idle nodes of those queues sleep until told: they are, at commit.
+                    for queue in sorted(queues):
+                        self._announce(conn, queue)
                 dead_lettered = []
                 for claims, ids in given_up.items():
                     error = recovery_limit_record(claims, max_recoveries or 0)
@@ -229,6 +236,8 @@ class NodeOps(ClaimOps):
                 if dead:
                     conn.execute(delete(p).where(p.c.node_id.in_(dead)))
                     conn.execute(delete(n).where(n.c.node_id.in_(dead)))
-                return OrphanRecovery(sorted(requeued), sorted(dead_lettered), sorted(dead))
+                return OrphanRecovery(
+                    sorted(requeued), sorted(dead_lettered), sorted(dead), sorted(queues)
+                )
 
         return self._run(work, "orphaned jobs were not recovered")

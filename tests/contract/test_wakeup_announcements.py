@@ -147,6 +147,17 @@ def test_retries_hand_backs_and_requeues_are_announced(pg: tuple[JobStore, Liste
     assert "h" not in listener.marker(store)
 
 
+def test_jobs_recovered_from_a_dead_node_are_announced(pg: tuple[JobStore, Listener]) -> None:
+    store, listener = pg
+    store.register_node("dead", "h", 1, ["orphaned"], 1)
+    store.enqueue(new_job("orphan", queue="orphaned"))
+    [claimed] = store.claim("dead", ["orphaned"], 1)
+    listener.marker(store)
+    recovered = store.recover_orphans(-60)  # every node's heartbeat counts as too old
+    assert recovered.requeued == [claimed.job_id] and recovered.queues == ["orphaned"]
+    assert "orphaned" in listener.marker(store)
+
+
 def test_a_probe_reaches_the_listeners(pg: tuple[JobStore, Listener]) -> None:
     store, listener = pg
     store.announce(PROBE_WAKEUP)  # a worker finding out whether it is told anything
