@@ -541,6 +541,7 @@ class BatchStore:
         kind: BatchKind | str = parse_known(BatchKind, row.kind)
         total = expected_children(row.total, row.added)
         state: BatchState | str = parse_known(BatchState, row.state)
+        finished_at = row.finished_at
         if kind is BatchKind.GROUP:
             # A plain group's children report no parts: count their rows.
             finished = case((job.c.status.in_(_FINISHED), 1), else_=0)
@@ -563,6 +564,9 @@ class BatchStore:
                     .where(batch.c.batch_id == row.batch_id, batch.c.state == "OPEN")
                     .values(state=state.value, done=done, failed=bad, finished_at=db_now())
                 )
+                finished_at = conn.execute(
+                    select(batch.c.finished_at).where(batch.c.batch_id == row.batch_id)
+                ).scalar()
         else:
             done, bad = row.done, row.failed
         return BatchSummary(
@@ -574,7 +578,7 @@ class BatchStore:
             done=done,
             failed=bad,
             created_at=row.created_at,
-            finished_at=row.finished_at,
+            finished_at=finished_at,
             written=row.written,
         )
 

@@ -98,6 +98,19 @@ def test_only_batches_nothing_was_written_for_are_discarded_as_unsent(store: Job
     assert all(batches.get(b) is not None for b in ("with-child", "with-part", "a-batch"))
 
 
+def test_a_group_found_finished_is_listed_with_its_end(store: JobStore) -> None:
+    batches = BatchStore(store)
+    batches.open_groups(["g-done"])
+    store.enqueue_many([dataclasses.replace(new_job(f"g{i}"), group_id="g-done") for i in (1, 2)])
+    store.settle(
+        Settlement(c.job_id, c.token, JobStatus.SUCCEEDED) for c in store.claim("n", ["celery"], 2)
+    )
+    [listed] = batches.summaries(batch_id="g-done")  # the listing that finds it finished
+    assert listed.state is BatchState.SUCCEEDED and listed.finished_at is not None
+    [again] = batches.summaries(batch_id="g-done")
+    assert again.finished_at == listed.finished_at
+
+
 def test_the_part_is_written_with_the_childs_outcome(store: JobStore) -> None:
     batches = BatchStore(store)
     batches.open(NewBatch("b2", BatchKind.CHORD, 1))
