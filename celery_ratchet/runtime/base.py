@@ -202,6 +202,8 @@ class RuntimeBase:
         #: Outcomes reported but not yet written: queued or in the settler's hands.
         self._unwritten: dict[tuple[str, str], Settlement] = {}
         self._threads: list[threading.Thread] = []
+        #: Set when each of those threads returned (read without a lock: see _wait_until_ended).
+        self._ended: dict[threading.Thread, threading.Event] = {}
         self._throttle = _Throttle(max(settings.poll_interval, 5.0))
         #: When the last heartbeat that went through was sent (monotonic).
         self._last_heartbeat = time.monotonic()
@@ -283,9 +285,30 @@ class RuntimeBase:
             self.wake()
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
-        thread = threading.Thread(target=target, name=f"ratchet-{name}", daemon=True)
+        ended = threading.Event()
+
+        def run() -> None:
+            try:
+                target()
+            finally:
+                ended.set()
+
+        thread = threading.Thread(target=run, name=f"ratchet-{name}", daemon=True)
+        self._ended[thread] = ended
         thread.start()
         self._threads.append(thread)
+
+    def _wait_until_ended(self, thread: threading.Thread, timeout: float) -> None:
+        """Until ``thread`` returned, or ``timeout`` seconds. Not ``Thread.join``: a stop
+        signal's handler (a cold stop during a warm one) calls this while the main thread
+        it interrupted may be inside a join of the same thread, and a join nested in that
+        one waits out its whole timeout (the outer join holds the thread's lock)."""
+        ended = self._ended.get(thread)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ended.is_set() if ended is not None else not thread.is_alive():
+                return
+            time.sleep(0.01)
 
     def _confirmed(self, sent: float) -> None:
         """A heartbeat (or the registration) sent at ``sent`` went through: no node can

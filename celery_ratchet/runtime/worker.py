@@ -56,6 +56,7 @@ class WorkerRuntime(Liveness):
         if self._closed.is_set() or not self._stopping.is_set():
             return
         self._threads = [t for t in self._threads if t.is_alive()]
+        self._ended = {t: e for t, e in self._ended.items() if t in self._threads}
         running = {t.name for t in self._threads}
         if {"ratchet-poller", "ratchet-orphan-scan"} & running:
             logger.warning("ratchet: previous claim loop still stopping; not resuming yet")
@@ -98,7 +99,7 @@ class WorkerRuntime(Liveness):
         self._wake.set()
         for thread in self._threads:
             if thread.name == "ratchet-poller":
-                thread.join(timeout=30)
+                self._wait_until_ended(thread, 30)
         with self._lock:
             unstarted = list(self._ready)
             self._ready.clear()
@@ -159,7 +160,7 @@ class WorkerRuntime(Liveness):
         if self.control is not None:
             self.control.close(timeout=max(0.1, deadline - time.monotonic()))
         for thread in self._threads:
-            thread.join(timeout=max(0.1, deadline - time.monotonic()))
+            self._wait_until_ended(thread, max(0.1, deadline - time.monotonic()))
         left = self._unwritten_count()
         if left:
             # The node row stays: its jobs come back through orphan recovery after the grace
