@@ -223,9 +223,10 @@ async def async_over_limit(self, key: str) -> str:  # type: ignore[no-untyped-de
 
 @app.task(name="acc.async_cancellable")
 async def async_cancellable(key: str, seconds: float) -> str:
-    """Notes its start, and its cancellation if it is cancelled."""
-    await asyncio.to_thread(record_run, f"{key}:start")
+    """Notes its start, and its cancellation if it is cancelled (also while the start is
+    being noted: the note is visible before the coroutine has resumed from writing it)."""
     try:
+        await asyncio.to_thread(record_run, f"{key}:start")
         await asyncio.sleep(seconds)
     except asyncio.CancelledError:
         record_run(f"{key}:cancelled")
