@@ -22,7 +22,7 @@ from celery.exceptions import ChordError
 from celery.result import GroupResult, allow_join_result
 from kombu.utils import json as kjson
 
-from celery_ratchet.celery.sender import joined, transaction
+from celery_ratchet.celery.sender import joined, note_chord_opened, transaction
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.batch import (
     FAILED_STATES,
@@ -72,6 +72,8 @@ def open_chord(app: Celery, group_id: str, body: Any) -> None:
             restart=existing is not None,
             conn=conn,
         )
+    if existing is None:  # its header is written next: refused, it takes the row with it
+        note_chord_opened(group_id)
 
 
 def part_of(backend: Any, request: Any, state: str, result: Any) -> BatchPart | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -38,7 +38,14 @@ from celery_ratchet.celery.events import send_task_sent
 from celery_ratchet.celery.message import CLAIM_HEADER, job_from_message, waiting_steps
 from celery_ratchet.celery.state import NO_BROKER, ratchet_state
 from celery_ratchet.domain.job import NewJob
-from celery_ratchet.errors import DuplicateJob, StoreUnavailable, UnsupportedRouting
+from celery_ratchet.errors import (
+    DuplicateJob,
+    InvalidJob,
+    PayloadTooLarge,
+    StoreUnavailable,
+    UnsupportedRouting,
+    ValueRefused,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +122,7 @@ class JobBatch:
     def flush(self) -> None:
         jobs, waiting, callbacks = self.take()
         results, self._results = self._results, []
+        chords = _take_chords_opened()
         if not jobs:
             return
         conf = self.app.conf
@@ -125,14 +133,14 @@ class JobBatch:
             if groups:  # a group's row, for `ratchet batches` (a chord's exists already)
                 state.batches.open_groups(groups, within)
             if within is not None:
-                with _discarded_if_unsent(state, groups, within):
+                with _discarded_if_refused(state, chords, within):
                     held = store.enqueue_within(within, jobs, waiting)
                 _wake_after_commit(within, state, [j.queue for j in jobs if j.job_id not in held])
                 _point_at_holders(held, results)
                 for stored in callbacks:
                     stored()
                 return
-        with _discarded_if_unsent(state, groups, None):
+        with _discarded_if_refused(state, chords, None):
             held = _with_retry(
                 lambda again: store.enqueue_many(jobs, waiting, maybe_committed=again),
                 conf.task_publish_retry,
@@ -155,9 +163,10 @@ class JobBatch:
     def __enter__(self) -> JobBatch:
         return self
 
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, *_: Any) -> None:
         if exc_type is not None:  # the sending code failed part-way: store none of it
             self.jobs, self._on_stored, self._results = [], [], []
+            discard_refused_chords(self.app, exc)
         self.release()
 
     @property
@@ -321,18 +330,19 @@ class RatchetAMQP(AMQP):
                 producer.add(job, published, waiting)
                 return
             groups = [job.group_id] if job.group_id else []
+            chords = _take_chords_opened()
             with joined(app) as within:
                 if groups:
                     state.batches.open_groups(groups, within)
                 if within is not None:
-                    with _discarded_if_unsent(state, groups, within):
+                    with _discarded_if_refused(state, chords, within):
                         held = state.store.enqueue_within(within, [job], waiting)
                     if not held:
                         _wake_after_commit(within, state, [job.queue])
                     _point_at_holders(held, [])
                     published()
                     return
-            with _discarded_if_unsent(state, groups, None):
+            with _discarded_if_refused(state, chords, None):
                 held = _with_retry(
                     lambda again: state.store.enqueue_many([job], waiting, maybe_committed=again),
                     retries,
@@ -346,20 +356,61 @@ class RatchetAMQP(AMQP):
         return send_task_message
 
 
+#: Chords whose batch row this context has just created (Celery's ``apply_chord``): the
+#: next write of jobs in this context is their header's, and takes them over.
+_chords_opened: ContextVar[frozenset[str]] = ContextVar(
+    "ratchet_chords_opened", default=frozenset()
+)
+
+
+def note_chord_opened(chord_id: str) -> None:
+    """This context has just created the batch row of chord ``chord_id``; its header is
+    written next."""
+    _chords_opened.set(_chords_opened.get() | {chord_id})
+
+
+def _take_chords_opened() -> list[str]:
+    """The chords whose header the write about to happen is: taken, so that no later write
+    of this context can be mistaken for their header."""
+    opened = sorted(_chords_opened.get())
+    if opened:
+        _chords_opened.set(frozenset())
+    return opened
+
+
+#: Errors of a send that wrote nothing: the store refused it before or while writing, in a
+#: transaction that rolled back. An outage is not one of them (the write may have committed).
+_REFUSALS = (DuplicateJob, InvalidJob, PayloadTooLarge, ValueRefused)
+
+
+def _discard(state: Any, batch_ids: Sequence[str], conn: Any) -> None:
+    try:
+        state.batches.discard_unsent(batch_ids, conn)
+    except Exception as exc:  # the send's own error is the one to raise
+        logger.warning("ratchet: batches %s left open: %s", ", ".join(batch_ids), exc)
+
+
 @contextlib.contextmanager
-def _discarded_if_unsent(state: Any, batch_ids: list[str], conn: Any) -> Iterator[None]:
-    """The children of these chords and groups are being written: if that raises, the
-    batches opened for them go too (unless a child row exists after all), rather than stay
-    open for ever."""
+def _discarded_if_refused(state: Any, opened: Sequence[str], conn: Any) -> Iterator[None]:
+    """Jobs are being written; ``opened``: the chords whose header they are, whose rows
+    this very context made. If the store refuses the jobs, those rows go too, rather than
+    stay open for ever. A chord another send made (one whose body or later step is being
+    sent) is never among them."""
     try:
         yield
-    except Exception:
-        if batch_ids:
-            try:
-                state.batches.discard_unsent(batch_ids, conn)
-            except Exception as exc:  # the send's own error is the one to raise
-                logger.warning("ratchet: batches %s left open: %s", ", ".join(batch_ids), exc)
+    except _REFUSALS:
+        if opened:
+            _discard(state, opened, conn)
         raise
+
+
+def discard_refused_chords(app: Celery, exc: BaseException | None) -> None:
+    """The sending code failed before its jobs were written (a payload too large, a held
+    key): the chords whose header it was sending go, when it was refused."""
+    opened = _take_chords_opened()
+    if opened and isinstance(exc, _REFUSALS):
+        with joined(app) as within:
+            _discard(ratchet_state(app), opened, within)
 
 
 def _wake_after_commit(conn: Any, state: Any, queues: list[str]) -> None:

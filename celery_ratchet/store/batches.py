@@ -289,12 +289,13 @@ class BatchStore:
         )
 
     def discard_unsent(self, batch_ids: Sequence[str], conn: Connection | None = None) -> int:
-        """Chords and groups whose children could not be written (their send raised): their
-        rows go, so that none stays open waiting for children that never come. One with a
-        child row, a finished part or a count of either is kept. Returns how many went."""
+        """Chords whose header the send that opened them could not write (refused: a held
+        business key, an invalid job): their rows go, so that none stays open waiting for
+        children that never come. One with a child row, a finished part or a count of
+        either is kept all the same. Returns how many went."""
         if not batch_ids:
             return 0
-        kinds = [BatchKind.CHORD.value, BatchKind.GROUP.value]
+        kinds = [BatchKind.CHORD.value]
         has_child = select(job.c.id).where(job.c.group_id == batch.c.batch_id).exists()
         has_part = select(part_table.c.batch_id).where(part_table.c.batch_id == batch.c.batch_id)
         stmt = delete(batch).where(

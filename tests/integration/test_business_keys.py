@@ -8,12 +8,12 @@ import uuid
 from typing import Any
 
 import pytest
-from celery import Celery, chord, group
+from celery import Celery, chain, chord, group
 from sqlalchemy import create_engine, text
 
 import celery_ratchet
 from celery_ratchet.celery.state import ratchet_state
-from celery_ratchet.errors import DuplicateJob, InvalidJob
+from celery_ratchet.errors import DuplicateJob, InvalidJob, PayloadTooLarge
 from celery_ratchet.store.engine import normalize_url
 from tests.helpers import wait_until
 
@@ -159,12 +159,28 @@ def _rows(app: Celery) -> tuple[int, list[tuple[str, str]]]:
     return int(jobs), sorted((b.kind, b.batch_id) for b in batches)
 
 
-def test_a_group_refused_for_a_held_key_leaves_no_open_group(worker_app: Celery) -> None:
+def test_a_refused_send_leaves_the_chords_sent_before_it_alone(worker_app: Celery) -> None:
+    """Only the send that opened a chord's row can take it back: a chord whose header has no
+    row of its own id yet (chains start with no group id) is kept when a later send in the
+    same thread is refused."""
     k = key()
     send(worker_app, k)
     add = worker_app.tasks["t.add"]
+    header = [chain(add.s(1, 1), add.s(1)).set(queue=PARKED) for _ in range(2)]
+    result = chord(header)(worker_app.tasks["t.tsum"].s().set(queue=PARKED))
+    chord_id = result.parent.id
     raising = {"business_key": k, "on_duplicate": "raise"}
-    before = _rows(worker_app)
     with pytest.raises(DuplicateJob):
-        group(add.s(1, 1).set(queue=PARKED), add.s(2, 2).set(ratchet=raising)).apply_async()
+        add.apply_async((2, 2), ratchet=raising)
+    with pytest.raises(DuplicateJob):
+        group(add.s(3, 3).set(queue=PARKED), add.s(4, 4).set(ratchet=raising)).apply_async()
+    assert ("CHORD", chord_id) in _rows(worker_app)[1]
+
+
+def test_a_chord_whose_header_cannot_be_built_leaves_no_open_chord(worker_app: Celery) -> None:
+    add = worker_app.tasks["t.add"]
+    too_large = "x" * 200_000  # over ratchet_max_payload_kb (100)
+    before = _rows(worker_app)
+    with pytest.raises(PayloadTooLarge):
+        chord([add.s(1, 1).set(queue=PARKED), add.s(too_large, "")])(worker_app.tasks["t.tsum"].s())
     assert _rows(worker_app) == before
