@@ -26,7 +26,7 @@ from celery_ratchet.celery.aio import offload
 from celery_ratchet.celery.compat import message_ignore_result_overrides_task
 from celery_ratchet.celery.message import CLAIM_HEADER, check_serializer, safe_accept
 from celery_ratchet.celery.pool import RUNNING, stop_mode
-from celery_ratchet.celery.sender import joined
+from celery_ratchet.celery.sender import joined, note_chord_opened
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus, ResultRecord, error_record
 from celery_ratchet.errors import StoreUnavailable
@@ -349,13 +349,15 @@ class RatchetBackend(BaseBackend):
 
     def apply_chord(self, header_result_args: Any, body: Any, **kwargs: Any) -> None:
         self.ensure_chords_allowed()
-        batches.open_chord(self.app, header_result_args[0], body)
+        created = batches.open_chord(self.app, header_result_args[0], body)
         # A header with groups inside (a chain ending in a group): keep its shape, so the
         # body gets nested results, as Celery's Redis backend does.
         if not isinstance(header_result_args[1], _regen):
             header = self.app.GroupResult(*header_result_args)
             if any(isinstance(r, GroupResult) for r in header.results):
                 header.save(backend=self)
+        if created:  # the header is written next: refused, it takes the row with it
+            note_chord_opened(header_result_args[0])
 
     def set_chord_size(self, group_id: str, chord_size: int) -> None:
         with joined(self.app) as conn:

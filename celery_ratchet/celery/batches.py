@@ -22,7 +22,7 @@ from celery.exceptions import ChordError
 from celery.result import GroupResult, allow_join_result
 from kombu.utils import json as kjson
 
-from celery_ratchet.celery.sender import joined, note_chord_opened, transaction
+from celery_ratchet.celery.sender import joined, transaction
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.batch import (
     FAILED_STATES,
@@ -59,21 +59,22 @@ def decode_signature(app: Celery, text: str | None) -> Signature | None:
 # -- chords: the result backend's side ------------------------------------------------------
 
 
-def open_chord(app: Celery, group_id: str, body: Any) -> None:
-    """A chord is being applied: its batch, waiting for the header's size."""
+def open_chord(app: Celery, group_id: str, body: Any) -> bool:
+    """A chord is being applied: its batch, waiting for the header's size. True when this
+    created the row (no run of the chord had one): see :func:`note_chord_opened`."""
     batches = ratchet_state(app).batches
-    existing = batches.get(group_id)
-    if existing is not None and existing.kind is BatchKind.BATCH:
-        return  # celery_ratchet.batch() opened it with its own callbacks
-    # A frozen chord applied again reuses its id for a new run: start afresh.
     with joined(app) as conn:
+        # Read where the row is written: a frozen chord applied twice in one transaction.
+        existing = batches.get(group_id, conn)
+        if existing is not None and existing.kind is BatchKind.BATCH:
+            return False  # celery_ratchet.batch() opened it with its own callbacks
+        # A frozen chord applied again reuses its id for a new run: start afresh.
         batches.open(
             NewBatch(group_id, BatchKind.CHORD, None, on_success=encode_signature(body)),
             restart=existing is not None,
             conn=conn,
         )
-    if existing is None:  # its header is written next: refused, it takes the row with it
-        note_chord_opened(group_id)
+    return existing is None
 
 
 def part_of(backend: Any, request: Any, state: str, result: Any) -> BatchPart | None:

@@ -432,9 +432,12 @@ class BatchStore:
         record = self.get(batch_id)
         return Progress(0, 0) if record is None else record.progress
 
-    def get(self, batch_id: str) -> BatchRecord | None:
+    def get(self, batch_id: str, conn: Connection | None = None) -> BatchRecord | None:
+        """The batch, or None; on ``conn`` (a caller's transaction) when given."""
+        if conn is not None:
+            return self._get(conn, batch_id)
         found: BatchRecord | None = self._run(
-            lambda conn: self._get(conn, batch_id), "the batch was not read"
+            lambda c: self._get(c, batch_id), "the batch was not read"
         )
         return found
 
