@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -40,17 +41,25 @@ class Executor:
         self.runtime.settle(Settlement(job.job_id, job.token, JobStatus.SUCCEEDED))
 
 
-@pytest.fixture
-def runtime(store: JobStore) -> Iterator[tuple[WorkerRuntime, Executor]]:
-    executor = Executor()
-    rt = WorkerRuntime(
+def live_node(
+    store: JobStore, dispatch: Callable[[ClaimedJob], None], **extra: Any
+) -> WorkerRuntime:
+    """The runtime of node ``live-node``, claiming from ``celery`` with room for 4 jobs."""
+    return WorkerRuntime(
         store,
         FAST,
         node_id="live-node",
         queues=["celery"],
         capacity=Capacity(running=4, buffered=4),
-        dispatch=executor,
+        dispatch=dispatch,
+        **extra,
     )
+
+
+@pytest.fixture
+def runtime(store: JobStore) -> Iterator[tuple[WorkerRuntime, Executor]]:
+    executor = Executor()
+    rt = live_node(store, executor)
     executor.runtime = rt
     rt.start()
     yield rt, executor
@@ -219,13 +228,9 @@ def test_a_broadcast_about_a_job_the_node_just_started_is_run(
         release.set()
         executor(job)
 
-    rt = WorkerRuntime(
+    rt = live_node(
         store,
-        FAST,
-        node_id="live-node",
-        queues=["celery"],
-        capacity=Capacity(running=4, buffered=4),
-        dispatch=broadcast_when_started,
+        broadcast_when_started,
         control=lambda command: ran.append(command.command),  # type: ignore[func-returns-value]
     )
     executor.runtime = rt
