@@ -83,13 +83,17 @@ class NodeOps(ClaimOps):
     def register_node(
         self, node_id: str, hostname: str, pid: int, queues: Sequence[str], concurrency: int
     ) -> datetime:
-        """Register a node; returns the moment it was registered, by the database clock
-        (what it may have been asked to do is what was asked from then on)."""
+        """Register a node (again: a registration sent twice leaves one row); returns the
+        moment it was registered, by the database clock (what it may have been asked to do
+        is what was asked from then on)."""
         n = scheduler_node
 
         def work(conn: Connection) -> datetime:
             with transaction(conn):
                 now: datetime = conn.execute(select(db_now())).scalar_one()
+                # A row of this id is this node's own: an earlier registration that committed
+                # but whose reply was lost (node ids name one process and are never reused).
+                conn.execute(delete(n).where(n.c.node_id == node_id))
                 conn.execute(
                     insert(n).values(
                         node_id=node_id,

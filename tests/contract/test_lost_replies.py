@@ -132,3 +132,15 @@ def test_a_reschedule_whose_reply_was_lost_is_not_taken_for_a_lost_claim(
     assert "was not rescheduled" not in caplog.text
     record = store.result("retried")
     assert record is not None and record.status is JobStatus.PENDING and record.attempts == 1
+
+
+def test_a_registration_sent_again_after_its_reply_was_lost_registers_the_node(
+    store: JobStore,
+) -> None:
+    """The node's first registration committed, the worker never heard so and registers
+    again under the same node id: that must succeed (before, every retry failed on the
+    duplicate id and the worker never started claiming)."""
+    first = store.register_node("lost-reply-node", "h", 1, ["celery"], 2)
+    again = store.register_node("lost-reply-node", "h", 1, ["celery"], 2)
+    assert again >= first
+    assert [n["node_id"] for n in store.list_nodes()] == ["lost-reply-node"]
