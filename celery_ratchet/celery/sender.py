@@ -122,31 +122,12 @@ class JobBatch:
     def flush(self) -> None:
         jobs, waiting, callbacks = self.take()
         results, self._results = self._results, []
-        chords = _take_chords_opened()
         if not jobs:
+            _take_chords_opened()  # a write of nothing is no chord's header
             return
         conf = self.app.conf
-        state = ratchet_state(self.app)
-        store = state.store
-        groups = [j.group_id for j in jobs if j.group_id]
-        with joined(self.app) as within:
-            if groups:  # a group's row, for `ratchet batches` (a chord's exists already)
-                state.batches.open_groups(groups, within)
-            if within is not None:
-                with _discarded_if_refused(state, chords, within):
-                    held = store.enqueue_within(within, jobs, waiting)
-                _wake_after_commit(within, state, [j.queue for j in jobs if j.job_id not in held])
-                _point_at_holders(held, results)
-                for stored in callbacks:
-                    stored()
-                return
-        with _discarded_if_refused(state, chords, None):
-            held = _with_retry(
-                lambda again: store.enqueue_many(jobs, waiting, maybe_committed=again),
-                conf.task_publish_retry,
-                dict(conf.task_publish_retry_policy or {}),
-            )
-        ratchet_state(self.app).published([j.queue for j in jobs if j.job_id not in held])
+        policy = dict(conf.task_publish_retry_policy or {})
+        held = write_jobs(self.app, jobs, waiting, conf.task_publish_retry, policy)
         _point_at_holders(held, results)
         for stored in callbacks:
             stored()
@@ -329,31 +310,45 @@ class RatchetAMQP(AMQP):
             if isinstance(producer, JobBatch):
                 producer.add(job, published, waiting)
                 return
-            groups = [job.group_id] if job.group_id else []
-            chords = _take_chords_opened()
-            with joined(app) as within:
-                if groups:
-                    state.batches.open_groups(groups, within)
-                if within is not None:
-                    with _discarded_if_refused(state, chords, within):
-                        held = state.store.enqueue_within(within, [job], waiting)
-                    if not held:
-                        _wake_after_commit(within, state, [job.queue])
-                    _point_at_holders(held, [])
-                    published()
-                    return
-            with _discarded_if_refused(state, chords, None):
-                held = _with_retry(
-                    lambda again: state.store.enqueue_many([job], waiting, maybe_committed=again),
-                    retries,
-                    policy,
-                )
-            if not held:
-                state.published([job.queue])
+            held = write_jobs(app, [job], waiting, retries, policy)
             _point_at_holders(held, [])
             published()
 
         return send_task_message
+
+
+def write_jobs(
+    app: Celery, jobs: list[NewJob], waiting: list[NewJob], retry: bool, policy: dict[str, Any]
+) -> dict[str, str]:
+    """Write ``jobs`` (and the chain steps stored ahead, ``waiting``) where this moment's
+    writes go: the caller's transaction, or the store's own connections, retried as
+    ``task_publish_retry`` says. Their groups get a row (for `ratchet batches`; a chord's
+    exists already); the chords this context opened, whose header this is, go if the store
+    refuses it; workers of their queues are told (at commit). Returns the jobs whose
+    business key another job holds, mapped to the holders."""
+    state = ratchet_state(app)
+    chords = _take_chords_opened()
+    groups = [j.group_id for j in jobs if j.group_id]
+    with joined(app) as within:
+        if groups:
+            state.batches.open_groups(groups, within)
+        if within is not None:
+            with _discarded_if_refused(state, chords, within):
+                held = state.store.enqueue_within(within, jobs, waiting)
+            queues = [j.queue for j in jobs if j.job_id not in held]
+            if queues:
+                _wake_after_commit(within, state, queues)
+            return held
+    with _discarded_if_refused(state, chords, None):
+        held = _with_retry(
+            lambda again: state.store.enqueue_many(jobs, waiting, maybe_committed=again),
+            retry,
+            policy,
+        )
+    queues = [j.queue for j in jobs if j.job_id not in held]
+    if queues:
+        state.published(queues)
+    return held
 
 
 #: Chords whose batch row this context has just created (Celery's ``apply_chord``): the

@@ -215,8 +215,6 @@ class RuntimeBase:
         #: This node's registration: one more each time it registers (after being declared
         #: dead, its earlier claims are not its own any more).
         self._epoch = 0
-        #: When this node first registered, by the database clock.
-        self._registered_at: datetime | None = None
         #: Which other nodes are dead, from heartbeats this node saw not advance.
         self._judge: LivenessJudge[datetime] = LivenessJudge(
             settings.node_orphan_grace_seconds, node_id
@@ -303,11 +301,9 @@ class RuntimeBase:
         signal's handler (a cold stop during a warm one) calls this while the main thread
         it interrupted may be inside a join of the same thread, and a join nested in that
         one waits out its whole timeout (the outer join holds the thread's lock)."""
-        ended = self._ended.get(thread)
+        ended = self._ended[thread]
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if ended.is_set() if ended is not None else not thread.is_alive():
-                return
+        while not ended.is_set() and time.monotonic() < deadline:
             time.sleep(0.01)
 
     def _confirmed(self, sent: float) -> None:

@@ -40,21 +40,14 @@ class ControlLoop:
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         self._warned = False
-        #: Commands broadcast from then on are for this node (by the database clock).
-        self._since: datetime | None = None
 
-    def start(self, since: datetime | None = None) -> None:
-        """Start reading commands: those broadcast from ``since`` (by the database clock;
-        default now) on. A node that starts later than a broadcast does not run it, as a
-        worker's mailbox would not receive it."""
-        if since is not None:
-            self._since = since
-        else:
-            try:
-                self._since = self.control.clock()
-            except Exception as exc:  # read again by the thread, once the store answers
-                self._problem(exc)
-        self._thread = threading.Thread(target=self._loop, name="ratchet-control", daemon=True)
+    def start(self, since: datetime) -> None:
+        """Start reading the commands broadcast from ``since`` on (by the database clock:
+        the node's registration). A node that starts later than a broadcast does not run
+        it, as a worker's mailbox would not receive it."""
+        self._thread = threading.Thread(
+            target=self._loop, args=(since,), name="ratchet-control", daemon=True
+        )
         self._thread.start()
 
     def hint(self) -> None:
@@ -71,13 +64,10 @@ class ControlLoop:
         self._hint.wait(self.poll_seconds())
         self._hint.clear()
 
-    def _loop(self) -> None:
-        since = self._since
+    def _loop(self, since: datetime) -> None:
         handled: set[int] = set()
         while not self._closed.is_set():
             try:
-                if since is None:
-                    since = self.control.clock()
                 commands = self.control.commands_since(since)
                 self._problem_ended()
             except Exception as exc:

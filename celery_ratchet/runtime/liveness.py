@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from datetime import datetime
 
 from celery_ratchet.domain.job import (
     JobStatus,
@@ -23,15 +24,15 @@ class Liveness(Claiming):
     """A node's registration and liveness, and its peers': heartbeats, claims reconciled,
     dead nodes' jobs taken back, housekeeping."""
 
-    def _register(self) -> None:
+    def _register(self) -> datetime | None:
+        """Register this node, retrying until it goes through; returns when it was
+        registered (database clock), or None when told to stop first."""
         while not self._stopping.is_set():
             sent = time.monotonic()
             try:
                 registered = self.store.register_node(
                     self.node_id, self.hostname, os.getpid(), self.queues, self.capacity.executing
                 )
-                if self._registered_at is None:
-                    self._registered_at = registered
                 with self._lock:
                     self._epoch += 1
                 self._confirmed(sent)
@@ -41,11 +42,12 @@ class Liveness(Claiming):
                     ",".join(self.queues),
                     self.store.display_url,
                 )
-                return
+                return registered
             except Exception as exc:
                 self._lost_contact()
                 self._throttle.warn("register", "ratchet: node not registered: %s; retrying", exc)
                 self._stopping.wait(self.settings.poll_interval)
+        return None
 
     def _heartbeat_loop(self) -> None:
         interval = self.settings.node_heartbeat_interval_seconds

@@ -32,8 +32,8 @@ class WorkerRuntime(Liveness):
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._register()
-        if self._stopping.is_set():  # told to stop before it could register: claim nothing
+        registered = self._register()
+        if registered is None:  # told to stop before it could register: claim nothing
             return
         for name, target in (
             ("poller", self._poll_loop),
@@ -47,7 +47,7 @@ class WorkerRuntime(Liveness):
         if self.control is not None:
             # From the first registration, not from now: a job claimed meanwhile may already
             # be the subject of a broadcast (a revoke with terminate).
-            self.control.start(since=self._registered_at)
+            self.control.start(since=registered)
         for source in self.wakeups:
             source.start(self._woken)
 

@@ -295,12 +295,11 @@ class BatchStore:
         either is kept all the same. Returns how many went."""
         if not batch_ids:
             return 0
-        kinds = [BatchKind.CHORD.value]
         has_child = select(job.c.id).where(job.c.group_id == batch.c.batch_id).exists()
         has_part = select(part_table.c.batch_id).where(part_table.c.batch_id == batch.c.batch_id)
         stmt = delete(batch).where(
             batch.c.batch_id.in_(list(dict.fromkeys(batch_ids))),
-            batch.c.kind.in_(kinds),
+            batch.c.kind == BatchKind.CHORD.value,
             batch.c.state == BatchState.OPEN.value,
             batch.c.done == 0,
             batch.c.added == 0,
