@@ -130,7 +130,8 @@ class RatchetBackend(BaseBackend):
         token = _claim_token(request)
         status = _FINAL.get(state)
         if status is None:  # STARTED, RETRY, or a custom state from update_state()
-            self._store_progress(task_id, token, result, state, traceback)
+            name = getattr(request, "task", None) or ""
+            self._store_progress(task_id, name, token, result, state, traceback)
             return result
         values: dict[str, Any] = {"result_meta": self._result_meta(request)}
         if status is JobStatus.SUCCEEDED:
@@ -175,13 +176,22 @@ class RatchetBackend(BaseBackend):
         return outcome
 
     def _store_progress(
-        self, task_id: str, token: str | None, result: Any, state: str, traceback: str | None
+        self,
+        task_id: str,
+        name: str,
+        token: str | None,
+        result: Any,
+        state: str,
+        traceback: str | None,
     ) -> None:
         if state == states.RETRY:
             self.store.note_retry(task_id, self._encode_json(result), traceback)
-        elif token is not None:
-            meta = self._encode_json({"state": state, "result": result})
+            return
+        meta = self._encode_json({"state": state, "result": result})
+        if token is not None:
             self.store.store_progress(task_id, token, meta, started=state == states.STARTED)
+        else:  # another process runs the task and reports through this backend
+            self.store.store_untracked_result(task_id, name, JobStatus.EXTERNAL, result_meta=meta)
 
     def _encode_json(self, value: Any) -> str | None:
         if value is None:
@@ -265,7 +275,7 @@ class RatchetBackend(BaseBackend):
             return _CELERY_STATE[status], self._exception(record.last_error)
         if status is JobStatus.IGNORED:
             return states.IGNORED, None
-        if status is JobStatus.RUNNING and "state" in extra:
+        if status in (JobStatus.RUNNING, JobStatus.EXTERNAL) and "state" in extra:
             return extra["state"], extra.get("result")
         if status is JobStatus.PENDING and record.attempts > 0 and record.last_error:
             return states.RETRY, self._exception(record.last_error)

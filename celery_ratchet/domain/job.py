@@ -22,6 +22,10 @@ class JobStatus(str, enum.Enum):
     PAUSED = "PAUSED"
     #: A chain step stored at submission, released when the step before it succeeds.
     WAITING = "WAITING"
+    #: A state written through the result backend for a task no ratchet worker runs (Celery's
+    #: ``store_result(id, meta, STARTED)`` from another process): read back as written, never
+    #: claimed, revoked or recovered.
+    EXTERNAL = "EXTERNAL"
 
 
 #: The queue of recurring masters: every worker claims from it, whatever its ``-Q``.

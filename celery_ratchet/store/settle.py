@@ -411,7 +411,8 @@ class ClaimOps(StoreCore):
         """A result written without a claim (an eager run, a manual ``mark_as_*``).
 
         A finished row takes the new state; an active row keeps its state (its claim decides)
-        but records the result; with no row, a finished row is inserted.
+        but records the result; with no row, a finished row is inserted. An interim state
+        (``EXTERNAL``: a task another process runs) leaves an active row as it is.
         """
         result_values = {
             "job_result": job_result,
@@ -438,11 +439,15 @@ class ClaimOps(StoreCore):
             ).rowcount
             if finished:
                 return
-            active = conn.execute(
-                update(job).where(job.c.job_id == job_id).values(**result_values)
-            ).rowcount
-            if active:
-                return
+            if status is JobStatus.EXTERNAL:
+                if conn.execute(select(job.c.job_id).where(job.c.job_id == job_id)).first():
+                    return
+            else:
+                active = conn.execute(
+                    update(job).where(job.c.job_id == job_id).values(**result_values)
+                ).rowcount
+                if active:
+                    return
             # Inserted concurrently by another writer: that row stands.
             with contextlib.suppress(IntegrityError):
                 conn.execute(

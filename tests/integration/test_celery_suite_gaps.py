@@ -100,3 +100,36 @@ def test_a_task_that_ignores_its_result_reads_pending_when_sent_by_name(
         assert worker_app.AsyncResult(sent.id).state == "PENDING"
     finally:
         add.ignore_result = False
+
+
+@pytest.mark.parametrize("state", ["STARTED", "PROGRESS"])
+def test_a_state_stored_for_a_task_another_process_runs_is_read_and_kept_by_a_revoke(
+    worker_app: Celery, state: str
+) -> None:
+    # Another worker (not ratchet's) runs `started` and reports through this backend: the
+    # revoke reaches the ratchet worker, which must leave that state to its owner.
+    backend = worker_app.backend
+    started, not_started = str(uuid4()), str(uuid4())
+    backend.store_result(started, {"hostname": "other@host"}, state)
+    assert worker_app.AsyncResult(started).state == state
+    assert worker_app.AsyncResult(started).result == {"hostname": "other@host"}
+
+    assert worker_app.control.revoke([started, not_started], reply=True, timeout=10)
+
+    assert backend.get_state(started) == state
+    assert backend.get_state(not_started) == "REVOKED"
+    backend.store_result(started, 5, "SUCCESS")
+    assert worker_app.AsyncResult(started).get(timeout=TIMEOUT) == 5
+
+
+def test_a_state_stored_from_outside_leaves_a_job_of_the_store_as_it_is(
+    worker_app: Celery,
+) -> None:
+    add = worker_app.tasks["t.add"]
+    sent = add.apply_async((1, 2), countdown=3600)
+    worker_app.backend.store_result(sent.id, {"hostname": "other@host"}, "STARTED")
+    assert worker_app.AsyncResult(sent.id).state == "PENDING"
+    record = ratchet_state(worker_app).store.result(sent.id)
+    assert record is not None and record.status is JobStatus.PENDING
+    sent.revoke()
+    assert worker_app.AsyncResult(sent.id).state == "REVOKED"
