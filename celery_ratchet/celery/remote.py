@@ -15,6 +15,7 @@ from kombu.matcher import match
 from kombu.utils.json import dumps, loads
 
 from celery_ratchet.celery.capacity import capacity_for
+from celery_ratchet.celery.scheduled import scheduled
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.celery.transport import wake as wake_main_loop
 from celery_ratchet.domain.control import ControlCommand
@@ -40,6 +41,9 @@ def addressed_to(hostname: str, command: ControlCommand) -> bool:
 #: Commands that change the queues a worker consumes from (Celery applies them on its loop).
 _QUEUE_COMMANDS = frozenset({"add_consumer", "cancel_consumer"})
 
+
+#: Celery's listing of the ETA tasks a worker holds (and its alias).
+_SCHEDULED_COMMANDS = frozenset({"scheduled", "dump_schedule"})
 
 #: Commands that change how many jobs the pool runs at once.
 _POOL_COMMANDS = frozenset({"pool_grow", "pool_shrink"})
@@ -92,7 +96,10 @@ class RemoteCommands:
         worker."""
         self.consumer.app.clock.forward()
         try:
-            outcome.reply = Panel.data[name](self.state, **arguments)
+            if name in _SCHEDULED_COMMANDS:  # ETA jobs wait in the store, not in the timer
+                outcome.reply = scheduled(self.consumer)
+            else:
+                outcome.reply = Panel.data[name](self.state, **arguments)
             if name in _QUEUE_COMMANDS:
                 # Celery's handler queued its change of queues; make it now, then claim from
                 # the result (the queue is a stack on Celery 5.5, first-in-first-out later).

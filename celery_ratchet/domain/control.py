@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -33,3 +35,14 @@ class ControlReply:
     id: int
     hostname: str
     reply: str
+
+
+def lister_of(job_id: str, queue: str, live_nodes: Mapping[str, Sequence[str]]) -> str | None:
+    """The node that lists a job waiting for its due time in ``inspect scheduled``: of the
+    live nodes consuming its queue, the one this job ranks first (rendezvous hashing), so
+    every node that reads the same nodes picks the same one and a job is listed once.
+    ``None`` when no live node consumes the queue."""
+    candidates = [node for node, queues in live_nodes.items() if queue in queues]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda node: hashlib.sha256(f"{node}\0{job_id}".encode()).digest())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from sqlalchemy.sql.elements import BindParameter
 
 from celery_ratchet.domain.dlq_alert import AlertWindow
 from celery_ratchet.domain.job import (
+    ClaimedJob,
     JobStatus,
     JobSummary,
     NewJob,
@@ -31,6 +33,7 @@ from celery_ratchet.store import dlq_alerts
 from celery_ratchet.store.batches import (
     restore_downstream,
 )
+from celery_ratchet.store.claim import RETURNED, MalformedRow, to_claimed
 from celery_ratchet.store.core import StoreCore
 from celery_ratchet.store.engine import (
     db_now,
@@ -339,6 +342,30 @@ class AdminOps(StoreCore):
         return self._run(
             lambda conn: dlq_alerts.alert_states(conn, task_names), "alert states were not read"
         )
+
+    def scheduled_jobs(self, queues: Sequence[str], limit: int) -> list[ClaimedJob]:
+        """Pending jobs of ``queues`` due later than now by the database clock, soonest
+        first, at most ``limit``; decoded as a claim decodes them, with no claim (token
+        ``""``). A row that would not decode is left out: its claim will fail it."""
+        if not queues:
+            return []
+        columns = [job.c[name.strip()] for name in RETURNED.split(",")]
+        stmt = (
+            select(*columns)
+            .where(
+                job.c.status == JobStatus.PENDING.value,
+                job.c.queue.in_(list(queues)),
+                job.c.scheduled_time > db_now(),
+            )
+            .order_by(job.c.scheduled_time, job.c.id)
+            .limit(limit)
+        )
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "scheduled jobs were not read")
+        listed = []
+        for row in rows:
+            with contextlib.suppress(MalformedRow):
+                listed.append(to_claimed(row, ""))
+        return listed
 
     def list_nodes(self) -> list[dict[str, Any]]:
         n = scheduler_node

@@ -128,6 +128,16 @@ class NodeOps(ClaimOps):
             "the node was not removed",
         )
 
+    def live_node_queues(self, grace_seconds: float) -> dict[str, list[str]]:
+        """The queues of every node whose heartbeat is younger than ``grace_seconds`` by
+        the database clock."""
+        n = scheduler_node
+        stmt = select(n.c.node_id, n.c.queues).where(
+            n.c.heartbeat_ts >= db_now_minus(grace_seconds)
+        )
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "nodes were not read")
+        return {r.node_id: [q for q in r.queues.split(",") if q] for r in rows}
+
     def node_heartbeats(self) -> dict[str, datetime]:
         """The last heartbeat of every registered node (by the database clock)."""
         n = scheduler_node

@@ -4,6 +4,7 @@ answers with Celery's own handlers, in the shapes stock Celery replies with."""
 from __future__ import annotations
 
 import time
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -52,6 +53,42 @@ def test_inspect_commands_answer_in_stock_shapes(worker_app: Celery) -> None:
     report = inspect.report()
     assert report is not None and "celery" in report[node]["ok"]
     assert inspect.query_task("no-such-task") == {node: {}}
+
+
+def test_scheduled_lists_a_job_waiting_for_its_eta_as_stock(worker_app: Celery) -> None:
+    node = _node(worker_app)
+    eta = datetime.now(timezone.utc) + timedelta(hours=1)
+    result = worker_app.tasks["t.add"].apply_async((1, 2), eta=eta)
+    inspect = worker_app.control.inspect(timeout=2, destination=[node])
+    try:
+        assert inspect.scheduled() == {
+            node: [
+                {
+                    "eta": eta.isoformat(),
+                    "priority": 6,
+                    "request": {
+                        "id": result.id,
+                        "name": "t.add",
+                        "args": [1, 2],
+                        "kwargs": {},
+                        "type": "t.add",
+                        "hostname": node,
+                        "time_start": None,
+                        "acknowledged": False,
+                        "delivery_info": {
+                            "exchange": "",
+                            "routing_key": "celery",
+                            "priority": 0,
+                            "redelivered": False,
+                        },
+                        "worker_pid": None,
+                    },
+                }
+            ]
+        }
+    finally:
+        result.revoke()
+    assert inspect.scheduled() == {node: []}
 
 
 def test_active_lists_a_running_job(worker_app: Celery) -> None:
