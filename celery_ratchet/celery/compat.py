@@ -40,3 +40,22 @@ def message_ignore_result_overrides_task() -> bool:
     from celery.app import task
 
     return hasattr(task, "get_actual_ignore_result")
+
+
+def wrap_group_apply_async(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replace Celery's ``celery.canvas.group.apply_async`` by ``wrap(original)``, once per
+    process: a group has no public seam between its members' sends."""
+    from celery.canvas import group
+
+    if not getattr(group.apply_async, "__ratchet_wrapped__", False):
+        wrapped = wrap(group.apply_async)
+        wrapped.__ratchet_wrapped__ = True  # type: ignore[attr-defined]
+        group.apply_async = wrapped
+
+
+def group_tasks_are_lazy(group: Any) -> bool:
+    """Whether a group's members come from a generator that Celery reads as it sends them
+    (``celery.utils.functional._regen``, what ``group(<generator>)`` keeps)."""
+    from celery.utils.functional import _regen
+
+    return isinstance(getattr(group, "tasks", None), _regen)

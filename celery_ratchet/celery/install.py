@@ -10,7 +10,7 @@ from typing import Any
 from celery import Celery, signals
 from celery.app import utils as celery_app_utils
 
-from celery_ratchet.celery import batches, flower, housekeeping, retry, workflows
+from celery_ratchet.celery import batches, flower, housekeeping, lazy_groups, retry, workflows
 from celery_ratchet.celery.consumer import JobConsumer
 from celery_ratchet.celery.message import safe_accept
 from celery_ratchet.celery.sender import follow_held_keys
@@ -47,6 +47,7 @@ def install(app: Celery) -> Celery:
         workflows.register_tasks(app)
         _connect_worker_signals()
         flower.connect()
+        lazy_groups.connect()
         if app.configured:
             apply_defaults(app)
         else:

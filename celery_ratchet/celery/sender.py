@@ -106,6 +106,8 @@ class JobBatch:
         self.jobs.append(job)
         self.waiting.extend(waiting or ())
         self._on_stored.append(on_stored)
+        if _one_by_one.get():
+            self.flush()
 
     def follow(self, result: Any) -> None:
         """``result`` is of a job sent through this batch: if the job's business key turns
@@ -121,10 +123,14 @@ class JobBatch:
 
     def flush(self) -> None:
         jobs, waiting, callbacks = self.take()
-        results, self._results = self._results, []
         if not jobs:
             _take_chords_opened()  # a write of nothing is no chord's header
             return
+        written = {j.job_id for j in jobs}
+        # Results made ahead of their job's send (a lazy group reads one member ahead)
+        # wait for the flush that writes it.
+        results = [r for r in self._results if r.id in written]
+        self._results = [r for r in self._results if r.id not in written]
         conf = self.app.conf
         policy = dict(conf.task_publish_retry_policy or {})
         held = write_jobs(self.app, jobs, waiting, conf.task_publish_retry, policy)
@@ -136,6 +142,7 @@ class JobBatch:
         try:
             self.flush()
         finally:
+            self._results = []
             _open_batches.set(tuple(b for b in _open_batches.get() if b is not self))
             if self._connection is not None:
                 self._connection.release()
@@ -162,6 +169,22 @@ class JobBatch:
 
     def publish(self, *args: Any, **kwargs: Any) -> None:
         """Broadcasts (remote control, events) have no broker to go to; they go nowhere."""
+
+
+#: Set while a group whose members come from a generator is sent: each member is written as
+#: it is sent, so the first run while the generator is still yielding (stock Celery publishes
+#: each at once), instead of all together when the group's producer is released.
+_one_by_one: ContextVar[bool] = ContextVar("ratchet_one_by_one", default=False)
+
+
+@contextmanager
+def sent_one_by_one() -> Iterator[None]:
+    """Within: every job sent through a batch is written at once, on its own."""
+    token = _one_by_one.set(True)
+    try:
+        yield
+    finally:
+        _one_by_one.reset(token)
 
 
 #: Batches acquired from the pool and not yet released, innermost last: a group's members'

@@ -3,11 +3,13 @@ missing when that suite ran against ratchet: each test here failed before its fi
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from typing import Any
 from uuid import uuid4
 
 import pytest
-from celery import Celery, group
+from celery import Celery, chord, group
 from celery.canvas import StampingVisitor
 from celery.exceptions import TaskRevokedError
 from celery.worker import state as worker_state
@@ -133,3 +135,46 @@ def test_a_state_stored_from_outside_leaves_a_job_of_the_store_as_it_is(
     assert record is not None and record.status is JobStatus.PENDING
     sent.revoke()
     assert worker_app.AsyncResult(sent.id).state == "REVOKED"
+
+
+def _members_that_wait_for_the_first(app: Celery, size: int, ran: list[bool]) -> Iterator[Any]:
+    """Yields ``size`` adds; before the last, waits until the first has run: it cannot when
+    the members are written only once the generator is exhausted."""
+    add = app.tasks["t.add"]
+    first = add.s(0, 0).freeze()
+    yield add.s(0, 0).set(task_id=first.id)
+    for i in range(1, size):
+        if i == size - 1:
+            ran.append(_finished_within(app, first.id, TIMEOUT))
+        yield add.s(i, 0)
+
+
+def _finished_within(app: Celery, job_id: str, timeout: float) -> bool:
+    store = ratchet_state(app).store
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = store.result(job_id)
+        if record is not None and record.status is JobStatus.SUCCEEDED:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("size", [3, 5])
+def test_a_chord_of_a_generator_runs_its_first_members_while_the_rest_are_produced(
+    worker_app: Celery, size: int
+) -> None:
+    ran: list[bool] = []
+    header = _members_that_wait_for_the_first(worker_app, size, ran)
+    result = chord(header, worker_app.tasks["t.tsum"].s()).delay()
+    assert result.get(timeout=TIMEOUT) == size * (size - 1) // 2
+    assert ran == [True], "the chord's header was written only once it was all produced"
+
+
+def test_a_group_of_a_generator_runs_its_first_members_while_the_rest_are_produced(
+    worker_app: Celery,
+) -> None:
+    ran: list[bool] = []
+    result = group(_members_that_wait_for_the_first(worker_app, 4, ran)).delay()
+    assert result.get(timeout=TIMEOUT) == [0, 1, 2, 3]
+    assert ran == [True]

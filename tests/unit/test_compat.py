@@ -62,3 +62,32 @@ def test_message_ignore_result_overrides_task_follows_the_installed_celery() -> 
 
     major, minor = (int(p) for p in version("celery").split(".")[:2])
     assert message_ignore_result_overrides_task() is ((major, minor) >= (5, 6))
+
+
+def test_group_tasks_are_lazy_tells_a_group_of_a_generator_from_one_of_a_list() -> None:
+    from celery import Celery, group
+
+    from celery_ratchet.celery.compat import group_tasks_are_lazy
+
+    app = Celery(set_as_current=False)
+
+    @app.task(name="t.noop", shared=False)
+    def noop() -> None:
+        pass
+
+    assert group_tasks_are_lazy(group(noop.s() for _ in range(2)))
+    assert not group_tasks_are_lazy(group([noop.s(), noop.s()]))
+
+
+def test_wrap_group_apply_async_wraps_celerys_group_once() -> None:
+    from celery.canvas import group
+
+    from celery_ratchet.celery import lazy_groups
+
+    lazy_groups.connect()
+    lazy_groups.connect()
+    wrapped = group.apply_async
+    assert getattr(wrapped, "__ratchet_wrapped__", False)
+    original = wrapped.__wrapped__  # type: ignore[attr-defined]
+    assert not getattr(original, "__ratchet_wrapped__", False)
+    assert original.__qualname__ == "group.apply_async"
