@@ -41,6 +41,7 @@ _EXPORTS = {
     "CronError": "celery_ratchet.domain.cron",
     "RatchetError": "celery_ratchet.errors",
     "StoreUnavailable": "celery_ratchet.errors",
+    "MessageTooLarge": "celery_ratchet.errors",
     "PayloadTooLarge": "celery_ratchet.errors",
     "DuplicateJob": "celery_ratchet.errors",
     "SerializerNotAllowed": "celery_ratchet.errors",

@@ -51,6 +51,23 @@ class PayloadTooLarge(RatchetError, ValueError):
         )
 
 
+class MessageTooLarge(PayloadTooLarge):
+    """A job's whole message, with the workflow Celery embeds in it, is larger than a row
+    holds on every database."""
+
+    def __init__(self, task_name: str, size_bytes: int, limit_bytes: int) -> None:
+        self.task_name = task_name
+        self.size_bytes = size_bytes
+        self.limit_kb = limit_bytes // 1024
+        RatchetError.__init__(
+            self,
+            f"message of task {task_name!r} is {size_bytes / 2**20:.1f} MB with the workflow "
+            "Celery carries in it (the rest of a chain, a chord's header, callbacks), over "
+            f"the {limit_bytes / 2**20:.0f} MB a job row holds; send a large chord on its own "
+            "rather than inside a chain, or pass references instead of data",
+        )
+
+
 class DuplicateJob(RatchetError):
     """A job with this task id is already pending or running; or, with ``business_key``
     set, the job's business key is held by an active job (PENDING, WAITING or RUNNING),

@@ -27,7 +27,12 @@ from celery_ratchet.domain.job import (
     error_record,
 )
 from celery_ratchet.domain.priority import to_numeric
-from celery_ratchet.errors import InvalidJob, PayloadTooLarge, SerializerNotAllowed
+from celery_ratchet.errors import (
+    InvalidJob,
+    MessageTooLarge,
+    PayloadTooLarge,
+    SerializerNotAllowed,
+)
 
 #: Header carrying the claim token into ``self.request``; never stored with the job.
 CLAIM_HEADER = "ratchet_claim"
@@ -39,6 +44,11 @@ FENCE_HEADER = "ratchet_fence"
 _CODE_RUNNING_SERIALIZERS = frozenset({"pickle", "dill", "cloudpickle"})
 _PICKLE_TYPE = "application/x-python-serialize"
 _YAML_TYPE = "application/x-yaml"
+
+
+#: The largest message a job row holds on every database: MySQL/MariaDB keep it in a
+#: MEDIUMBLOB (16 MB), sent in one statement within their default 16 MB packet.
+MAX_MESSAGE_BYTES = 15 * 1024 * 1024
 
 
 def parse_time(value: Any, default_tz: tzinfo) -> datetime | None:
@@ -112,7 +122,11 @@ def job_from_message(
         payload, headers["compression"] = compress(payload, compression)
     name = headers["task"]
     if len(payload) > max_payload_kb * 1024:
-        raise PayloadTooLarge(name, len(payload), max_payload_kb)
+        arguments = _arguments_size(body, serializer, compression, len(payload))
+        if arguments > max_payload_kb * 1024:
+            raise PayloadTooLarge(name, arguments, max_payload_kb)
+    if len(payload) > MAX_MESSAGE_BYTES:
+        raise MessageTooLarge(name, len(payload), MAX_MESSAGE_BYTES)
     priority = properties.get("priority")
     try:
         priority = default_priority if priority is None else to_numeric(priority)
@@ -150,6 +164,19 @@ def job_from_message(
         else OnDuplicate(on_duplicate or OnDuplicate.EXISTING),
         tags=tuple(tags),
     )
+
+
+def _arguments_size(body: Any, serializer: str, compression: str | None, whole: int) -> int:
+    """The serialized size of a message's arguments alone: ``ratchet_max_payload_kb`` limits
+    what the sender passes, not the workflow Celery embeds beside it (the rest of a chain, a
+    chord's header, callbacks). Only read for a message over the limit."""
+    if not (isinstance(body, (tuple, list)) and len(body) == 3):
+        return whole
+    _, _, data = dumps([body[0], body[1]], serializer=serializer)
+    encoded = data.encode("utf-8") if isinstance(data, str) else data
+    if compression:
+        encoded, _ = compress(encoded, compression)
+    return len(encoded)
 
 
 def _in_chord(body: Any) -> bool:

@@ -178,3 +178,12 @@ def test_a_group_of_a_generator_runs_its_first_members_while_the_rest_are_produc
     result = group(_members_that_wait_for_the_first(worker_app, 4, ran)).delay()
     assert result.get(timeout=TIMEOUT) == [0, 1, 2, 3]
     assert ran == [True]
+
+
+def test_a_chain_to_a_chord_of_a_thousand_runs_within_the_default_payload_limit(
+    worker_app: Celery,
+) -> None:
+    # The chain's first message carries the chord's whole header (about 240 KB).
+    add, tsum = worker_app.tasks["t.add"], worker_app.tasks["t.tsum"]
+    workflow = add.si(1, 0) | group(add.s(0) for _ in range(1000)) | tsum.s()
+    assert workflow.delay().get(timeout=120) == 1000

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
@@ -10,6 +11,7 @@ import pytest
 from kombu.serialization import register, register_yaml
 from kombu.utils import json as kjson
 
+from celery_ratchet.celery import message as message_module
 from celery_ratchet.celery.message import (
     CLAIM_HEADER,
     JobMessage,
@@ -19,7 +21,7 @@ from celery_ratchet.celery.message import (
     safe_accept,
 )
 from celery_ratchet.domain.job import ClaimedJob, JobStatus
-from celery_ratchet.errors import PayloadTooLarge, SerializerNotAllowed
+from celery_ratchet.errors import MessageTooLarge, PayloadTooLarge, SerializerNotAllowed
 
 UTC = timezone.utc
 
@@ -85,6 +87,34 @@ def test_too_large_payload_says_size_and_limit() -> None:
         _job(body=(("x" * 3000,), {}, {}), max_payload_kb=2)
     assert "shop.charge" in str(info.value) and "2 KB" in str(info.value)
     assert info.value.size_bytes > 2048
+
+
+def test_the_workflow_celery_embeds_does_not_count_towards_the_payload_limit() -> None:
+    # A chain to a chord of 1,000 carries the whole header in its first message.
+    header = [{"task": "t.add", "args": [i], "kwargs": {}, "options": {}} for i in range(100)]
+    chain = [{"task": "celery.chord", "kwargs": {"header": header}, "options": {}}]
+    job = _job(body=((1,), {}, {"chain": chain}), max_payload_kb=2)
+    assert len(job.message.payload) > 2048
+
+
+@pytest.mark.parametrize("compression", [None, "zlib"])
+def test_arguments_over_the_limit_are_refused_with_their_own_size(
+    compression: str | None,
+) -> None:
+    data = random.Random(7).randbytes(2400).hex()  # does not compress below 2 KB
+    arguments = ((data,), {}, {"chain": [{"task": "t", "args": ["y" * 5000]}]})
+    with pytest.raises(PayloadTooLarge) as info:
+        _job(body=arguments, max_payload_kb=2, compression=compression)
+    assert info.value.size_bytes < 4900  # the arguments, not the whole message
+
+
+def test_a_message_larger_than_a_row_holds_is_refused_naming_the_workflow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(message_module, "MAX_MESSAGE_BYTES", 4096)
+    chain = [{"task": "t", "args": ["y" * 5000]}]
+    with pytest.raises(MessageTooLarge, match=r"rest of a chain.*send a large chord on its own"):
+        _job(body=((1,), {}, {"chain": chain}))
 
 
 def test_pickle_needs_explicit_permission() -> None:
