@@ -34,7 +34,7 @@ from celery_ratchet.domain.batch import (
     percent_done,
     progress_step,
 )
-from celery_ratchet.store.batches import BatchRecord, Progress
+from celery_ratchet.store.batch_rows import BatchRecord, Progress
 from celery_ratchet.store.engine import is_retryable_conflict
 
 logger = logging.getLogger(__name__)

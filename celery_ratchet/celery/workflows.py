@@ -43,7 +43,7 @@ from celery_ratchet.celery.sender import joined
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.errors import PredicateNotAllowed, RatchetError
-from celery_ratchet.store.batches import decide
+from celery_ratchet.store.workflow_conditions import decide
 
 logger = logging.getLogger(__name__)
 

@@ -30,9 +30,6 @@ from celery_ratchet.domain.job import (
     NewJob,
 )
 from celery_ratchet.store import dlq_alerts
-from celery_ratchet.store.batches import (
-    restore_downstream,
-)
 from celery_ratchet.store.claim import RETURNED, MalformedRow, to_claimed
 from celery_ratchet.store.core import StoreCore
 from celery_ratchet.store.engine import (
@@ -59,6 +56,9 @@ from celery_ratchet.store.schema import (
     scheduler_job_archive,
     scheduler_job_log,
     scheduler_node,
+)
+from celery_ratchet.store.step_rows import (
+    restore_downstream,
 )
 
 logger = logging.getLogger(__name__)

@@ -12,13 +12,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import String, and_, case, delete, func, insert, literal, null, select, update
+from sqlalchemy import case, delete, func, select, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
 
 from celery_ratchet.domain.batch import (
     FAILED_STATES,
@@ -30,13 +28,13 @@ from celery_ratchet.domain.batch import (
     expected_children,
     parse_known,
 )
-from celery_ratchet.domain.job import TERMINAL_STATUSES, JobStatus, NewJob
-from celery_ratchet.errors import StreamAbandoned
+from celery_ratchet.domain.job import TERMINAL_STATUSES, JobStatus
+from celery_ratchet.store.batch_rows import BatchRecord, BatchRows, Progress
+from celery_ratchet.store.batch_streams import StreamOps
 from celery_ratchet.store.engine import (
     db_now,
     db_now_minus,
     insert_ignoring_conflicts,
-    savepoint,
     transaction,
 )
 from celery_ratchet.store.schema import (
@@ -45,6 +43,11 @@ from celery_ratchet.store.schema import (
     scheduler_job,
     scheduler_workflow_condition,
 )
+from celery_ratchet.store.step_rows import (
+    COUNTED_KINDS,
+    record_part,
+)
+from celery_ratchet.store.workflow_conditions import ConditionOps
 
 logger = logging.getLogger(__name__)
 
@@ -53,185 +56,11 @@ part_table = scheduler_batch_part
 job = scheduler_job
 condition = scheduler_workflow_condition
 
-#: A failed step cancels at most this many levels of steps after it (chains are far shorter).
-_MAX_CHAIN_DEPTH = 10_000
 _FINISHED = [s.value for s in TERMINAL_STATUSES]
 
 
-def cancel_downstream(conn: Connection, job_ids: str | Sequence[str], error: str | None) -> int:
-    """Revoke the chain steps still waiting on these jobs, and the steps after those.
-
-    Returns how many were revoked. The failed step's error goes with them, so their results
-    raise it (Celery does the same for a failed chain).
-    """
-    ids = [job_ids] if isinstance(job_ids, str) else list(job_ids)
-    values = {
-        "status": JobStatus.REVOKED.value,
-        "finished_at": db_now(),
-        "last_error": func.coalesce(job.c.last_error, error),
-    }
-    return _walk_downstream(conn, ids, JobStatus.WAITING, values)
-
-
-def restore_downstream(conn: Connection, job_ids: Sequence[str]) -> int:
-    """A failed step is retried (from the dead-letter queue): the steps its failure revoked
-    wait for it again. Returns how many."""
-    values = {"status": JobStatus.WAITING.value, "finished_at": None, "last_error": None}
-    return _walk_downstream(conn, list(job_ids), JobStatus.REVOKED, values)
-
-
-def _walk_downstream(
-    conn: Connection, frontier: list[str], status: JobStatus, values: dict[str, Any]
-) -> int:
-    """Change the chain steps in ``status`` that depend on ``frontier``, then those that
-    depend on them, level by level; returns how many rows changed."""
-    changed = 0
-    for _ in range(_MAX_CHAIN_DEPTH):
-        if not frontier:
-            break
-        found = [
-            r.job_id
-            for r in conn.execute(
-                select(job.c.job_id).where(
-                    job.c.depends_on.in_(frontier), job.c.status == status.value
-                )
-            )
-        ]
-        if found:
-            changed += conn.execute(
-                update(job)
-                .where(job.c.job_id.in_(found), job.c.status == status.value)
-                .values(**values)
-            ).rowcount
-        frontier = found
-    return changed
-
-
-def record_part(conn: Connection, part: BatchPart) -> bool:
-    """Count a finished child once (a second report of the same child is ignored); False
-    when it was counted already. Call inside a transaction: the part and the batch's
-    counters change together."""
-    # A savepoint, not an "ignore" insert: whether the row went in decides the counters,
-    # and row counts of ignored inserts differ by driver (MySQL reports found rows).
-    try:
-        with savepoint(conn, "ratchet_part"):
-            conn.execute(
-                insert(part_table).values(
-                    batch_id=part.batch_id,
-                    job_id=part.job_id,
-                    position=part.position,
-                    state=part.state,
-                    result=part.result,
-                    finished_at=db_now(),
-                )
-            )
-    except IntegrityError:
-        return False
-    conn.execute(
-        update(batch)
-        .where(batch.c.batch_id == part.batch_id)
-        .values(done=batch.c.done + 1, failed=batch.c.failed + int(part.state in FAILED_STATES))
-    )
-    return True
-
-
-_COUNTED_KINDS = [BatchKind.CHORD.value, BatchKind.BATCH.value, BatchKind.STREAM.value]
-
-
-def record_ended_parts(conn: Connection, job_ids: Sequence[str], state: str) -> list[str]:
-    """Jobs of chords or batches that ended without Celery reporting them (revoked before
-    they ran, failed before Celery took them): count them, with their stored error, in a
-    few statements whatever their number. Returns the batches touched."""
-    if not job_ids:
-        return []
-    ended = (
-        select(
-            job.c.group_id,
-            job.c.job_id,
-            null(),
-            literal(state, String),
-            job.c.last_error,
-            db_now(),
-        )
-        .join(batch, batch.c.batch_id == job.c.group_id)
-        .where(job.c.job_id.in_(list(job_ids)), batch.c.kind.in_(_COUNTED_KINDS))
-    )
-    touched = sorted({r.group_id for r in conn.execute(ended)})
-    if not touched:
-        return []
-    columns = ["batch_id", "job_id", "position", "state", "result", "finished_at"]
-    conn.execute(insert_ignoring_conflicts(conn.dialect, part_table).from_select(columns, ended))
-    # Recounted rather than incremented: some of these may have been counted already. The
-    # rows are locked first: a child counting itself concurrently (done + 1) then either
-    # committed its part before the count below is read, or adds itself after it.
-    conn.execute(select(batch.c.batch_id).where(batch.c.batch_id.in_(touched)).with_for_update())
-    counted = select(func.count()).where(part_table.c.batch_id == batch.c.batch_id)
-    failed = counted.where(part_table.c.state.in_(FAILED_STATES))
-    conn.execute(
-        update(batch)
-        .where(batch.c.batch_id.in_(touched))
-        .values(
-            done=counted.correlate(batch).scalar_subquery(),
-            failed=failed.correlate(batch).scalar_subquery(),
-        )
-    )
-    return touched
-
-
-@dataclass(frozen=True)
-class Progress:
-    done: int
-    failed: int
-
-
-@dataclass(frozen=True)
-class BatchRecord:
-    """A batch row with its signatures and counters, for whoever completes it."""
-
-    batch_id: str
-    kind: BatchKind
-    name: str | None
-    state: BatchState
-    total: int | None
-    added: int
-    on_success: str | None
-    on_failure: str | None
-    on_progress: str | None
-    #: Children ended so far, and how many of them failed.
-    done: int
-    failed: int
-    #: Children written so far (a streaming batch).
-    written: int = 0
-
-    @property
-    def progress(self) -> Progress:
-        return Progress(self.done, self.failed)
-
-    @property
-    def expected(self) -> int | None:
-        return expected_children(self.total, self.added)
-
-    @property
-    def all_children_ended(self) -> bool:
-        return self.expected is not None and self.done >= self.expected
-
-
-class BatchStore:
+class BatchStore(StreamOps, ConditionOps, BatchRows):
     """Batch operations on a :class:`~celery_ratchet.store.jobstore.JobStore`'s database."""
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-
-    def _run(self, work: Any, what: str) -> Any:
-        return self.store._run(work, what)
-
-    def _write(self, conn: Connection | None, work: Any, what: str) -> Any:
-        """Run ``work`` on the caller's connection (inside its transaction, in a savepoint)
-        when given, else on a pooled one."""
-        if conn is None:
-            return self._run(work, what)
-        with conn.begin_nested():
-            return work(conn)
 
     # -- batches ----------------------------------------------------------------------------
 
@@ -321,90 +150,6 @@ class BatchStore:
         stmt = update(batch).where(batch.c.batch_id == batch_id).values(added=batch.c.added + count)
         self._write(conn, lambda c: c.execute(stmt), "the batch was not extended")
 
-    # -- streaming batches -------------------------------------------------------------------
-
-    def write_chunk(
-        self,
-        batch_id: str,
-        jobs: Sequence[NewJob],
-        waiting: Sequence[NewJob],
-        written: int,
-        lease_seconds: float,
-    ) -> None:
-        """Insert a chunk of a streaming batch's children, count them (``written``: the
-        children written once this chunk is in) and renew the producer's lease, in one
-        transaction. :class:`StreamAbandoned` (and nothing written) when the batch is no
-        longer open."""
-
-        def count_and_renew(conn: Connection) -> None:
-            if conn.execute(self._renewal(batch_id, lease_seconds, written)).rowcount != 1:
-                raise StreamAbandoned(batch_id, lease_seconds)
-
-        self.store.enqueue_with(
-            jobs, waiting, count_and_renew, "the batch's children were not enqueued"
-        )
-
-    def renew_lease(self, batch_id: str, lease_seconds: float) -> None:
-        """The producer is alive but its chunk is not full yet: hold the batch longer."""
-        stmt = self._renewal(batch_id, lease_seconds)
-        if self._run(lambda c: c.execute(stmt).rowcount, "the lease was not renewed") != 1:
-            raise StreamAbandoned(batch_id, lease_seconds)
-
-    def _renewal(self, batch_id: str, lease_seconds: float, written: int | None = None) -> Any:
-        values: dict[str, Any] = {"lease_until": db_now_minus(-lease_seconds)}
-        if written is not None:
-            # The highest count wins: a chunk written again after a lost reply counts once.
-            values["written"] = case((batch.c.written < written, written), else_=batch.c.written)
-        return (
-            update(batch)
-            .where(
-                batch.c.batch_id == batch_id,
-                batch.c.state == BatchState.OPEN.value,
-                batch.c.total.is_(None),
-            )
-            .values(**values)
-        )
-
-    def end_stream(self, batch_id: str, total: int) -> BatchRecord:
-        """The stream ended with ``total`` children: from now on the batch completes when
-        they all have; its lease is released. :class:`StreamAbandoned` when it was failed
-        meanwhile."""
-        stmt = (
-            update(batch)
-            .where(
-                batch.c.batch_id == batch_id,
-                batch.c.state == BatchState.OPEN.value,
-                batch.c.total.is_(None),
-            )
-            .values(total=total, written=total, lease_until=None)
-        )
-
-        def work(conn: Connection) -> BatchRecord | None:
-            if conn.execute(stmt).rowcount != 1:
-                return None
-            return self._get(conn, batch_id)
-
-        record: BatchRecord | None = self._run(work, "the end of the stream was not stored")
-        if record is None:
-            raise StreamAbandoned(batch_id)
-        return record
-
-    def abandoned_streams(self, limit: int = 100) -> list[str]:
-        """Open streaming batches whose producer's lease ran out (database clock)."""
-        stmt = (
-            select(batch.c.batch_id)
-            .where(
-                batch.c.state == BatchState.OPEN.value,
-                batch.c.kind == BatchKind.STREAM.value,
-                batch.c.total.is_(None),
-                batch.c.lease_until < db_now(),
-            )
-            .order_by(batch.c.created_at)
-            .limit(limit)
-        )
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "batches were not read")
-        return [r.batch_id for r in rows]
-
     def failed_children(self, batch_id: str, limit: int) -> list[str]:
         """Ids of up to ``limit`` failed children, the first to fail first."""
         stmt = (
@@ -439,10 +184,6 @@ class BatchStore:
             lambda c: self._get(c, batch_id), "the batch was not read"
         )
         return found
-
-    def _get(self, conn: Connection, batch_id: str) -> BatchRecord | None:
-        row = conn.execute(select(batch).where(batch.c.batch_id == batch_id)).first()
-        return None if row is None else _record(row)
 
     def parts(self, batch_id: str) -> list[BatchPart]:
         """Finished children in batch order (by position, then by when they finished)."""
@@ -489,21 +230,6 @@ class BatchStore:
                     conn.execute(reopen)
                 raise
 
-    @contextmanager
-    def _unit_of_work(self) -> Iterator[Connection]:
-        """A connection for a decision and what follows it, committed together: one READ
-        COMMITTED transaction on PostgreSQL and MySQL. SQLite has one writer at a time: a
-        transaction held open here would block the follow-up writes this process makes on
-        its other connections, so each statement commits on its own there."""
-        self.store.ensure_schema()
-        with self.store.engine.connect() as conn:
-            if conn.dialect.name == "sqlite":
-                yield conn
-                return
-            conn = conn.execution_options(isolation_level="READ COMMITTED")
-            with conn.begin():
-                yield conn
-
     def unfinished_complete(self, older_than_seconds: float, limit: int = 100) -> list[str]:
         """Open batches all of whose children finished a while ago: their completion was cut
         short (the node died between a last child's outcome and the completion)."""
@@ -511,7 +237,7 @@ class BatchStore:
             select(batch.c.batch_id)
             .where(
                 batch.c.state == BatchState.OPEN.value,
-                batch.c.kind.in_(_COUNTED_KINDS),
+                batch.c.kind.in_(COUNTED_KINDS),
                 batch.c.total.is_not(None),
                 batch.c.created_at < db_now_minus(older_than_seconds),
                 batch.c.done >= batch.c.total + batch.c.added,
@@ -627,81 +353,7 @@ class BatchStore:
         pruned: int = self._run(work, "batches were not pruned")
         return pruned
 
-    # -- workflow conditions ----------------------------------------------------------------
-
-    def add_conditions(
-        self, parent_id: str, rows: Sequence[dict[str, Any]], conn: Connection | None = None
-    ) -> None:
-        """Store a workflow's branches: dicts of kind, name, predicate, waits_for, branch."""
-        values = [
-            {"parent_id": parent_id, "position": i, "state": "WAITING", **r}
-            for i, r in enumerate(rows)
-        ]
-        self._write(
-            conn,
-            lambda c: c.execute(insert_ignoring_conflicts(c.dialect, condition), values),
-            "the workflow was not stored",
-        )
-
-    def conditions(self, parent_id: str) -> list[Any]:
-        stmt = (
-            select(condition)
-            .where(condition.c.parent_id == parent_id)
-            .order_by(condition.c.position)
-        )
-        rows: list[Any] = self._run(lambda conn: conn.execute(stmt).all(), "not read")
-        return rows
-
-    @contextmanager
-    def deciding(self, parent_id: str) -> Iterator[Connection | None]:
-        """Take a workflow's undecided branches for deciding: yields a connection in a
-        transaction (send the fired branches on it, then :func:`decide` each) or ``None``
-        when they were decided already."""
-        lock = (
-            select(condition.c.position)
-            .where(condition.c.parent_id == parent_id, condition.c.state == "WAITING")
-            .with_for_update()
-        )
-        with self._unit_of_work() as conn:
-            yield conn if conn.execute(lock).first() is not None else None
-
 
 def _in_transaction(conn: Connection, work: Any) -> Any:
     with transaction(conn):
         return work(conn)
-
-
-def decide(
-    conn: Connection, parent_id: str, position: int, fired: bool, *, refused: bool = False
-) -> bool:
-    """Mark one branch FIRED or SKIPPED (FAILED when ``refused``: it may not run); False when
-    it was decided already."""
-    stmt = (
-        update(condition)
-        .where(
-            and_(
-                condition.c.parent_id == parent_id,
-                condition.c.position == position,
-                condition.c.state == "WAITING",
-            )
-        )
-        .values(state="FAILED" if refused else "FIRED" if fired else "SKIPPED", decided_at=db_now())
-    )
-    return bool(conn.execute(stmt).rowcount == 1)
-
-
-def _record(row: Any) -> BatchRecord:
-    return BatchRecord(
-        batch_id=row.batch_id,
-        kind=BatchKind(row.kind),
-        name=row.name,
-        state=BatchState(row.state),
-        total=row.total,
-        added=row.added,
-        on_success=row.on_success,
-        on_failure=row.on_failure,
-        on_progress=row.on_progress,
-        done=row.done,
-        failed=row.failed,
-        written=row.written,
-    )

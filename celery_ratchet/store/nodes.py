@@ -24,10 +24,6 @@ from celery_ratchet.domain.job import (
     error_record,
 )
 from celery_ratchet.store import dlq_alerts
-from celery_ratchet.store.batches import (
-    cancel_downstream,
-    record_ended_parts,
-)
 from celery_ratchet.store.engine import (
     db_now,
     db_now_minus,
@@ -42,6 +38,10 @@ from celery_ratchet.store.schema import (
     scheduler_resource_permit,
 )
 from celery_ratchet.store.settle import ClaimOps
+from celery_ratchet.store.step_rows import (
+    cancel_downstream,
+    record_ended_parts,
+)
 
 
 @dataclass(frozen=True)

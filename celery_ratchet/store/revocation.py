@@ -14,10 +14,6 @@ from celery_ratchet.domain.job import (
     REVOCATIONS_WAKEUP,
     JobStatus,
 )
-from celery_ratchet.store.batches import (
-    cancel_downstream,
-    record_ended_parts,
-)
 from celery_ratchet.store.core import StoreCore
 from celery_ratchet.store.engine import (
     db_now,
@@ -26,6 +22,10 @@ from celery_ratchet.store.engine import (
 from celery_ratchet.store.job_rows import (
     REVOKE_ONLY,
     job,
+)
+from celery_ratchet.store.step_rows import (
+    cancel_downstream,
+    record_ended_parts,
 )
 
 

@@ -36,11 +36,6 @@ from celery_ratchet.errors import (
     RatchetError,
 )
 from celery_ratchet.store import dlq_alerts
-from celery_ratchet.store.batches import (
-    cancel_downstream,
-    record_ended_parts,
-    record_part,
-)
 from celery_ratchet.store.claim import (
     Claimed,
     ClaimShape,
@@ -70,6 +65,11 @@ from celery_ratchet.store.schema import (
     UTCDateTime,
     scheduler_resource,
     scheduler_resource_permit,
+)
+from celery_ratchet.store.step_rows import (
+    cancel_downstream,
+    record_ended_parts,
+    record_part,
 )
 
 logger = logging.getLogger(__name__)

@@ -12,10 +12,12 @@ from sqlalchemy import text, update
 from celery_ratchet.domain.batch import BatchKind, BatchPart, BatchState, NewBatch
 from celery_ratchet.domain.job import JobStatus, JobType, NewJob, Settlement
 from celery_ratchet.errors import DuplicateJob
-from celery_ratchet.store.batches import BatchStore, decide, record_part
+from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.engine import transaction
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.store.schema import scheduler_batch
+from celery_ratchet.store.step_rows import record_part
+from celery_ratchet.store.workflow_conditions import decide
 from tests.helpers import new_job, wait_until
 
 

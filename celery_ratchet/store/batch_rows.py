@@ -1,0 +1,114 @@
+"""The batch store's base: its connection handling and the batch row as read."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from celery_ratchet.domain.batch import (
+    BatchKind,
+    BatchState,
+    expected_children,
+)
+from celery_ratchet.store.schema import (
+    scheduler_batch,
+)
+
+batch = scheduler_batch
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    failed: int
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """A batch row with its signatures and counters, for whoever completes it."""
+
+    batch_id: str
+    kind: BatchKind
+    name: str | None
+    state: BatchState
+    total: int | None
+    added: int
+    on_success: str | None
+    on_failure: str | None
+    on_progress: str | None
+    #: Children ended so far, and how many of them failed.
+    done: int
+    failed: int
+    #: Children written so far (a streaming batch).
+    written: int = 0
+
+    @property
+    def progress(self) -> Progress:
+        return Progress(self.done, self.failed)
+
+    @property
+    def expected(self) -> int | None:
+        return expected_children(self.total, self.added)
+
+    @property
+    def all_children_ended(self) -> bool:
+        return self.expected is not None and self.done >= self.expected
+
+
+class BatchRows:
+    """What every part of the batch store runs on: the job store's connections."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def _run(self, work: Any, what: str) -> Any:
+        return self.store._run(work, what)
+
+    def _write(self, conn: Connection | None, work: Any, what: str) -> Any:
+        """Run ``work`` on the caller's connection (inside its transaction, in a savepoint)
+        when given, else on a pooled one."""
+        if conn is None:
+            return self._run(work, what)
+        with conn.begin_nested():
+            return work(conn)
+
+    def _get(self, conn: Connection, batch_id: str) -> BatchRecord | None:
+        row = conn.execute(select(batch).where(batch.c.batch_id == batch_id)).first()
+        return None if row is None else _record(row)
+
+    @contextmanager
+    def _unit_of_work(self) -> Iterator[Connection]:
+        """A connection for a decision and what follows it, committed together: one READ
+        COMMITTED transaction on PostgreSQL and MySQL. SQLite has one writer at a time: a
+        transaction held open here would block the follow-up writes this process makes on
+        its other connections, so each statement commits on its own there."""
+        self.store.ensure_schema()
+        with self.store.engine.connect() as conn:
+            if conn.dialect.name == "sqlite":
+                yield conn
+                return
+            conn = conn.execution_options(isolation_level="READ COMMITTED")
+            with conn.begin():
+                yield conn
+
+
+def _record(row: Any) -> BatchRecord:
+    return BatchRecord(
+        batch_id=row.batch_id,
+        kind=BatchKind(row.kind),
+        name=row.name,
+        state=BatchState(row.state),
+        total=row.total,
+        added=row.added,
+        on_success=row.on_success,
+        on_failure=row.on_failure,
+        on_progress=row.on_progress,
+        done=row.done,
+        failed=row.failed,
+        written=row.written,
+    )
