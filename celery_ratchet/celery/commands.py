@@ -14,7 +14,8 @@ from celery import concurrency
 from celery_ratchet.celery.install import install
 from celery_ratchet.celery.recurring import describe_beat_entry, register_beat_entry
 from celery_ratchet.celery.state import is_ratchet_app, ratchet_state
-from celery_ratchet.cli.commands import CliContext, CommandFailed, RatchetGroup, add_commands
+from celery_ratchet.cli.base import CliContext, CommandFailed, RatchetGroup
+from celery_ratchet.cli.commands import add_commands
 from celery_ratchet.errors import RatchetError
 
 POOL_ALIAS = "ratchet"

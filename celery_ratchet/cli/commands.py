@@ -3,103 +3,30 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any
 
 import click
 
+from celery_ratchet.cli.base import (
+    CliContext,
+    emit,
+    fail,
+    json_option,
+    jsonable,
+    pass_cli,
+)
+from celery_ratchet.cli.dead_letters import archive, dlq
 from celery_ratchet.domain.batch import BatchKind, BatchState, BatchSummary, shown_value
 from celery_ratchet.domain.cron import CronExpression
 from celery_ratchet.domain.job import JobStatus, error_record, shown_status
-from celery_ratchet.errors import RatchetError
 from celery_ratchet.runtime import recurring
-from celery_ratchet.runtime.dlq import DeadLetterQueue
-from celery_ratchet.settings import RatchetSettings, mask_password
 from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.ddl import DIALECTS, ddl_script
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.store.redact import mask_url
-
-
-class CliContext:
-    """What every command needs: the store, opened on first use."""
-
-    def __init__(
-        self,
-        open_store: Callable[[], JobStore],
-        create_store: Callable[[], JobStore] | None = None,
-        web_auth: Callable[[], str | None] | None = None,
-    ) -> None:
-        self._open_store = open_store
-        #: ``ratchet_web_auth``: of the app under ``celery -A app``, else the environment's.
-        self.web_auth = web_auth or (lambda: _settings().web_auth)
-        self._create_store = create_store or open_store
-        self._store: JobStore | None = None
-
-    @property
-    def store(self) -> JobStore:
-        if self._store is None:
-            self._store = self._open_store()
-        return self._store
-
-    def store_to_create(self) -> JobStore:
-        """The store for ``schema apply``: one whose database may not exist yet."""
-        if self._store is None:
-            self._store = self._create_store()
-        return self._store
-
-
-pass_cli = click.make_pass_decorator(CliContext)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, JobStatus):
-        return value.value
-    return value
-
-
-def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], as_json: bool) -> None:
-    """Print rows as JSON lines of objects, or as an aligned table."""
-    if as_json:
-        click.echo(json.dumps([{k: _jsonable(r.get(k)) for k in columns} for r in rows], indent=2))
-        return
-    table = [
-        [str(_jsonable(r.get(c)) if r.get(c) is not None else "") for c in columns] for r in rows
-    ]
-    widths = [max([len(c)] + [len(row[i]) for row in table]) for i, c in enumerate(columns)]
-    click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
-    for row in table:
-        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-
-
-class CommandFailed(click.ClickException):
-    exit_code = 2
-
-    def __init__(self, message: str) -> None:
-        super().__init__(mask_password(message))
-
-
-def fail(message: str) -> None:
-    raise CommandFailed(message)
-
-
-class RatchetGroup(click.Group):
-    """Turns celery_ratchet's errors (an unreachable store, a bad setting) into a one-line
-    message and exit status 2 instead of a traceback."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except RatchetError as exc:
-            raise CommandFailed(str(exc)) from exc
-
-
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 _STATUSES = [s.value for s in JobStatus]
 
@@ -187,12 +114,12 @@ def jobs_show(cli: CliContext, job_id: str, as_json: bool) -> None:
         values["payload"] = record.payload.decode("utf-8", "replace")
     log = cli.store.job_log(job_id)
     if as_json:
-        shown = {k: _jsonable(v) for k, v in values.items()}
+        shown = {k: jsonable(v) for k, v in values.items()}
         shown["log"] = [{"at": at.isoformat(), "level": lv, "message": m} for at, lv, m in log]
         click.echo(json.dumps(shown, indent=2))
         return
     for key, value in values.items():
-        click.echo(f"{key:16} {_jsonable(value) if value is not None else ''}")
+        click.echo(f"{key:16} {jsonable(value) if value is not None else ''}")
     if log:
         click.echo("log:")
         for at, level, message in log:
@@ -270,10 +197,10 @@ def batches_show(cli: CliContext, batch_id: str, as_json: bool) -> None:
         fail(f"no batch {batch_id!r} (a group's id, a chord's or celery_ratchet.batch()'s)")
     row = _batch_row(found[0])
     if as_json:
-        click.echo(json.dumps({k: _jsonable(v) for k, v in row.items()}, indent=2))
+        click.echo(json.dumps({k: jsonable(v) for k, v in row.items()}, indent=2))
         return
     for column in _BATCH_COLUMNS:
-        click.echo(f"{column:>12}: {_jsonable(row[column]) if row[column] is not None else ''}")
+        click.echo(f"{column:>12}: {jsonable(row[column]) if row[column] is not None else ''}")
 
 
 _BATCH_COLUMNS = [
@@ -406,130 +333,6 @@ def cron_next(expression: str, zone: str, after_text: str | None, count: int) ->
         click.echo(f"(no further fire times after {len(times)})", err=True)
 
 
-@click.group("dlq", invoke_without_command=True)
-@click.pass_context
-def dlq(ctx: click.Context) -> None:
-    """The dead-letter queue: jobs that failed for good (list, show, retry, purge)."""
-    if ctx.invoked_subcommand is None:
-        ctx.invoke(dlq_list)
-
-
-_dlq_filters = [
-    click.option("--task", "task_name", help="Only jobs of this task name."),
-    click.option("--queue", help="Only jobs of this queue."),
-]
-
-
-def _with_filters(command: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(_dlq_filters):
-        command = option(command)
-    return command
-
-
-@dlq.command("list")
-@_with_filters
-@click.option("--limit", default=50, show_default=True)
-@json_option
-@pass_cli
-def dlq_list(
-    cli: CliContext,
-    task_name: str | None = None,
-    queue: str | None = None,
-    limit: int = 50,
-    as_json: bool = False,
-) -> None:
-    """Failed jobs, newest first. ``alert``: the dead-letter alert counting the job was sent
-    (``sent``), waits for its window to close (``due``), or there is none (``-``)."""
-    letters = DeadLetterQueue(cli.store)
-    found = letters.list(task_name=task_name, queue=queue, limit=limit)
-    alerts = letters.alerts_of(found)
-    columns = ["job_id", "task_name", "queue", "attempts", "finished_at", "alert", "last_error"]
-    emit([{**vars(j), "alert": alerts[j.job_id]} for j in found], columns, as_json)
-
-
-@dlq.command("show")
-@click.argument("job_id")
-@json_option
-@pass_cli
-def dlq_show(cli: CliContext, job_id: str, as_json: bool) -> None:
-    """One failed job: its arguments, exception, traceback and attempts."""
-    letter = DeadLetterQueue(cli.store).show(job_id)
-    if letter is None:
-        fail(f"no failed job {job_id!r} in the dead-letter queue")
-        return
-    values = {k: _jsonable(v) for k, v in vars(letter).items()}
-    if as_json:
-        click.echo(json.dumps(values, indent=2, default=str))
-        return
-    for key, value in values.items():
-        if key in ("args", "kwargs"):
-            value = json.dumps(value, default=str)
-        if key != "traceback":
-            click.echo(f"{key + ':':13}{value}")
-    if letter.traceback:
-        click.echo("traceback:\n" + letter.traceback.rstrip())
-
-
-@dlq.command("retry")
-@click.argument("job_ids", nargs=-1)
-@_with_filters
-@click.option("--all", "everything", is_flag=True, help="Every failed job matching the filters.")
-@pass_cli
-def dlq_retry(
-    cli: CliContext,
-    job_ids: tuple[str, ...],
-    task_name: str | None,
-    queue: str | None,
-    everything: bool,
-) -> None:
-    """Requeue failed jobs: due now, attempts 0, error cleared."""
-    queue_ = DeadLetterQueue(cli.store)
-    if job_ids:
-        count = queue_.retry(*job_ids)
-    elif everything or task_name or queue:
-        count = queue_.retry_all(task_name=task_name, queue=queue)
-    else:
-        fail("name job ids, or pass --all / --task / --queue to requeue every match")
-        return
-    click.echo(f"requeued {count} job{'s' if count != 1 else ''}")
-
-
-@dlq.command("purge")
-@click.argument("job_ids", nargs=-1)
-@_with_filters
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@pass_cli
-def dlq_purge(
-    cli: CliContext,
-    job_ids: tuple[str, ...],
-    task_name: str | None,
-    queue: str | None,
-    yes: bool,
-) -> None:
-    """Delete failed jobs (all of them unless ids or filters are given)."""
-    if not (job_ids or task_name or queue or yes):
-        click.confirm("delete every failed job?", abort=True)
-    count = DeadLetterQueue(cli.store).purge(*job_ids, task_name=task_name, queue=queue)
-    click.echo(f"deleted {count} failed job{'s' if count != 1 else ''}")
-
-
-@click.command("archive")
-@click.option("--older-than", "days", type=float, help="Days since finished (default: setting).")
-@click.option("--batch-size", type=int, help="Rows per transaction (default: setting).")
-@pass_cli
-def archive(cli: CliContext, days: float | None, batch_size: int | None) -> None:
-    """Move finished jobs to scheduler_job_archive now (workers also do it on a schedule)."""
-    settings = RatchetSettings.from_sources({}, os.environ)
-    days = settings.job_retention_days if days is None else days
-    size = batch_size or settings.job_archive_batch_size
-    click.echo(f"archiving jobs finished more than {days:g} days ago, {size} at a time")
-    moved = cli.store.archive_finished(
-        days, size, progress=lambda n: click.echo(f"  {n} archived", err=True)
-    )
-    purged = cli.store.purge_logs(settings.log_retention_days)
-    click.echo(f"archived {moved} jobs; deleted {purged} job log lines")
-
-
 @click.command("web")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=5580, show_default=True, type=click.IntRange(0, 65535))
@@ -581,10 +384,6 @@ def web(
         pass
     finally:
         server.server_close()
-
-
-def _settings() -> RatchetSettings:
-    return RatchetSettings.from_sources({}, os.environ)
 
 
 COMMANDS: Iterable[click.Command] = (

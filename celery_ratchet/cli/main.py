@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from celery_ratchet.cli.commands import CliContext, RatchetGroup, add_commands
+from celery_ratchet.cli.base import CliContext, RatchetGroup
+from celery_ratchet.cli.commands import add_commands
 from celery_ratchet.errors import ConfigurationError
 from celery_ratchet.settings import DEFAULT_URL, RatchetSettings
 from celery_ratchet.store.engine import sqlite_file

@@ -1,0 +1,99 @@
+"""What every operations command runs on: the store opened on first use, tables or JSON out,
+errors as one line and exit status 2."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+import click
+
+from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.errors import RatchetError
+from celery_ratchet.settings import RatchetSettings, mask_password
+from celery_ratchet.store.jobstore import JobStore
+
+
+class CliContext:
+    """What every command needs: the store, opened on first use."""
+
+    def __init__(
+        self,
+        open_store: Callable[[], JobStore],
+        create_store: Callable[[], JobStore] | None = None,
+        web_auth: Callable[[], str | None] | None = None,
+    ) -> None:
+        self._open_store = open_store
+        #: ``ratchet_web_auth``: of the app under ``celery -A app``, else the environment's.
+        self.web_auth = web_auth or (lambda: environment_settings().web_auth)
+        self._create_store = create_store or open_store
+        self._store: JobStore | None = None
+
+    @property
+    def store(self) -> JobStore:
+        if self._store is None:
+            self._store = self._open_store()
+        return self._store
+
+    def store_to_create(self) -> JobStore:
+        """The store for ``schema apply``: one whose database may not exist yet."""
+        if self._store is None:
+            self._store = self._create_store()
+        return self._store
+
+
+pass_cli = click.make_pass_decorator(CliContext)
+
+
+def jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, JobStatus):
+        return value.value
+    return value
+
+
+def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], as_json: bool) -> None:
+    """Print rows as JSON lines of objects, or as an aligned table."""
+    if as_json:
+        click.echo(json.dumps([{k: jsonable(r.get(k)) for k in columns} for r in rows], indent=2))
+        return
+    table = [
+        [str(jsonable(r.get(c)) if r.get(c) is not None else "") for c in columns] for r in rows
+    ]
+    widths = [max([len(c)] + [len(row[i]) for row in table]) for i, c in enumerate(columns)]
+    click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for row in table:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+class CommandFailed(click.ClickException):
+    exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(mask_password(message))
+
+
+def fail(message: str) -> None:
+    raise CommandFailed(message)
+
+
+class RatchetGroup(click.Group):
+    """Turns celery_ratchet's errors (an unreachable store, a bad setting) into a one-line
+    message and exit status 2 instead of a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except RatchetError as exc:
+            raise CommandFailed(str(exc)) from exc
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+def environment_settings() -> RatchetSettings:
+    return RatchetSettings.from_sources({}, os.environ)
