@@ -35,7 +35,9 @@ from celery_ratchet.domain.batch import (
     progress_step,
 )
 from celery_ratchet.store.batch_rows import BatchRecord, Progress
-from celery_ratchet.store.engine import is_retryable_conflict
+from celery_ratchet.store.db_errors import (
+    is_retryable_conflict,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -32,9 +32,11 @@ from celery_ratchet.domain.job import (
 from celery_ratchet.store import dlq_alerts
 from celery_ratchet.store.claim import RETURNED, MalformedRow, to_claimed
 from celery_ratchet.store.core import StoreCore
-from celery_ratchet.store.engine import (
+from celery_ratchet.store.db_clock import (
     db_now,
     db_now_minus,
+)
+from celery_ratchet.store.engine import (
     savepoint,
     transaction,
 )

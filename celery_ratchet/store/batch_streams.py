@@ -17,7 +17,7 @@ from celery_ratchet.domain.batch import (
 from celery_ratchet.domain.job import NewJob
 from celery_ratchet.errors import StreamAbandoned
 from celery_ratchet.store.batch_rows import BatchRecord, BatchRows
-from celery_ratchet.store.engine import (
+from celery_ratchet.store.db_clock import (
     db_now,
     db_now_minus,
 )

@@ -31,9 +31,11 @@ from celery_ratchet.domain.batch import (
 from celery_ratchet.domain.job import TERMINAL_STATUSES, JobStatus
 from celery_ratchet.store.batch_rows import BatchRecord, BatchRows, Progress
 from celery_ratchet.store.batch_streams import StreamOps
-from celery_ratchet.store.engine import (
+from celery_ratchet.store.db_clock import (
     db_now,
     db_now_minus,
+)
+from celery_ratchet.store.engine import (
     insert_ignoring_conflicts,
     transaction,
 )

@@ -20,7 +20,12 @@ from sqlalchemy.sql.selectable import TextualSelect
 
 from celery_ratchet.domain.job import ClaimedJob, JobType, Message
 from celery_ratchet.domain.priority import BOOST_STEP, MAX_PRIORITY, MIN_PRIORITY
-from celery_ratchet.store.engine import db_now, family
+from celery_ratchet.store.db_clock import (
+    db_now,
+)
+from celery_ratchet.store.engine import (
+    family,
+)
 from celery_ratchet.store.schema import UTCDateTime
 
 RETURNED = (

@@ -10,7 +10,13 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.engine import Connection
 
 from celery_ratchet.domain.control import CONTROL_WAKEUP, ControlCommand, ControlReply
-from celery_ratchet.store.engine import db_now, db_now_minus, transaction
+from celery_ratchet.store.db_clock import (
+    db_now,
+    db_now_minus,
+)
+from celery_ratchet.store.engine import (
+    transaction,
+)
 from celery_ratchet.store.schema import scheduler_control, scheduler_control_reply
 
 command_table = scheduler_control

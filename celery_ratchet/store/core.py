@@ -34,12 +34,10 @@ from celery_ratchet.store.claim import (
     RETURNED,
     strategy_for,
 )
-from celery_ratchet.store.ddl import bring_up_to_date, schema_differences
-from celery_ratchet.store.engine import (
-    EngineOptions,
+from celery_ratchet.store.db_clock import (
     db_now,
-    engine_for,
-    family,
+)
+from celery_ratchet.store.db_errors import (
     is_missing_table,
     is_prepared_statement_conflict,
     is_retryable_conflict,
@@ -47,6 +45,12 @@ from celery_ratchet.store.engine import (
     prepared_statement_conflict,
     refused,
     unavailable,
+)
+from celery_ratchet.store.ddl import bring_up_to_date, schema_differences
+from celery_ratchet.store.engine import (
+    EngineOptions,
+    engine_for,
+    family,
 )
 from celery_ratchet.store.job_rows import (
     _CLEARED_CLAIM,

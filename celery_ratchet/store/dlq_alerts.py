@@ -14,7 +14,13 @@ from sqlalchemy.engine import Connection
 
 from celery_ratchet.domain.dlq_alert import MAX_LISTED_JOBS, AlertWindow
 from celery_ratchet.domain.job import JobStatus
-from celery_ratchet.store.engine import db_now, db_now_minus, insert_ignoring_conflicts
+from celery_ratchet.store.db_clock import (
+    db_now,
+    db_now_minus,
+)
+from celery_ratchet.store.engine import (
+    insert_ignoring_conflicts,
+)
 from celery_ratchet.store.schema import UTCDateTime, scheduler_dlq_alert, scheduler_job
 
 alert = scheduler_dlq_alert

@@ -14,7 +14,10 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
 from celery_ratchet.domain.job import TERMINAL_STATUSES, JobStatus
-from celery_ratchet.store.engine import db_now, db_now_minus
+from celery_ratchet.store.db_clock import (
+    db_now,
+    db_now_minus,
+)
 from celery_ratchet.store.schema import (
     scheduler_job,
     scheduler_resource,

@@ -34,8 +34,10 @@ from celery_ratchet.domain.priority import clamped, effective_priority
 from celery_ratchet.errors import (
     InvalidJob,
 )
-from celery_ratchet.store.engine import (
+from celery_ratchet.store.db_clock import (
     db_now,
+)
+from celery_ratchet.store.engine import (
     insert_ignoring_conflicts,
 )
 from celery_ratchet.store.schema import (

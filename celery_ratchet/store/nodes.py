@@ -24,9 +24,11 @@ from celery_ratchet.domain.job import (
     error_record,
 )
 from celery_ratchet.store import dlq_alerts
-from celery_ratchet.store.engine import (
+from celery_ratchet.store.db_clock import (
     db_now,
     db_now_minus,
+)
+from celery_ratchet.store.engine import (
     transaction,
 )
 from celery_ratchet.store.job_rows import (

@@ -23,8 +23,10 @@ from celery_ratchet.domain.job import (
     JobType,
     NewJob,
 )
-from celery_ratchet.store.engine import (
+from celery_ratchet.store.db_clock import (
     db_now,
+)
+from celery_ratchet.store.engine import (
     transaction,
 )
 from celery_ratchet.store.enqueue import EnqueueOps

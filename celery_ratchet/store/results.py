@@ -15,9 +15,11 @@ from celery_ratchet.domain.job import (
     parse_status,
 )
 from celery_ratchet.store.core import StoreCore
-from celery_ratchet.store.engine import (
+from celery_ratchet.store.db_clock import (
     db_now,
     db_now_minus,
+)
+from celery_ratchet.store.engine import (
     transaction,
 )
 from celery_ratchet.store.job_rows import (

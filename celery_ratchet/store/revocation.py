@@ -15,8 +15,10 @@ from celery_ratchet.domain.job import (
     JobStatus,
 )
 from celery_ratchet.store.core import StoreCore
-from celery_ratchet.store.engine import (
+from celery_ratchet.store.db_clock import (
     db_now,
+)
+from celery_ratchet.store.engine import (
     transaction,
 )
 from celery_ratchet.store.job_rows import (

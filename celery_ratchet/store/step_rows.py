@@ -17,8 +17,10 @@ from celery_ratchet.domain.batch import (
     BatchPart,
 )
 from celery_ratchet.domain.job import JobStatus
-from celery_ratchet.store.engine import (
+from celery_ratchet.store.db_clock import (
     db_now,
+)
+from celery_ratchet.store.engine import (
     insert_ignoring_conflicts,
     savepoint,
 )

@@ -10,8 +10,10 @@ from sqlalchemy import and_, select, update
 from sqlalchemy.engine import Connection
 
 from celery_ratchet.store.batch_rows import BatchRows
-from celery_ratchet.store.engine import (
+from celery_ratchet.store.db_clock import (
     db_now,
+)
+from celery_ratchet.store.engine import (
     insert_ignoring_conflicts,
 )
 from celery_ratchet.store.schema import (

@@ -8,7 +8,14 @@ from sqlalchemy.exc import OperationalError
 
 from celery_ratchet.errors import ConfigurationError
 from celery_ratchet.settings import RatchetSettings
-from celery_ratchet.store.engine import EngineOptions, build_engine, engine_for, unavailable
+from celery_ratchet.store.db_errors import (
+    unavailable,
+)
+from celery_ratchet.store.engine import (
+    EngineOptions,
+    build_engine,
+    engine_for,
+)
 
 
 def test_pool_sizes_and_connect_arguments_come_from_settings_and_environment() -> None:

@@ -1,0 +1,65 @@
+"""The database's clock in SQL, per dialect: one clock for every node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+
+from celery_ratchet.store.schema import UTCDateTime
+
+
+class db_now(FunctionElement[Any]):
+    """The database's current UTC time: one clock for every node."""
+
+    type = UTCDateTime()
+    inherit_cache = True
+    name = "db_now"
+
+
+@compiles(db_now, "postgresql")
+def _now_pg(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "now()"
+
+
+@compiles(db_now, "mysql")
+@compiles(db_now, "mariadb")
+def _now_mysql(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "UTC_TIMESTAMP(6)"
+
+
+@compiles(db_now, "sqlite")
+def _now_sqlite(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    # Six fraction digits, the format SQLAlchemy writes and parses for SQLite datetimes.
+    return "(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')"
+
+
+class db_now_minus(FunctionElement[Any]):
+    """The database's current UTC time minus a fixed number of seconds."""
+
+    type = UTCDateTime()
+    inherit_cache = False
+    name = "db_now_minus"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = float(seconds)
+        super().__init__()
+
+
+@compiles(db_now_minus, "postgresql")
+def _ago_pg(element: db_now_minus, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"(now() - interval '{element.seconds:.6f} seconds')"
+
+
+@compiles(db_now_minus, "mysql")
+@compiles(db_now_minus, "mariadb")
+def _ago_mysql(element: db_now_minus, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"(UTC_TIMESTAMP(6) - INTERVAL {int(element.seconds * 1_000_000)} MICROSECOND)"
+
+
+@compiles(db_now_minus, "sqlite")
+def _ago_sqlite(element: db_now_minus, compiler: SQLCompiler, **kw: Any) -> str:
+    # A signed modifier: "--5 seconds" (minus a negative age) would be NULL in SQLite.
+    return f"(strftime('%Y-%m-%d %H:%M:%f', 'now', '{-element.seconds:+.3f} seconds') || '000')"

@@ -1,0 +1,122 @@
+"""What a driver's error means: the database unreachable, a lock conflict worth retrying, a
+value refused, a prepared statement taken by another client behind PgBouncer; and the
+project's errors that say so without the statement's parameters."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from celery_ratchet.errors import (
+    PreparedStatementConflict,
+    StoreUnavailable,
+    ValueRefused,
+)
+from celery_ratchet.store.redact import mask_secrets_of, mask_url
+
+logger = logging.getLogger(__name__)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` means the database could not be reached (as opposed to a bad query)."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    if isinstance(exc, DBAPIError):
+        if is_prepared_statement_conflict(exc):
+            return False
+        if exc.connection_invalidated:
+            return True
+        if is_missing_table(exc):
+            return False
+        name = type(exc.orig).__name__ if exc.orig is not None else ""
+        return name in {"OperationalError", "InterfaceError"} and not _is_lock_error(exc)
+    return False
+
+
+def is_missing_table(exc: BaseException) -> bool:
+    """True when ``exc`` says a table does not exist (the schema was never created)."""
+    if not isinstance(exc, DBAPIError) or exc.orig is None:
+        return False
+    orig = exc.orig
+    if getattr(orig, "sqlstate", None) == "42P01":  # PostgreSQL: undefined_table
+        return True
+    args = getattr(orig, "args", ())
+    if args and args[0] == 1146:  # MySQL / MariaDB: ER_NO_SUCH_TABLE
+        return True
+    return type(orig).__name__ == "OperationalError" and "no such table" in str(orig)
+
+
+def _is_lock_error(exc: DBAPIError) -> bool:
+    text = str(exc.orig).lower()
+    return "deadlock" in text or "lock wait timeout" in text or "database is locked" in text
+
+
+def is_retryable_conflict(exc: BaseException) -> bool:
+    """Deadlocks and lock timeouts: the statement can simply run again."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    if _is_lock_error(exc):
+        return True
+    code = getattr(exc.orig, "sqlstate", None)
+    return code in {"40001", "40P01"}
+
+
+#: Where drivers quote a value in a message: ``value: '…'`` (MySQL), ``…: "…"`` (PostgreSQL),
+#: ``(column)=(…)`` (PostgreSQL's key details).
+_QUOTED_VALUE = re.compile(r"""(value:?\s*|:\s*)('[^']*'|"[^"]*")|(=\()[^)]*(\))""", re.I)
+
+
+def refused(exc: DBAPIError, what: str) -> ValueRefused:
+    """A value the database refused, as a :class:`ValueRefused` carrying its reason: the
+    first line of the driver's message, with any quoted value in it cut out."""
+    reason = str(exc.orig or "").strip().splitlines()[0] if exc.orig is not None else ""
+    reason = _QUOTED_VALUE.sub(lambda m: f"{m.group(1) or m.group(3)}…{m.group(4) or ''}", reason)
+    return ValueRefused(f"the job store refused a value ({reason or type(exc).__name__}); {what}")
+
+
+def unavailable(url: str, exc: BaseException, what: str, *, sent: bool = False) -> StoreUnavailable:
+    """The error of a store that cannot be reached. ``sent``: the connection was lost after a
+    statement went out, so the database may have committed it (a lost reply): say that the
+    outcome is unknown instead of claiming ``what``."""
+    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+    reason = mask_secrets_of(url, reason)
+    if sent:
+        consequence = (
+            "the connection was lost after the request was sent, so its outcome is unknown: "
+            f"it may have been committed (if it was not, {what})"
+        )
+    else:
+        consequence = what
+    error = StoreUnavailable(
+        f"cannot reach the job store at {mask_url(url)} ({reason}); {consequence}"
+    )
+    error.outcome_unknown = sent
+    return error
+
+
+#: Parse, Bind and Describe refused for a statement name: prepared on one server connection,
+#: used on another. A pooler in transaction mode hands each transaction any server connection.
+_PREPARED_STATEMENT_STATES = {"42P05", "26000", "08P01"}
+
+
+def is_prepared_statement_conflict(exc: BaseException) -> bool:
+    """True when PostgreSQL refused a server-side prepared statement of psycopg (``_pg3_*``)."""
+    if not isinstance(exc, DBAPIError) or exc.orig is None:
+        return False
+    code = getattr(exc.orig, "sqlstate", None)
+    return code in _PREPARED_STATEMENT_STATES and "prepared statement" in str(exc.orig)
+
+
+def prepared_statement_conflict(exc: BaseException, what: str) -> PreparedStatementConflict:
+    orig = getattr(exc, "orig", None)
+    code = getattr(orig, "sqlstate", None)
+    return PreparedStatementConflict(
+        f"PostgreSQL refused a prepared statement (SQLSTATE {code}, {type(orig).__name__}): the "
+        "job store's URL goes through a pooler in transaction mode (PgBouncer), which cannot "
+        "keep server-side prepared statements, and may bind one client's parameters to "
+        "another's statement; set ratchet_pgbouncer = True (environment RATCHET_PGBOUNCER=true) "
+        f"on every process, or add ?prepare_threshold=none to the URL; {what}"
+    )
