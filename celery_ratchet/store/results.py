@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 from sqlalchemy import (
+    case,
     delete,
     insert,
     select,
     update,
 )
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from celery_ratchet.domain.job import (
+    JobStatus,
     ResultRecord,
     parse_status,
 )
@@ -113,3 +119,78 @@ class ResultOps(StoreCore):
         g = scheduler_group_result
         stmt = delete(g).where(g.c.group_id == group_id)
         self._run(lambda conn: conn.execute(stmt), "the group was not deleted")
+
+    def store_untracked_result(
+        self,
+        job_id: str,
+        task_name: str,
+        status: JobStatus,
+        *,
+        job_result: str | None = None,
+        result_type: str | None = None,
+        result_meta: str | None = None,
+        error: str | None = None,
+        traceback: str | None = None,
+    ) -> None:
+        """A result written without a claim (an eager run, a manual ``mark_as_*``).
+
+        A finished row takes the new state; an active row keeps its state (its claim decides)
+        but records the result; with no row, a finished row is inserted. An interim state
+        (``EXTERNAL``: a task another process runs) leaves an active row as it is.
+        """
+        result_values = {
+            "job_result": job_result,
+            "result_type": result_type,
+            "result_meta": result_meta,
+            "last_error": error,
+            "error_traceback": traceback,
+        }
+
+        # A revoked job never ran, so it cannot have failed since: it stays REVOKED and keeps
+        # the error (Celery writes a failed chain step's exception to the steps after it).
+        new_status: Any = status.value
+        if status is JobStatus.FAILED:
+            new_status = case(
+                (job.c.status == JobStatus.REVOKED.value, JobStatus.REVOKED.value),
+                else_=status.value,
+            )
+
+        def work(conn: Connection) -> None:
+            finished = conn.execute(
+                update(job)
+                .where(job.c.job_id == job_id, job.c.status.in_(_TERMINAL))
+                .values(status=new_status, finished_at=db_now(), **result_values)
+            ).rowcount
+            if finished:
+                return
+            if status is JobStatus.EXTERNAL:
+                if conn.execute(select(job.c.job_id).where(job.c.job_id == job_id)).first():
+                    return
+            else:
+                active = conn.execute(
+                    update(job).where(job.c.job_id == job_id).values(**result_values)
+                ).rowcount
+                if active:
+                    return
+            # Inserted concurrently by another writer: that row stands.
+            with contextlib.suppress(IntegrityError):
+                conn.execute(
+                    insert(job).values(
+                        job_id=job_id,
+                        task_name=task_name,
+                        queue="",
+                        status=status.value,
+                        priority=0,
+                        scheduled_time=db_now(),
+                        created_at=db_now(),
+                        finished_at=db_now(),
+                        payload=b"",
+                        content_type="",
+                        content_encoding="",
+                        headers="{}",
+                        properties="{}",
+                        **result_values,
+                    )
+                )
+
+        self._run(work, "the result was not stored")
