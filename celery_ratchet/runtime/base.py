@@ -31,7 +31,8 @@ from celery_ratchet.errors import StoreUnavailable
 from celery_ratchet.runtime.control import CommandRunner, ControlLoop
 from celery_ratchet.runtime.fence import Fence, new_tag, stamp
 from celery_ratchet.settings import RatchetSettings
-from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.control import control_store
+from celery_ratchet.store.ports import WorkerStore
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class RuntimeBase:
 
     def __init__(
         self,
-        store: JobStore,
+        store: WorkerStore,
         settings: RatchetSettings,
         *,
         node_id: str,
@@ -153,7 +154,7 @@ class RuntimeBase:
         self.control: ControlLoop | None = None
         if control is not None:
             self.control = ControlLoop(
-                store,
+                control_store(store),
                 control,
                 hostname=hostname or socket.gethostname(),
                 poll_seconds=self._control_poll,

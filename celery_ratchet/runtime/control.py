@@ -10,8 +10,7 @@ from datetime import datetime
 
 from celery_ratchet.domain.control import ControlCommand
 from celery_ratchet.errors import StoreUnavailable
-from celery_ratchet.store.control import control_store
-from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.ports import ControlCommands
 
 logger = logging.getLogger(__name__)
 
@@ -26,13 +25,13 @@ class ControlLoop:
 
     def __init__(
         self,
-        store: JobStore,
+        control: ControlCommands,
         run: CommandRunner,
         *,
         hostname: str,
         poll_seconds: Callable[[], float],
     ) -> None:
-        self.control = control_store(store)
+        self.control = control
         self.run = run
         self.hostname = hostname
         self.poll_seconds = poll_seconds

@@ -20,7 +20,7 @@ from typing import Any
 
 from celery_ratchet.domain.dlq_alert import AlertWindow, alert_id, alert_shown, summarize
 from celery_ratchet.domain.job import JobStatus, JobSummary, NewJob
-from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.ports import DeadLetterStore
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def _arguments(payload: bytes | None, content_type: str | None) -> tuple[Any, An
 
 
 class DeadLetterQueue:
-    def __init__(self, store: JobStore) -> None:
+    def __init__(self, store: DeadLetterStore) -> None:
         self.store = store
 
     def list(
@@ -151,7 +151,7 @@ class DeadLetterAlerts:
     :meth:`send_due` now and then; the database lets one of them close each window."""
 
     def __init__(
-        self, store: JobStore, interval_seconds: float, alert_job: AlertJobFactory
+        self, store: DeadLetterStore, interval_seconds: float, alert_job: AlertJobFactory
     ) -> None:
         self.store = store
         self.interval_seconds = interval_seconds

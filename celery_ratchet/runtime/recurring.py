@@ -9,7 +9,7 @@ from typing import Any
 
 from celery_ratchet.domain.job import SCHEDULES_QUEUE, JobStatus, JobType, Message, NewJob
 from celery_ratchet.domain.schedule import MasterSpec
-from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.ports import ScheduleStore
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class UnknownSchedule(LookupError):
 
 
 def register(
-    store: JobStore,
+    store: ScheduleStore,
     business_key: str,
     spec: MasterSpec,
     *,
@@ -78,12 +78,12 @@ def register(
     return store.upsert_master(master)
 
 
-def pause(store: JobStore, business_key: str) -> None:
+def pause(store: ScheduleStore, business_key: str) -> None:
     if not store.set_master_status(master_id(business_key), JobStatus.PAUSED):
         _explain(store, business_key, "pause", "PENDING")
 
 
-def resume(store: JobStore, business_key: str, now: datetime | None = None) -> None:
+def resume(store: ScheduleStore, business_key: str, now: datetime | None = None) -> None:
     """Resume at the next fire time from now: what was missed while paused is not a misfire."""
     master = _get(store, business_key)
     spec = MasterSpec.from_json(master["schedule_spec"])
@@ -97,12 +97,12 @@ def resume(store: JobStore, business_key: str, now: datetime | None = None) -> N
         _explain(store, business_key, "resume", "PAUSED")
 
 
-def cancel(store: JobStore, business_key: str) -> None:
+def cancel(store: ScheduleStore, business_key: str) -> None:
     if not store.set_master_status(master_id(business_key), JobStatus.REVOKED):
         _explain(store, business_key, "remove", "active")
 
 
-def describe(store: JobStore, *, with_last_fire: bool = False) -> list[dict[str, Any]]:
+def describe(store: ScheduleStore, *, with_last_fire: bool = False) -> list[dict[str, Any]]:
     """Every active master with its schedule, zone, misfire policy and next fire times;
     ``with_last_fire``: also the last fire time whose occurrence the store holds."""
     rows = []
@@ -121,7 +121,9 @@ def describe(store: JobStore, *, with_last_fire: bool = False) -> list[dict[str,
     return rows
 
 
-def _described(store: JobStore, master: dict[str, Any], *, with_last_fire: bool) -> dict[str, Any]:
+def _described(
+    store: ScheduleStore, master: dict[str, Any], *, with_last_fire: bool
+) -> dict[str, Any]:
     spec = MasterSpec.from_json(master["schedule_spec"])
     extra: dict[str, Any] = {}
     if with_last_fire:
@@ -176,7 +178,7 @@ _LAST_FIRES_LOOKED_UP = 3
 
 
 def last_fire(
-    store: JobStore, master_job_id: str, spec: MasterSpec, next_fire: datetime
+    store: ScheduleStore, master_job_id: str, spec: MasterSpec, next_fire: datetime
 ) -> tuple[datetime, JobStatus | str] | None:
     """The latest fire time before ``next_fire`` whose occurrence is in the store, with the
     occurrence's status: its id follows from the fire time, so a few indexed lookups find
@@ -199,14 +201,14 @@ def last_fire(
     return None
 
 
-def _get(store: JobStore, business_key: str) -> dict[str, Any]:
+def _get(store: ScheduleStore, business_key: str) -> dict[str, Any]:
     for master in store.list_masters(include_cancelled=True):
         if master["job_id"] == master_id(business_key):
             return master
     raise UnknownSchedule(business_key)
 
 
-def _explain(store: JobStore, business_key: str, action: str, needed: str) -> None:
+def _explain(store: ScheduleStore, business_key: str, action: str, needed: str) -> None:
     master = _get(store, business_key)
     raise ValueError(
         f"cannot {action} recurring job {business_key!r}: it is {master['status']}, not {needed}"

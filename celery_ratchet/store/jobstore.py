@@ -9,6 +9,7 @@ from __future__ import annotations
 from celery_ratchet.store.admin import AdminOps
 from celery_ratchet.store.enqueue import EnqueueOps
 from celery_ratchet.store.nodes import NodeOps
+from celery_ratchet.store.ports import DeadLetterStore, ScheduleStore, WorkerStore
 from celery_ratchet.store.recurring import MasterOps
 from celery_ratchet.store.results import ResultOps
 from celery_ratchet.store.revocation import RevocationOps
@@ -18,3 +19,8 @@ from celery_ratchet.store.settle import ClaimOps
 class JobStore(MasterOps, EnqueueOps, NodeOps, ClaimOps, ResultOps, RevocationOps, AdminOps):
     """Job rows in one database. Thread-safe; one instance per URL per process is enough.
     Each concern's operations live in their own module; this class puts them together."""
+
+
+def _implements_the_ports(store: JobStore) -> tuple[WorkerStore, DeadLetterStore, ScheduleStore]:
+    """Never called: mypy checks here that a JobStore is every port the runtime asks for."""
+    return store, store, store
