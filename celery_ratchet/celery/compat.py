@@ -120,6 +120,123 @@ def on_every_cli_app(callback: Callable[[Any], None]) -> Callable[[], None]:
     return remove
 
 
+# -- private methods overridden by subclasses here ---------------------------------------------
+
+
+def private_method(owner: type, name: str) -> Callable[..., Any]:
+    """``owner.<name>``, a private method that a subclass here overrides (its name is one of
+    the ``*_METHOD`` constants below); AttributeError, naming it, when the release has none."""
+    method: Callable[..., Any] | None = getattr(owner, name, None)
+    if not callable(method):
+        raise AttributeError(f"{owner.__module__}.{owner.__qualname__} has no method {name!r}")
+    return method
+
+
+# -- billiard's pool (``celery worker -P ratchet``) -------------------------------------------
+
+#: ``billiard.pool.Pool._help_stuff_finish``: the pool's end drains its input queue with it;
+#: ``_BlockingPool`` overrides it so that a lock taken by a dead process is not waited for.
+POOL_HELP_STUFF_FINISH_METHOD = "_help_stuff_finish"
+
+
+def billiard_pool_of(task_pool: Any) -> Any:
+    """The billiard pool that Celery's prefork pool runs (``TaskPool._pool``), or None
+    before it starts."""
+    return task_pool._pool
+
+
+def forget_billiard_pool(task_pool: Any) -> None:
+    """Celery's prefork pool has no billiard pool any more (``TaskPool._pool = None``, as its
+    own ``on_stop`` leaves it)."""
+    task_pool._pool = None
+
+
+def pool_state(pool: Any) -> int:
+    """The billiard pool's state (``Pool._state``): ``billiard.pool.RUN``, ``CLOSE`` or
+    ``TERMINATE``."""
+    state: int = pool._state
+    return state
+
+
+def pool_processes(pool: Any) -> list[Any]:
+    """The billiard pool's processes, a copy of the list (``Pool._pool``)."""
+    return list(pool._pool)
+
+
+def process_started(process: Any) -> bool:
+    """Whether a billiard process was started and not joined yet (``Process._popen``)."""
+    return process._popen is not None
+
+
+def pool_unfinished_jobs(pool: Any) -> list[Any]:
+    """The jobs the billiard pool was given and has no result for yet (``Pool._cache``)."""
+    return [job for job in list(pool._cache.values()) if not job.ready()]
+
+
+def pool_task_handler_alive(pool: Any) -> bool:
+    """Whether the billiard pool's thread that hands jobs to its input queue still runs
+    (``Pool._task_handler``)."""
+    return bool(pool._task_handler.is_alive())
+
+
+def pool_input_queue(pool: Any) -> Any:
+    """The queue the billiard pool's processes take their jobs from (``Pool._inqueue``)."""
+    return pool._inqueue
+
+
+def take_input_lock(inqueue: Any, timeout: float) -> bool:
+    """Take the lock a process holds while it waits for its next job (``SimpleQueue._rlock``),
+    giving up after ``timeout`` seconds; it is not released again."""
+    return bool(inqueue._rlock.acquire(timeout=timeout))
+
+
+def input_waiting(inqueue: Any) -> bool:
+    """Whether a job waits in the input queue (``SimpleQueue._reader.poll()``)."""
+    return bool(inqueue._reader.poll())
+
+
+def discard_input(inqueue: Any) -> None:
+    """Take the next job out of the input queue, unread (``SimpleQueue._reader.recv()``)."""
+    inqueue._reader.recv()
+
+
+def close_pool_at_once(pool: Any) -> None:
+    """billiard's ``Pool.close``, without waiting for its supervisor thread to notice (it
+    sleeps most of a second between two looks): ``_state``, ``_putlock``,
+    ``_worker_handler`` and ``_taskqueue``, as billiard 4 sets them."""
+    from billiard import pool as billiard_pool
+
+    if pool._state == billiard_pool.RUN:
+        pool._state = billiard_pool.CLOSE
+        if pool._putlock:
+            pool._putlock.clear()
+        pool._worker_handler.close()
+        pool._taskqueue.put(None)
+
+
+def stop_pool_threads(pool: Any) -> None:
+    """End a billiard pool whose processes are gone without joining its threads, each asleep
+    for up to a second: its finalizer (``_terminate``) is cancelled, its state made
+    TERMINATE, and its handler threads (``_worker_handler``, ``_task_handler``,
+    ``_result_handler``, ``_timeout_handler``) told to stop."""
+    from billiard import pool as billiard_pool
+
+    pool._terminate.cancel()
+    pool._state = billiard_pool.TERMINATE
+    for thread in (pool._worker_handler, pool._task_handler, pool._result_handler):
+        thread.terminate()
+    if pool._timeout_handler is not None:
+        pool._timeout_handler.terminate()
+
+
+def exit_as_billiard_does(signum: int, frame: Any) -> None:
+    """What a billiard pool process does on a stop signal (``billiard.common.
+    _shutdown_cleanup``): exits through its ``finally`` blocks (``sys.exit``)."""
+    from billiard.common import _shutdown_cleanup
+
+    _shutdown_cleanup(signum, frame)
+
+
 # -- task classes ------------------------------------------------------------------------------
 
 #: The methods Celery's Django task class adds (``celery.contrib.django.task.DjangoTask``),
