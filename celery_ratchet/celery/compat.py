@@ -132,6 +132,95 @@ def private_method(owner: type, name: str) -> Callable[..., Any]:
     return method
 
 
+#: ``celery.concurrency.base.BasePool._get_info``: what ``pool.info`` (``inspect stats``)
+#: returns; ``AsyncPool`` adds its own numbers to it.
+BASE_POOL_GET_INFO_METHOD = "_get_info"
+
+#: ``kombu.transport.virtual.Channel._purge``: what ``queue_purge`` (``celery purge``) calls;
+#: the worker's in-memory ``Channel`` also deletes the queue's pending jobs.
+CHANNEL_PURGE_METHOD = "_purge"
+
+#: ``celery.app.amqp.AMQP._create_task_sender``: builds ``amqp.send_task_message``;
+#: ``RatchetAMQP`` builds one that writes the job to the store (its body follows Celery's).
+AMQP_CREATE_TASK_SENDER_METHOD = "_create_task_sender"
+
+#: ``kombu.Connection._reraise_as_library_errors``: ``Celery.send_task`` enters it on the
+#: producer's connection; the stand-in connection of a ratchet producer has one too.
+CONNECTION_RERAISE_METHOD = "_reraise_as_library_errors"
+
+#: The methods of ``celery.backends.base.BaseBackend`` a backend implements to store
+#: results, called by its public ones (``store_result``, ``get_task_meta``, ``forget``,
+#: ``save_group``, ``restore_group``, ``delete_group``).
+BACKEND_STORAGE_METHODS = (
+    "_store_result",
+    "_get_task_meta_for",
+    "_forget",
+    "_save_group",
+    "_restore_group",
+    "_delete_group",
+)
+
+#: ``celery.backends.base.BaseBackend._sleep``: the pause between two retries of a result
+#: write (``result_backend_always_retry``); ``RatchetBackend`` ends it when the worker stops.
+BACKEND_RETRY_SLEEP_METHOD = "_sleep"
+
+#: ``celery.worker.request.Request._announce_revoked``: every revoke of a request Celery
+#: acts on (revoked before it ran, terminated, expired) ends in it.
+REQUEST_ANNOUNCE_REVOKED_METHOD = "_announce_revoked"
+
+
+# -- the worker's requests -----------------------------------------------------------------
+
+
+def request_already_revoked(request: Any) -> bool:
+    """Whether Celery announced the request revoked already (``Request._already_revoked``)."""
+    return bool(getattr(request, "_already_revoked", False))
+
+
+def request_already_cancelled(request: Any) -> bool:
+    """Whether Celery cancelled the running request, to retry it (``Request.
+    _already_cancelled``, set by ``cancel``)."""
+    return bool(getattr(request, "_already_cancelled", False))
+
+
+def request_terminates_on_ack(request: Any) -> bool:
+    """Whether a terminate was asked before a pool process took the request, to be carried
+    out when one does (``Request._terminate_on_ack``)."""
+    return request._terminate_on_ack is not None
+
+
+# -- sending ---------------------------------------------------------------------------------
+
+
+def cached_producer_pool(amqp: Any) -> Any:
+    """The producer pool ``amqp`` made already, or None (``AMQP._producer_pool``, which
+    ``Celery._after_fork`` clears in a forked process)."""
+    return amqp.__dict__.get("_producer_pool")
+
+
+def cache_producer_pool(amqp: Any, pool: Any) -> None:
+    """Keep ``pool`` as ``amqp``'s producer pool where Celery keeps its own
+    (``AMQP._producer_pool``), so that a forked process makes a new one."""
+    amqp._producer_pool = pool
+
+
+# -- results ---------------------------------------------------------------------------------
+
+
+def ensure_not_eager(backend: Any) -> None:
+    """Celery's warning that an eager task's result is not stored (``BaseBackend.
+    _ensure_not_eager``), given before waiting for one."""
+    backend._ensure_not_eager()
+
+
+def is_lazy_generator_result(value: Any) -> bool:
+    """Whether ``value`` is Celery's lazily evaluated list (``celery.utils.functional.
+    _regen``, what ``regen`` makes of a generator): a chord header of plain tasks."""
+    from celery.utils.functional import _regen
+
+    return isinstance(value, _regen)
+
+
 # -- billiard's pool (``celery worker -P ratchet``) -------------------------------------------
 
 #: ``billiard.pool.Pool._help_stuff_finish``: the pool's end drains its input queue with it;

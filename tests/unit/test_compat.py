@@ -17,17 +17,28 @@ from celery import Celery, Signature
 from celery.local import Proxy
 
 from celery_ratchet.celery.compat import (
+    AMQP_CREATE_TASK_SENDER_METHOD,
+    BACKEND_RETRY_SLEEP_METHOD,
+    BACKEND_STORAGE_METHODS,
+    BASE_POOL_GET_INFO_METHOD,
+    CHANNEL_PURGE_METHOD,
+    CONNECTION_RERAISE_METHOD,
     DJANGO_TASK_METHODS,
     POOL_HELP_STUFF_FINISH_METHOD,
+    REQUEST_ANNOUNCE_REVOKED_METHOD,
     billiard_pool_of,
+    cache_producer_pool,
+    cached_producer_pool,
     close_pool_at_once,
     current_app_object,
     current_task_object,
     discard_input,
     django_task_method,
+    ensure_not_eager,
     forget_billiard_pool,
     forget_cached_backend,
     input_waiting,
+    is_lazy_generator_result,
     offer_pool,
     on_every_cli_app,
     pool_input_queue,
@@ -37,6 +48,9 @@ from celery_ratchet.celery.compat import (
     pool_unfinished_jobs,
     private_method,
     process_started,
+    request_already_cancelled,
+    request_already_revoked,
+    request_terminates_on_ack,
     signature_app,
     stop_pool_threads,
     take_input_lock,
@@ -380,3 +394,234 @@ def test_exit_as_billiard_does_is_billiards_shutdown_cleanup() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], check=False, timeout=60)
     assert done.returncode == (-(256 - signal.SIGTERM)) & 0xFF
+
+
+# -- methods overridden here: each still there and still called by Celery --------------------
+
+
+def test_base_pool_get_info_method_is_what_pool_info_returns() -> None:
+    from celery.concurrency.base import BasePool
+
+    from celery_ratchet.celery.asyncpool import AsyncPool
+
+    private_method(BasePool, BASE_POOL_GET_INFO_METHOD)
+    assert BASE_POOL_GET_INFO_METHOD in vars(AsyncPool)
+    pool = type("P", (BasePool,), {BASE_POOL_GET_INFO_METHOD: lambda self: {"mine": 1}})(1)
+    assert pool.info == {"mine": 1}
+
+
+def test_channel_purge_method_is_what_kombus_queue_purge_calls() -> None:
+    from kombu import Connection
+    from kombu.transport import memory
+
+    from celery_ratchet.celery.transport import Channel as RatchetChannel
+
+    private_method(memory.Channel, CHANNEL_PURGE_METHOD)
+    assert CHANNEL_PURGE_METHOD in vars(RatchetChannel)
+    purged: list[str] = []
+
+    def purge(self: Any, queue: str) -> int:
+        purged.append(queue)
+        return 7
+
+    channel_cls = type("C", (memory.Channel,), {CHANNEL_PURGE_METHOD: purge})
+    transport_cls = type("T", (memory.Transport,), {"Channel": channel_cls})
+    with Connection(transport=transport_cls) as conn:
+        assert conn.default_channel.queue_purge("jobs") == 7
+    assert purged == ["jobs"]
+
+
+def test_amqp_create_task_sender_method_builds_amqp_send_task_message() -> None:
+    from celery.app.amqp import AMQP
+
+    from celery_ratchet.celery.sender import RatchetAMQP
+
+    private_method(AMQP, AMQP_CREATE_TASK_SENDER_METHOD)
+    assert AMQP_CREATE_TASK_SENDER_METHOD in vars(RatchetAMQP)
+
+    def sender(*args: Any, **kwargs: Any) -> None:
+        pass
+
+    amqp_cls = type("A", (AMQP,), {AMQP_CREATE_TASK_SENDER_METHOD: lambda self: sender})
+    app = Celery("compat", set_as_current=False, amqp=amqp_cls)
+    assert app.amqp.send_task_message is sender
+
+
+def test_connection_reraise_method_is_what_send_task_enters_on_the_producers_connection() -> None:
+    from contextlib import contextmanager
+
+    from kombu import Connection
+
+    from celery_ratchet.celery.sender import _NoBrokerConnection
+
+    private_method(Connection, CONNECTION_RERAISE_METHOD)
+    assert CONNECTION_RERAISE_METHOD in vars(_NoBrokerConnection)
+    entered: list[int] = []
+
+    @contextmanager
+    def reraise(self: Any) -> Iterator[None]:
+        entered.append(1)
+        yield
+
+    published: list[str] = []
+    connection = type("Conn", (), {CONNECTION_RERAISE_METHOD: reraise})()
+    producer = SimpleNamespace(connection=connection, publish=lambda *a, **k: published.append(1))
+    app = Celery("compat", set_as_current=False, broker="memory://")
+    app.send_task("some.task", producer=producer)
+    assert entered == [1]
+
+
+def test_backend_storage_methods_are_what_basebackends_public_methods_call() -> None:
+    from celery.backends.base import BaseBackend
+    from celery.result import GroupResult
+
+    from celery_ratchet.celery.backend import RatchetBackend
+
+    for name in BACKEND_STORAGE_METHODS:
+        assert name in vars(RatchetBackend), name
+    called: list[str] = []
+
+    def recorder(name: str) -> Any:
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            called.append(name)
+            return {"status": "SUCCESS", "result": 1} if name == "_get_task_meta_for" else None
+
+        return method
+
+    backend_cls = type("B", (BaseBackend,), {n: recorder(n) for n in BACKEND_STORAGE_METHODS})
+    backend = backend_cls(app=_app())
+    backend.store_result("id", 1, "SUCCESS")
+    backend.get_task_meta("id")
+    backend.forget("id")
+    backend.save_group("g", GroupResult("g", []))
+    backend.restore_group("g")
+    backend.delete_group("g")
+    assert called == list(BACKEND_STORAGE_METHODS)
+
+
+def test_backend_retry_sleep_method_is_the_pause_between_two_result_write_retries() -> None:
+    from celery.backends.base import BaseBackend
+
+    from celery_ratchet.celery.backend import RatchetBackend
+
+    private_method(BaseBackend, BACKEND_RETRY_SLEEP_METHOD)
+    assert BACKEND_RETRY_SLEEP_METHOD in vars(RatchetBackend)
+    slept: list[float] = []
+    failures = [OSError("away")]
+
+    def store(self: Any, *args: Any, **kwargs: Any) -> None:
+        if failures:
+            raise failures.pop()
+
+    app = _app()
+    app.conf.result_backend_always_retry = True
+    methods = {
+        "_store_result": store,
+        "exception_safe_to_retry": lambda self, exc: True,
+        BACKEND_RETRY_SLEEP_METHOD: lambda self, amount: slept.append(amount),
+    }
+    type("B", (BaseBackend,), methods)(app=app).store_result("id", 1, "SUCCESS")
+    assert len(slept) == 1
+
+
+def test_ensure_not_eager_is_basebackends_eager_result_warning() -> None:
+    from celery.backends.base import BaseBackend
+
+    app = _app()
+    app.conf.task_always_eager = True
+    with pytest.warns(RuntimeWarning):
+        ensure_not_eager(BaseBackend(app=app))
+
+
+def test_is_lazy_generator_result_knows_celerys_underscore_regen() -> None:
+    from celery.utils.functional import regen
+
+    assert is_lazy_generator_result(regen(x for x in [1]))
+    assert not is_lazy_generator_result([1])
+
+
+# -- the worker's requests -----------------------------------------------------------------
+
+
+def _request(app: Celery) -> Any:
+    from celery.contrib.testing.mocks import TaskMessage
+    from celery.worker.request import Request
+
+    @app.task(shared=False)
+    def job() -> None:
+        pass
+
+    return Request(TaskMessage(job.name), app=app, task=app.tasks[job.name])
+
+
+def test_request_announce_revoked_method_is_where_a_revoke_of_a_request_ends() -> None:
+    from celery.worker import state as worker_state
+    from celery.worker.request import Request
+
+    from celery_ratchet.celery.request import RatchetRequest
+
+    private_method(Request, REQUEST_ANNOUNCE_REVOKED_METHOD)
+    assert REQUEST_ANNOUNCE_REVOKED_METHOD in vars(RatchetRequest)
+    request = _request(_app())
+    announced: list[str] = []
+    request_cls = type(
+        "R", (Request,), {REQUEST_ANNOUNCE_REVOKED_METHOD: lambda self, *a: announced.append(a[0])}
+    )
+    request.__class__ = request_cls
+    worker_state.revoked.add(request.id)
+    try:
+        request.revoked()
+    finally:
+        worker_state.revoked.discard(request.id)
+    assert announced == ["revoked"]
+
+
+def test_request_already_revoked_reads_requests_underscore_already_revoked() -> None:
+    from celery.worker import state as worker_state
+
+    request = _request(_app())
+    assert request_already_revoked(request) is False
+    worker_state.revoked.add(request.id)
+    try:
+        assert request.revoked()
+    finally:
+        worker_state.revoked.discard(request.id)
+        worker_state.task_ready(request)
+    assert request_already_revoked(request) is True
+
+
+def test_request_already_cancelled_reads_requests_underscore_already_cancelled() -> None:
+    request = _request(_app())
+    assert request_already_cancelled(request) is False
+    request.time_start = time.monotonic()
+    request.cancel(SimpleNamespace(terminate_job=lambda *args: None), emit_retry=False)
+    assert request_already_cancelled(request) is True
+
+
+def test_request_terminates_on_ack_reads_requests_underscore_terminate_on_ack() -> None:
+    request = _request(_app())
+    assert request_terminates_on_ack(request) is False
+    request.terminate(SimpleNamespace(terminate_job=lambda *args: None))  # not started yet
+    assert request_terminates_on_ack(request) is True
+
+
+# -- sending ---------------------------------------------------------------------------------
+
+
+def test_cached_producer_pool_is_amqp_underscore_producer_pool_which_a_fork_clears() -> None:
+    app = _app()
+    assert cached_producer_pool(app.amqp) is None
+    pool = object()
+    cache_producer_pool(app.amqp, pool)
+    assert cached_producer_pool(app.amqp) is pool
+    assert app.amqp.producer_pool is pool  # where Celery's own property keeps it
+    app._after_fork()
+    assert cached_producer_pool(app.amqp) is None
+
+
+def test_cache_producer_pool_keeps_it_where_celerys_amqp_keeps_its_own() -> None:
+    from celery.app.amqp import AMQP
+
+    app = _app()
+    cache_producer_pool(app.amqp, "kept")
+    assert AMQP.producer_pool.fget(app.amqp) == "kept"
