@@ -120,6 +120,47 @@ def on_every_cli_app(callback: Callable[[Any], None]) -> Callable[[], None]:
     return remove
 
 
+# -- kombu messages and serializers -------------------------------------------------------------
+
+
+def serializer_decoders() -> dict[str, Callable[..., Any]] | None:
+    """kombu's decoders by content type (``kombu.serialization.registry._decoders``), or
+    None when the installed kombu keeps them elsewhere."""
+    from kombu.serialization import registry
+
+    decoders = getattr(registry, "_decoders", None)
+    return decoders if isinstance(decoders, dict) else None
+
+
+def set_message_state(message: Any, state: str) -> None:
+    """Record a kombu message acknowledged (``"ACK"``), rejected or requeued without telling
+    a broker (``Message._state``, which ``acknowledged`` reads)."""
+    message._state = state
+
+
+# -- canvas and tracing ----------------------------------------------------------------------
+
+
+def is_composite_signature(sig: Any) -> bool:
+    """Whether ``sig`` is a group, a chain or a chord rather than one task's signature
+    (``celery.canvas._chain`` and ``_chord``: the classes ``a | b`` and ``chord`` make)."""
+    from celery.canvas import _chain, _chord, group
+
+    return isinstance(sig, (group, _chain, _chord))
+
+
+def task_tracer(task: Any) -> Callable[..., Any] | None:
+    """The tracer the worker built for ``task`` (``Task.__trace__``), which runs it: None
+    until the worker builds one."""
+    tracer: Callable[..., Any] | None = getattr(task, "__trace__", None)
+    return tracer
+
+
+def set_task_tracer(task: Any, tracer: Callable[..., Any]) -> None:
+    """Make ``tracer`` what runs ``task`` in this worker (``Task.__trace__``)."""
+    task.__trace__ = tracer
+
+
 # -- private methods overridden by subclasses here ---------------------------------------------
 
 

@@ -38,6 +38,7 @@ from celery_ratchet.celery.compat import (
     forget_billiard_pool,
     forget_cached_backend,
     input_waiting,
+    is_composite_signature,
     is_lazy_generator_result,
     offer_pool,
     on_every_cli_app,
@@ -51,9 +52,13 @@ from celery_ratchet.celery.compat import (
     request_already_cancelled,
     request_already_revoked,
     request_terminates_on_ack,
+    serializer_decoders,
+    set_message_state,
+    set_task_tracer,
     signature_app,
     stop_pool_threads,
     take_input_lock,
+    task_tracer,
     unproxied,
     wrap_settings_censor,
 )
@@ -625,3 +630,68 @@ def test_cache_producer_pool_keeps_it_where_celerys_amqp_keeps_its_own() -> None
     app = _app()
     cache_producer_pool(app.amqp, "kept")
     assert AMQP.producer_pool.fget(app.amqp) == "kept"
+
+
+# -- kombu messages and serializers -------------------------------------------------------------
+
+
+def test_serializer_decoders_reads_kombus_registry_underscore_decoders() -> None:
+    from kombu.utils import json as kjson
+
+    decoders = serializer_decoders()
+    assert decoders is not None
+    assert decoders["application/json"] is kjson.loads
+
+
+def test_set_message_state_writes_kombus_message_underscore_state() -> None:
+    from kombu.message import Message
+
+    message = Message(body=b"{}", content_type="application/json")
+    assert not message.acknowledged
+    set_message_state(message, "ACK")
+    assert message.acknowledged
+    other = Message(body=b"{}", content_type="application/json")
+    set_message_state(other, "REJECTED")
+    assert other.acknowledged  # ended: kombu will not ack it again
+
+
+# -- canvas and tracing ----------------------------------------------------------------------
+
+
+def test_is_composite_signature_knows_celerys_underscore_chain_and_chord() -> None:
+    from celery import chain, chord, group
+
+    app = _app()
+
+    @app.task(shared=False)
+    def step() -> None:
+        pass
+
+    assert not is_composite_signature(step.s())
+    assert is_composite_signature(step.s() | step.s())
+    assert is_composite_signature(chain(step.s(), step.s()))
+    assert is_composite_signature(chord([step.s()], step.s()))
+    assert is_composite_signature(group([step.s()]))
+
+
+def test_task_tracer_and_set_task_tracer_are_what_celerys_trace_task_calls() -> None:
+    from celery.app.trace import trace_task
+
+    app = _app()
+
+    @app.task(shared=False)
+    def traced() -> None:
+        pass
+
+    task = app.tasks[traced.name]
+    assert task_tracer(task) is None  # built on first use
+    calls: list[str] = []
+
+    def tracer(uuid: str, args: Any, kwargs: Any, request: Any = None) -> str:
+        calls.append(uuid)
+        return "traced"
+
+    set_task_tracer(task, tracer)
+    assert task_tracer(task) is tracer
+    assert trace_task(task, "the-id", (), {}) == "traced"
+    assert calls == ["the-id"]
