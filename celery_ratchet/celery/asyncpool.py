@@ -284,6 +284,7 @@ class AsyncPool(BasePool):
         self.io.shutdown(wait=False)
 
     def _get_info(self) -> dict[str, Any]:
+        """``pool.info`` (``compat.BASE_POOL_GET_INFO_METHOD``), with the running count."""
         info: dict[str, Any] = super()._get_info()
         with self._lock:
             info.update({"max-concurrency": self.limit, "running": len(self._running)})

@@ -16,14 +16,17 @@ from celery import states
 from celery.backends.base import BaseBackend
 from celery.exceptions import TimeoutError
 from celery.result import GroupResult, result_from_tuple
-from celery.utils.functional import _regen
 from kombu.exceptions import EncodeError
 from kombu.serialization import loads
 from kombu.utils import json as kjson
 
 from celery_ratchet.celery import batches
 from celery_ratchet.celery.aio import offload
-from celery_ratchet.celery.compat import message_ignore_result_overrides_task
+from celery_ratchet.celery.compat import (
+    ensure_not_eager,
+    is_lazy_generator_result,
+    message_ignore_result_overrides_task,
+)
 from celery_ratchet.celery.message import CLAIM_HEADER, check_serializer, safe_accept
 from celery_ratchet.celery.pool import RUNNING, stop_mode
 from celery_ratchet.celery.sender import joined, note_chord_opened
@@ -106,11 +109,12 @@ class RatchetBackend(BaseBackend):
         return isinstance(exc, StoreUnavailable) and stop_mode() == RUNNING
 
     def _sleep(self, amount: float) -> None:
+        # compat.BACKEND_RETRY_SLEEP_METHOD: a stop ends the pause between two retries.
         deadline = time.monotonic() + amount
         while stop_mode() == RUNNING and time.monotonic() < deadline:
             time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
-    # -- writing ----------------------------------------------------------------------------
+    # -- writing (the storage methods Celery calls: compat.BACKEND_STORAGE_METHODS) ----
 
     def _store_result(
         self,
@@ -315,7 +319,7 @@ class RatchetBackend(BaseBackend):
     ) -> dict[str, Any]:
         """``AsyncResult.get()``: poll the row, first every 5 ms and then less often, up to
         ``interval`` — a result that is ready soon is seen soon, a slow one costs little."""
-        self._ensure_not_eager()
+        ensure_not_eager(self)
         started = last_interval = time.monotonic()
         nap = min(_FIRST_NAP, interval)
         while True:
@@ -362,7 +366,7 @@ class RatchetBackend(BaseBackend):
         created = batches.open_chord(self.app, header_result_args[0], body)
         # A header with groups inside (a chain ending in a group): keep its shape, so the
         # body gets nested results, as Celery's Redis backend does.
-        if not isinstance(header_result_args[1], _regen):
+        if not is_lazy_generator_result(header_result_args[1]):
             header = self.app.GroupResult(*header_result_args)
             if any(isinstance(r, GroupResult) for r in header.results):
                 header.save(backend=self)

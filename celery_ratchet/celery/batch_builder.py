@@ -14,6 +14,7 @@ from kombu.utils.uuid import uuid
 
 from celery_ratchet.celery import streams
 from celery_ratchet.celery.batches import BATCH_MARKER_TASK, batch_progress, encode_signature
+from celery_ratchet.celery.compat import current_app_object, signature_app
 from celery_ratchet.celery.sender import joined
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.batch import BatchKind, BatchSummary, NewBatch
@@ -130,7 +131,7 @@ class BatchBuilder:
     def submit(self) -> SubmittedBatch:
         if not self._children:
             raise ValueError(f"batch {self.name!r} has no children: call for_each() first")
-        app = self.app or self._children[0]._app or _current_app()
+        app = self.app or signature_app(self._children[0]) or _current_app()
         batch_id = uuid()
         on_success, on_failure, on_progress = self._frozen_callbacks()
         with joined(app) as conn:
@@ -169,6 +170,4 @@ def _encoded(sig: Signature | None) -> str | None:
 
 
 def _current_app() -> Celery:
-    from celery import current_app
-
-    return current_app._get_current_object()
+    return current_app_object()

@@ -12,6 +12,7 @@ from typing import Any
 
 from celery import Celery
 
+from celery_ratchet.celery.compat import unproxied
 from celery_ratchet.domain.breaker import BreakerConfig
 from celery_ratchet.domain.job import ClaimedJob
 from celery_ratchet.errors import ConfigurationError
@@ -38,7 +39,7 @@ def circuit_breaker(
     config = BreakerConfig(failure_rate, window, open_seconds, minimum_calls)
 
     def decorate(task: Any) -> Any:
-        target = task._get_current_object() if hasattr(task, "_get_current_object") else task
+        target = unproxied(task)
         setattr(target, ATTRIBUTE, (name, config))
         return task
 

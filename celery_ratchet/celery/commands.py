@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from celery import concurrency
 
+from celery_ratchet.celery.compat import offer_pool, on_every_cli_app
 from celery_ratchet.celery.install import install
 from celery_ratchet.celery.recurring import describe_beat_entry, register_beat_entry
 from celery_ratchet.celery.state import is_ratchet_app, ratchet_state
@@ -20,47 +20,21 @@ from celery_ratchet.errors import RatchetError
 
 POOL_ALIAS = "ratchet"
 ASYNC_POOL_ALIAS = "ratchet-async"
-concurrency.ALIASES.setdefault(POOL_ALIAS, "celery_ratchet.celery.pool:RatchetPool")
-concurrency.ALIASES.setdefault(ASYNC_POOL_ALIAS, "celery_ratchet.celery.asyncpool:AsyncPool")
+offer_pool(POOL_ALIAS, "celery_ratchet.celery.pool:RatchetPool")
+offer_pool(ASYNC_POOL_ALIAS, "celery_ratchet.celery.asyncpool:AsyncPool")
 
 
-def _offer_pool_choice() -> None:
-    try:
-        from celery.bin.worker import WORKERS_POOL
-    except ImportError:  # pragma: no cover - Celery without its CLI
-        return
-    for alias in (POOL_ALIAS, ASYNC_POOL_ALIAS):
-        if alias not in WORKERS_POOL.choices:
-            WORKERS_POOL.choices = (*WORKERS_POOL.choices, alias)
-
-
-_offer_pool_choice()
-
-
-def _install_on_every_command() -> None:
+def _install_if_ratchet_app(app: Any) -> None:
     """Make the app of every ``celery`` subcommand a ratchet app before it runs.
 
     An app becomes one when its tasks are bound (``task_cls``); commands that never bind
     them (``celery -A app events``, ``shell``) would otherwise reach for ``broker_url``.
     """
-    try:
-        from celery.bin.base import CLIContext
-    except ImportError:  # pragma: no cover - Celery without its CLI
-        return
-    if getattr(CLIContext, "_ratchet_wrapped", False):
-        return
-    original = CLIContext.__init__
-
-    def __init__(self: Any, app: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, app, *args, **kwargs)
-        if app is not None and is_ratchet_app(app):
-            install(app)
-
-    CLIContext.__init__ = __init__
-    CLIContext._ratchet_wrapped = True
+    if is_ratchet_app(app):
+        install(app)
 
 
-_install_on_every_command()
+on_every_cli_app(_install_if_ratchet_app)
 
 
 @click.group(name="ratchet", cls=RatchetGroup)

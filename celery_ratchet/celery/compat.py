@@ -1,15 +1,373 @@
-"""Celery internals that celery_ratchet's app and task classes rely on, one name each.
+"""Celery, kombu and billiard internals that celery_ratchet relies on, one name each.
 
-tests/unit/test_compat.py checks every one of them against the installed Celery, one test
-per name, so a Celery release that moves one fails the test named after it.
+Everything of theirs that is private (an underscore name, a method a subclass here overrides,
+an object replaced in place) is reached through this module only. tests/unit/test_compat.py
+checks every name against the installed releases, one test per name, so a release that
+moves one fails the test named after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from celery import Celery, current_app, current_task
+
 from celery_ratchet.errors import ConfigurationError
+
+# -- the app and Celery's proxies ------------------------------------------------------------
+
+
+def forget_cached_backend(app: Celery) -> None:
+    """Drop the result backend ``app.backend`` built already (cached in the thread-local
+    ``app._local``, Celery 4+), so that the next use builds it from ``result_backend``."""
+    app._local.__dict__.pop("backend", None)
+
+
+def current_app_object() -> Celery:
+    """The app behind Celery's ``current_app`` proxy (``Proxy._get_current_object``)."""
+    app: Celery = current_app._get_current_object()
+    return app
+
+
+def current_task_object() -> Any:
+    """The task running now, or None: what Celery's ``current_task`` proxy stands for
+    (``Proxy._get_current_object``)."""
+    return current_task._get_current_object()
+
+
+def unproxied(obj: Any) -> Any:
+    """``obj`` itself, or the object behind it when it is one of Celery's proxies (a task
+    decorated before its app is finalized; ``Proxy._get_current_object``)."""
+    return obj._get_current_object() if hasattr(obj, "_get_current_object") else obj
+
+
+def signature_app(sig: Any) -> Celery | None:
+    """The app a signature was made with, or None (``Signature._app``; its ``app`` property
+    falls back to ``current_app``)."""
+    app: Celery | None = sig._app
+    return app
+
+
+# -- settings --------------------------------------------------------------------------------
+
+SettingsFilter = Callable[[Mapping[str, Any]], dict[str, Any]]
+_WRAPPED_MARK = "_ratchet"
+
+
+def wrap_settings_censor(wrap: Callable[[SettingsFilter], SettingsFilter]) -> None:
+    """Replace ``celery.app.utils.filter_hidden_settings`` (which ``app.conf.table()`` and
+    ``celery report`` look up in its module at each call) with ``wrap(current)``. Once per
+    process: a second call changes nothing."""
+    from celery.app import utils
+
+    current = utils.filter_hidden_settings
+    if getattr(current, _WRAPPED_MARK, False):
+        return
+    wrapped = wrap(current)
+    setattr(wrapped, _WRAPPED_MARK, True)
+    utils.filter_hidden_settings = wrapped
+
+
+# -- the celery program ------------------------------------------------------------------------
+
+
+def offer_pool(alias: str, path: str) -> None:
+    """Make ``alias`` a pool: one Celery resolves (``celery.concurrency.ALIASES``) and one
+    ``celery worker --pool`` accepts (the choices of ``celery.bin.worker.WORKERS_POOL``,
+    fixed when Celery's CLI is imported)."""
+    from celery import concurrency
+
+    concurrency.ALIASES.setdefault(alias, path)
+    try:
+        from celery.bin.worker import WORKERS_POOL
+    except ImportError:  # pragma: no cover - Celery without its CLI
+        return
+    if alias not in WORKERS_POOL.choices:
+        WORKERS_POOL.choices = (*WORKERS_POOL.choices, alias)
+
+
+_CLI_APP_CALLBACKS: list[Callable[[Any], None]] = []
+_CLI_WRAPPED_MARK = "_ratchet_wrapped"
+
+
+def on_every_cli_app(callback: Callable[[Any], None]) -> Callable[[], None]:
+    """Call ``callback(app)`` whenever a ``celery`` subcommand builds its context (wraps
+    ``celery.bin.base.CLIContext.__init__``), before the command runs; an app of None is not
+    passed on. Returns what takes the callback out again."""
+    try:
+        from celery.bin.base import CLIContext
+    except ImportError:  # pragma: no cover - Celery without its CLI
+        return lambda: None
+    if callback not in _CLI_APP_CALLBACKS:
+        _CLI_APP_CALLBACKS.append(callback)
+    if not getattr(CLIContext, _CLI_WRAPPED_MARK, False):
+        original = CLIContext.__init__
+
+        def __init__(self: Any, app: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, app, *args, **kwargs)
+            if app is not None:
+                for each in list(_CLI_APP_CALLBACKS):
+                    each(app)
+
+        CLIContext.__init__ = __init__
+        setattr(CLIContext, _CLI_WRAPPED_MARK, True)
+
+    def remove() -> None:
+        if callback in _CLI_APP_CALLBACKS:
+            _CLI_APP_CALLBACKS.remove(callback)
+
+    return remove
+
+
+# -- kombu messages and serializers -------------------------------------------------------------
+
+
+def serializer_decoders() -> dict[str, Callable[..., Any]] | None:
+    """kombu's decoders by content type (``kombu.serialization.registry._decoders``), or
+    None when the installed kombu keeps them elsewhere."""
+    from kombu.serialization import registry
+
+    decoders = getattr(registry, "_decoders", None)
+    return decoders if isinstance(decoders, dict) else None
+
+
+def set_message_state(message: Any, state: str) -> None:
+    """Record a kombu message acknowledged (``"ACK"``), rejected or requeued without telling
+    a broker (``Message._state``, which ``acknowledged`` reads)."""
+    message._state = state
+
+
+# -- canvas and tracing ----------------------------------------------------------------------
+
+
+def is_composite_signature(sig: Any) -> bool:
+    """Whether ``sig`` is a group, a chain or a chord rather than one task's signature
+    (``celery.canvas._chain`` and ``_chord``: the classes ``a | b`` and ``chord`` make)."""
+    from celery.canvas import _chain, _chord, group
+
+    return isinstance(sig, (group, _chain, _chord))
+
+
+def task_tracer(task: Any) -> Callable[..., Any] | None:
+    """The tracer the worker built for ``task`` (``Task.__trace__``), which runs it: None
+    until the worker builds one."""
+    tracer: Callable[..., Any] | None = getattr(task, "__trace__", None)
+    return tracer
+
+
+def set_task_tracer(task: Any, tracer: Callable[..., Any]) -> None:
+    """Make ``tracer`` what runs ``task`` in this worker (``Task.__trace__``)."""
+    task.__trace__ = tracer
+
+
+# -- private methods overridden by subclasses here ---------------------------------------------
+
+
+def private_method(owner: type, name: str) -> Callable[..., Any]:
+    """``owner.<name>``, a private method that a subclass here overrides (its name is one of
+    the ``*_METHOD`` constants below); AttributeError, naming it, when the release has none."""
+    method: Callable[..., Any] | None = getattr(owner, name, None)
+    if not callable(method):
+        raise AttributeError(f"{owner.__module__}.{owner.__qualname__} has no method {name!r}")
+    return method
+
+
+#: ``celery.concurrency.base.BasePool._get_info``: what ``pool.info`` (``inspect stats``)
+#: returns; ``AsyncPool`` adds its own numbers to it.
+BASE_POOL_GET_INFO_METHOD = "_get_info"
+
+#: ``kombu.transport.virtual.Channel._purge``: what ``queue_purge`` (``celery purge``) calls;
+#: the worker's in-memory ``Channel`` also deletes the queue's pending jobs.
+CHANNEL_PURGE_METHOD = "_purge"
+
+#: ``celery.app.amqp.AMQP._create_task_sender``: builds ``amqp.send_task_message``;
+#: ``RatchetAMQP`` builds one that writes the job to the store (its body follows Celery's).
+AMQP_CREATE_TASK_SENDER_METHOD = "_create_task_sender"
+
+#: ``kombu.Connection._reraise_as_library_errors``: ``Celery.send_task`` enters it on the
+#: producer's connection; the stand-in connection of a ratchet producer has one too.
+CONNECTION_RERAISE_METHOD = "_reraise_as_library_errors"
+
+#: The methods of ``celery.backends.base.BaseBackend`` a backend implements to store
+#: results, called by its public ones (``store_result``, ``get_task_meta``, ``forget``,
+#: ``save_group``, ``restore_group``, ``delete_group``).
+BACKEND_STORAGE_METHODS = (
+    "_store_result",
+    "_get_task_meta_for",
+    "_forget",
+    "_save_group",
+    "_restore_group",
+    "_delete_group",
+)
+
+#: ``celery.backends.base.BaseBackend._sleep``: the pause between two retries of a result
+#: write (``result_backend_always_retry``); ``RatchetBackend`` ends it when the worker stops.
+BACKEND_RETRY_SLEEP_METHOD = "_sleep"
+
+#: ``celery.worker.request.Request._announce_revoked``: every revoke of a request Celery
+#: acts on (revoked before it ran, terminated, expired) ends in it.
+REQUEST_ANNOUNCE_REVOKED_METHOD = "_announce_revoked"
+
+
+# -- the worker's requests -----------------------------------------------------------------
+
+
+def request_already_revoked(request: Any) -> bool:
+    """Whether Celery announced the request revoked already (``Request._already_revoked``)."""
+    return bool(getattr(request, "_already_revoked", False))
+
+
+def request_already_cancelled(request: Any) -> bool:
+    """Whether Celery cancelled the running request, to retry it (``Request.
+    _already_cancelled``, set by ``cancel``)."""
+    return bool(getattr(request, "_already_cancelled", False))
+
+
+def request_terminates_on_ack(request: Any) -> bool:
+    """Whether a terminate was asked before a pool process took the request, to be carried
+    out when one does (``Request._terminate_on_ack``)."""
+    return request._terminate_on_ack is not None
+
+
+# -- sending ---------------------------------------------------------------------------------
+
+
+def cached_producer_pool(amqp: Any) -> Any:
+    """The producer pool ``amqp`` made already, or None (``AMQP._producer_pool``, which
+    ``Celery._after_fork`` clears in a forked process)."""
+    return amqp.__dict__.get("_producer_pool")
+
+
+def cache_producer_pool(amqp: Any, pool: Any) -> None:
+    """Keep ``pool`` as ``amqp``'s producer pool where Celery keeps its own
+    (``AMQP._producer_pool``), so that a forked process makes a new one."""
+    amqp._producer_pool = pool
+
+
+# -- results ---------------------------------------------------------------------------------
+
+
+def ensure_not_eager(backend: Any) -> None:
+    """Celery's warning that an eager task's result is not stored (``BaseBackend.
+    _ensure_not_eager``), given before waiting for one."""
+    backend._ensure_not_eager()
+
+
+def is_lazy_generator_result(value: Any) -> bool:
+    """Whether ``value`` is Celery's lazily evaluated list (``celery.utils.functional.
+    _regen``, what ``regen`` makes of a generator): a chord header of plain tasks."""
+    from celery.utils.functional import _regen
+
+    return isinstance(value, _regen)
+
+
+# -- billiard's pool (``celery worker -P ratchet``) -------------------------------------------
+
+#: ``billiard.pool.Pool._help_stuff_finish``: the pool's end drains its input queue with it;
+#: ``_BlockingPool`` overrides it so that a lock taken by a dead process is not waited for.
+POOL_HELP_STUFF_FINISH_METHOD = "_help_stuff_finish"
+
+
+def billiard_pool_of(task_pool: Any) -> Any:
+    """The billiard pool that Celery's prefork pool runs (``TaskPool._pool``), or None
+    before it starts."""
+    return task_pool._pool
+
+
+def forget_billiard_pool(task_pool: Any) -> None:
+    """Celery's prefork pool has no billiard pool any more (``TaskPool._pool = None``, as its
+    own ``on_stop`` leaves it)."""
+    task_pool._pool = None
+
+
+def pool_state(pool: Any) -> int:
+    """The billiard pool's state (``Pool._state``): ``billiard.pool.RUN``, ``CLOSE`` or
+    ``TERMINATE``."""
+    state: int = pool._state
+    return state
+
+
+def pool_processes(pool: Any) -> list[Any]:
+    """The billiard pool's processes, a copy of the list (``Pool._pool``)."""
+    return list(pool._pool)
+
+
+def process_started(process: Any) -> bool:
+    """Whether a billiard process was started and not joined yet (``Process._popen``)."""
+    return process._popen is not None
+
+
+def pool_unfinished_jobs(pool: Any) -> list[Any]:
+    """The jobs the billiard pool was given and has no result for yet (``Pool._cache``)."""
+    return [job for job in list(pool._cache.values()) if not job.ready()]
+
+
+def pool_task_handler_alive(pool: Any) -> bool:
+    """Whether the billiard pool's thread that hands jobs to its input queue still runs
+    (``Pool._task_handler``)."""
+    return bool(pool._task_handler.is_alive())
+
+
+def pool_input_queue(pool: Any) -> Any:
+    """The queue the billiard pool's processes take their jobs from (``Pool._inqueue``)."""
+    return pool._inqueue
+
+
+def take_input_lock(inqueue: Any, timeout: float) -> bool:
+    """Take the lock a process holds while it waits for its next job (``SimpleQueue._rlock``),
+    giving up after ``timeout`` seconds; it is not released again."""
+    return bool(inqueue._rlock.acquire(timeout=timeout))
+
+
+def input_waiting(inqueue: Any) -> bool:
+    """Whether a job waits in the input queue (``SimpleQueue._reader.poll()``)."""
+    return bool(inqueue._reader.poll())
+
+
+def discard_input(inqueue: Any) -> None:
+    """Take the next job out of the input queue, unread (``SimpleQueue._reader.recv()``)."""
+    inqueue._reader.recv()
+
+
+def close_pool_at_once(pool: Any) -> None:
+    """billiard's ``Pool.close``, without waiting for its supervisor thread to notice (it
+    sleeps most of a second between two looks): ``_state``, ``_putlock``,
+    ``_worker_handler`` and ``_taskqueue``, as billiard 4 sets them."""
+    from billiard import pool as billiard_pool
+
+    if pool._state == billiard_pool.RUN:
+        pool._state = billiard_pool.CLOSE
+        if pool._putlock:
+            pool._putlock.clear()
+        pool._worker_handler.close()
+        pool._taskqueue.put(None)
+
+
+def stop_pool_threads(pool: Any) -> None:
+    """End a billiard pool whose processes are gone without joining its threads, each asleep
+    for up to a second: its finalizer (``_terminate``) is cancelled, its state made
+    TERMINATE, and its handler threads (``_worker_handler``, ``_task_handler``,
+    ``_result_handler``, ``_timeout_handler``) told to stop."""
+    from billiard import pool as billiard_pool
+
+    pool._terminate.cancel()
+    pool._state = billiard_pool.TERMINATE
+    for thread in (pool._worker_handler, pool._task_handler, pool._result_handler):
+        thread.terminate()
+    if pool._timeout_handler is not None:
+        pool._timeout_handler.terminate()
+
+
+def exit_as_billiard_does(signum: int, frame: Any) -> None:
+    """What a billiard pool process does on a stop signal (``billiard.common.
+    _shutdown_cleanup``): exits through its ``finally`` blocks (``sys.exit``)."""
+    from billiard.common import _shutdown_cleanup
+
+    _shutdown_cleanup(signum, frame)
+
+
+# -- task classes ------------------------------------------------------------------------------
 
 #: The methods Celery's Django task class adds (``celery.contrib.django.task.DjangoTask``),
 #: which Celery gives an app only when it sets no task class of its own.
@@ -55,7 +413,5 @@ def wrap_group_apply_async(wrap: Callable[[Callable[..., Any]], Callable[..., An
 
 def group_tasks_are_lazy(group: Any) -> bool:
     """Whether a group's members come from a generator that Celery reads as it sends them
-    (``celery.utils.functional._regen``, what ``group(<generator>)`` keeps)."""
-    from celery.utils.functional import _regen
-
-    return isinstance(getattr(group, "tasks", None), _regen)
+    (see :func:`is_lazy_generator_result`: what ``group(<generator>)`` keeps)."""
+    return is_lazy_generator_result(getattr(group, "tasks", None))

@@ -29,6 +29,7 @@ from celery_ratchet.celery.backend import exception_record
 from celery_ratchet.celery.breaker import lookup as breaker_lookup
 from celery_ratchet.celery.breaker import parse as parse_breaker
 from celery_ratchet.celery.capacity import capacity_for
+from celery_ratchet.celery.compat import request_already_revoked, request_terminates_on_ack
 from celery_ratchet.celery.fencing import fence_tracers
 from celery_ratchet.celery.housekeeping import register_archiver
 from celery_ratchet.celery.message import JobMessage, runs_code, safe_accept, serializer_name
@@ -229,7 +230,7 @@ def _revoke_started(consumer: Any, job_id: str, request: str) -> None:
     if started and request == REVOKE_ONLY:
         return
     # Terminated already by the revoke broadcast's own handler (`celery control terminate`).
-    if getattr(queued, "_already_revoked", False) or queued._terminate_on_ack is not None:
+    if request_already_revoked(queued) or request_terminates_on_ack(queued):
         return
     pool = consumer.pool
     # Prefork sets terminate_job on the instance when it starts; the base one only raises.

@@ -23,6 +23,7 @@ from celery.exceptions import Ignore
 from celery.states import IGNORED
 
 from celery_ratchet.celery.aio import offload
+from celery_ratchet.celery.compat import set_task_tracer, task_tracer
 from celery_ratchet.celery.message import CLAIM_HEADER, FENCE_HEADER
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.errors import StoreBusy, StoreUnavailable
@@ -48,9 +49,9 @@ class ClaimUnconfirmed(NotStarted):
 def fence_tracers(app: Celery) -> None:
     """Wrap the tracer of every task of ``app`` in this process with the claim check."""
     for task in app.tasks.values():
-        tracer = getattr(task, "__trace__", None)
+        tracer = task_tracer(task)
         if tracer is not None and not getattr(tracer, _FENCED, False):
-            task.__trace__ = _fenced(app, tracer)
+            set_task_tracer(task, _fenced(app, tracer))
 
 
 def _fenced(app: Celery, tracer: Callable[..., Any]) -> Callable[..., Any]:

@@ -7,9 +7,10 @@ import contextlib
 import logging
 from typing import Any
 
-from celery import Celery, current_task
+from celery import Celery
 
 from celery_ratchet.celery import recurring
+from celery_ratchet.celery.compat import current_task_object
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.schedule import MisfirePolicy
 
@@ -88,7 +89,7 @@ class JobLogger:
 
 def job_logger() -> JobLogger:
     """The job log of the task running now: ``celery_ratchet.job_logger().info("...")``."""
-    task = current_task._get_current_object()
+    task = current_task_object()
     if task is None or not getattr(task.request, "id", None):
         raise RuntimeError("job_logger() writes to the running job's log: call it inside a task")
     return JobLogger(task)

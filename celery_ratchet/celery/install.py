@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery, signals
-from celery.app import utils as celery_app_utils
 
 from celery_ratchet.celery import batches, flower, housekeeping, lazy_groups, retry, workflows
+from celery_ratchet.celery.compat import SettingsFilter, forget_cached_backend, wrap_settings_censor
 from celery_ratchet.celery.consumer import JobConsumer
 from celery_ratchet.celery.message import safe_accept
 from celery_ratchet.celery.sender import follow_held_keys
@@ -64,10 +64,10 @@ def censor_ratchet_urls() -> None:
     """Teach Celery's censoring of settings (``filter_hidden_settings``, used by
     ``celery report`` and ``app.conf.table()``) the ratchet URL settings: it masks only
     settings named like its own secrets. Installed once per process; idempotent."""
-    current = celery_app_utils.filter_hidden_settings
-    if getattr(current, "_ratchet", False):
-        return
+    wrap_settings_censor(_masking_ratchet_urls)
 
+
+def _masking_ratchet_urls(current: SettingsFilter) -> SettingsFilter:
     def filter_hidden_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
         filtered = current(conf)
         return {
@@ -77,8 +77,7 @@ def censor_ratchet_urls() -> None:
             for key, value in filtered.items()
         }
 
-    filter_hidden_settings._ratchet = True  # type: ignore[attr-defined]
-    celery_app_utils.filter_hidden_settings = filter_hidden_settings
+    return filter_hidden_settings
 
 
 def _on_configured(sender: Celery, **_: Any) -> None:
@@ -91,7 +90,7 @@ def apply_defaults(app: Celery) -> None:
     backend = conf.result_backend
     if not backend:
         conf.result_backend = "ratchet://"
-        app._local.__dict__.pop("backend", None)
+        forget_cached_backend(app)
     elif isinstance(backend, str) and backend.startswith("rpc"):
         raise ConfigurationError(
             "result_backend 'rpc://' sends results over the broker, and a ratchet app has none; "

@@ -17,6 +17,7 @@ from kombu.message import Message as KombuMessage
 from kombu.serialization import dumps, prepare_accept_content, registry
 from kombu.utils import json as kjson
 
+from celery_ratchet.celery.compat import serializer_decoders, set_message_state
 from celery_ratchet.domain.job import (
     ClaimedJob,
     JobStatus,
@@ -69,8 +70,8 @@ def runs_code(content_type: str) -> bool:
     if name in _CODE_RUNNING_SERIALIZERS or content_type == _PICKLE_TYPE:
         return True
     if content_type == _YAML_TYPE:
-        decoders = getattr(registry, "_decoders", None)
-        if not isinstance(decoders, dict):
+        decoders = serializer_decoders()
+        if decoders is None:
             return True  # cannot tell which loader decodes it: assume the worst
         decoder = decoders.get(content_type)
         return decoder is not None and getattr(decoder, "__module__", None) != (
@@ -329,10 +330,10 @@ class JobMessage(KombuMessage):
             self._on_end(self.job, status, error, traceback, failed)
 
     def ack(self, multiple: bool = False) -> None:
-        self._state = "ACK"
+        set_message_state(self, "ACK")
 
     def reject(self, requeue: bool = False) -> None:
-        self._state = "REQUEUED" if requeue else "REJECTED"
+        set_message_state(self, "REQUEUED" if requeue else "REJECTED")
         if requeue:
             self.end(JobStatus.PENDING)
         else:

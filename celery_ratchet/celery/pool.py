@@ -21,11 +21,26 @@ from collections.abc import Callable
 from typing import Any
 
 from billiard import pool as billiard_pool
-from billiard.common import _shutdown_cleanup
 from billiard.einfo import ExceptionInfo
 from billiard.sharedctypes import RawValue
 from celery.concurrency.prefork import TaskPool
 
+from celery_ratchet.celery.compat import (
+    billiard_pool_of,
+    close_pool_at_once,
+    discard_input,
+    exit_as_billiard_does,
+    forget_billiard_pool,
+    input_waiting,
+    pool_input_queue,
+    pool_processes,
+    pool_state,
+    pool_task_handler_alive,
+    pool_unfinished_jobs,
+    process_started,
+    stop_pool_threads,
+    take_input_lock,
+)
 from celery_ratchet.celery.state import ratchet_state
 
 logger = logging.getLogger(__name__)
@@ -123,7 +138,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         time.sleep(0.01)
     if _STOP.value == WARM:
         return
-    _shutdown_cleanup(signum, frame)  # billiard's own: exits through the finally blocks
+    exit_as_billiard_does(signum, frame)
 
 
 class _Worker(billiard_pool.Worker):
@@ -137,22 +152,18 @@ class _BlockingPool(billiard_pool.Pool):
 
     @staticmethod
     def _help_stuff_finish(inqueue: Any, task_handler: Any, _pool: Any) -> None:
-        # The input lock is held by whichever process waits for the next job; a process
-        # killed while it waited never releases it. Without it there is nothing to drain.
-        if not inqueue._rlock.acquire(timeout=_INPUT_LOCK_SECONDS):
+        """billiard's (``compat.POOL_HELP_STUFF_FINISH_METHOD``), without waiting for ever.
+
+        The input lock is held by whichever process waits for the next job; a process
+        killed while it waited never releases it. Without it there is nothing to drain."""
+        if not take_input_lock(inqueue, _INPUT_LOCK_SECONDS):
             return
-        while task_handler.is_alive() and inqueue._reader.poll():
-            inqueue._reader.recv()
+        while task_handler.is_alive() and input_waiting(inqueue):
+            discard_input(inqueue)
 
     def close(self) -> None:
-        # As billiard's, without waiting for the supervisor thread to notice (it sleeps
-        # most of a second between two looks): it is stopped with the others at the end.
-        if self._state == billiard_pool.RUN:  # type: ignore[has-type]
-            self._state = billiard_pool.CLOSE
-            if self._putlock:
-                self._putlock.clear()
-            self._worker_handler.close()
-            self._taskqueue.put(None)
+        # The supervisor thread is stopped with the others at the end.
+        close_pool_at_once(self)
 
     def finish(self) -> None:
         """After :meth:`close`: the running jobs finish, those still queued are skipped
@@ -162,25 +173,20 @@ class _BlockingPool(billiard_pool.Pool):
         logger.debug("ratchet: pool: no job running; waiting for the processes to exit")
         # A process that got the marker exits about a second later (billiard's own pause).
         deadline = time.monotonic() + _CHILD_EXIT_SECONDS
-        for process in list(self._pool):
-            if process._popen is not None:
+        for process in pool_processes(self):
+            if process_started(process):
                 process.join(max(0.0, deadline - time.monotonic()))
         request_stop(cold=True)  # a process still there is idle, or stuck: it may die
-        for process in list(self._pool):
+        for process in pool_processes(self):
             if process.exitcode is None:
                 process.terminate()
-        for process in list(self._pool):
-            if process._popen is not None:
+        for process in pool_processes(self):
+            if process_started(process):
                 process.join(_INPUT_LOCK_SECONDS)
         # Nothing is left for the pool's threads (daemons) to do; billiard's own clean-up
         # would join each of them, each asleep for up to a second.
         logger.debug("ratchet: pool: processes ended")
-        self._terminate.cancel()
-        self._state = billiard_pool.TERMINATE
-        for thread in (self._worker_handler, self._task_handler, self._result_handler):
-            thread.terminate()
-        if self._timeout_handler is not None:
-            self._timeout_handler.terminate()
+        stop_pool_threads(self)
 
 
 class RatchetPool(TaskPool):
@@ -200,8 +206,8 @@ class RatchetPool(TaskPool):
     def on_stop(self) -> None:
         """Warm: jobs waiting in the pool are handed back, running ones finish; then the
         pool ends without waiting on processes that are gone or jobs that cannot end."""
-        pool: Any = self._pool  # type: ignore[has-type]
-        if pool is None or pool._state not in (billiard_pool.RUN, billiard_pool.CLOSE):
+        pool = billiard_pool_of(self)
+        if pool is None or pool_state(pool) not in (billiard_pool.RUN, billiard_pool.CLOSE):
             return
         request_stop()
         _quiesce(self.app, wait=False)
@@ -211,7 +217,7 @@ class RatchetPool(TaskPool):
             pool.finish()
         else:
             pool.terminate()
-        self._pool = None
+        forget_billiard_pool(self)
 
     def on_terminate(self) -> None:
         request_stop(cold=True)
@@ -239,13 +245,13 @@ def _wait_for_running(pool: Any) -> None:
     quiet_since = time.monotonic()
     pending = -1
     while True:
-        alive = {p.pid for p in list(pool._pool) if p.exitcode is None}
-        jobs = [job for job in list(pool._cache.values()) if not job.ready()]
+        alive = {p.pid for p in pool_processes(pool) if p.exitcode is None}
+        jobs = pool_unfinished_jobs(pool)
         if not any(pid in alive for job in jobs for pid in job.worker_pids()):
             queued = [job for job in jobs if not job.worker_pids()]
             if not queued or not alive:
                 return
-            handed_over = pool._task_handler.is_alive() or pool._inqueue._reader.poll()
+            handed_over = pool_task_handler_alive(pool) or input_waiting(pool_input_queue(pool))
             if not handed_over:
                 return
             if len(queued) != pending:

@@ -17,6 +17,7 @@ from celery.schedules import crontab
 from celery.schedules import schedule as interval_schedule
 from kombu.utils import json as kjson
 
+from celery_ratchet.celery.compat import unproxied
 from celery_ratchet.celery.options import HEADER
 from celery_ratchet.celery.sender import JobBatch
 from celery_ratchet.celery.state import ratchet_state
@@ -91,7 +92,7 @@ def recurring(
     )
 
     def decorate(task: Any) -> Any:
-        target = task._get_current_object() if hasattr(task, "_get_current_object") else task
+        target = unproxied(task)
         _check_takes_no_arguments(target)
         _retry_on_failure(target, options)
         setattr(target, _ATTR, options)

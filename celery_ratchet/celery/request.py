@@ -20,6 +20,7 @@ from celery.worker.request import Request
 from celery.worker.state import task_ready
 
 from celery_ratchet.celery.backend import RatchetBackend, exception_record
+from celery_ratchet.celery.compat import request_already_cancelled, request_already_revoked
 from celery_ratchet.celery.fencing import ClaimGone, ClaimUnconfirmed
 from celery_ratchet.celery.message import JobMessage, retry_of
 from celery_ratchet.celery.pool import RUNNING, HandedBack, stop_mode
@@ -48,7 +49,7 @@ class RatchetRequest(Request):
         job's message carried, as stock reports it, not the row's (its default when the
         sender gave none)."""
         info: dict[str, Any] = super().info(safe=safe)
-        message = self._message
+        message = self.message
         if isinstance(message, JobMessage) and isinstance(info.get("delivery_info"), dict):
             info["delivery_info"] = {**info["delivery_info"], "priority": message.sent_priority}
         return info
@@ -61,7 +62,7 @@ class RatchetRequest(Request):
         *,
         failed: bool | None = None,
     ) -> None:
-        message = self._message
+        message = self.message
         if isinstance(message, JobMessage):
             error = exception_record(exc) if exc is not None else None
             message.end(status, error, traceback, failed=failed)
@@ -83,7 +84,7 @@ class RatchetRequest(Request):
 
     def _end_success(self) -> None:
         # Where the task's result went to the store, that write already finished the row.
-        stored = not self._ignore_result and isinstance(self._task.backend, RatchetBackend)
+        stored = not self.ignore_result and isinstance(self.task.backend, RatchetBackend)
         self._end(None if stored else JobStatus.SUCCEEDED, failed=False)
 
     def on_failure(
@@ -129,7 +130,7 @@ class RatchetRequest(Request):
             elif isinstance(exc, Terminated):
                 self._end(JobStatus.REVOKED, exc)
             elif isinstance(exc, (SystemExit, KeyboardInterrupt)) and (
-                self._already_cancelled or self._already_revoked
+                request_already_cancelled(self) or request_already_revoked(self)
             ):
                 self._end(JobStatus.PENDING)
             else:
@@ -147,24 +148,25 @@ class RatchetRequest(Request):
     def _retry_after(self, exc: BaseException) -> bool:
         """A failure the task never saw (its process was killed at the hard time limit)
         goes through the same retry decision as one it raised: reschedule the row."""
-        message = self._message
+        message = self.message
         if not isinstance(message, JobMessage):
             return False
-        request = SimpleNamespace(**{str(k): v for k, v in self._request_dict.items()})
-        decision = decision_for(self._task.app, self._task, request, exc)
+        request = SimpleNamespace(**{str(k): v for k, v in self.request_dict.items()})
+        decision = decision_for(self.task.app, self.task, request, exc)
         if decision is None or not decision.retry:
             return False
         retried = retry_of(message.job, decision.delay)
-        if not ratchet_state(self._task.app).store.replace_running(message.job.token, retried):
+        if not ratchet_state(self.task.app).store.replace_running(message.job.token, retried):
             return False
         logger.warning(
             "ratchet: task %s[%s] %s; retry %d in %.1fs",
-            self._task.name, self.id, exc, retried.attempts, decision.delay,
+            self.task.name, self.id, exc, retried.attempts, decision.delay,
         )  # fmt: skip
         self._end(None, failed=True)
         return True
 
     def _announce_revoked(self, reason: str, terminated: bool, signum: Any, expired: bool) -> None:
+        """Celery's (``compat.REQUEST_ANNOUNCE_REVOKED_METHOD``), then the row is revoked."""
         try:
             super()._announce_revoked(reason, terminated, signum, expired)
         finally:

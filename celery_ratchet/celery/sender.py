@@ -28,6 +28,7 @@ from kombu.common import Broadcast
 from kombu.connection import Connection
 
 from celery_ratchet.celery import options as options_
+from celery_ratchet.celery.compat import cache_producer_pool, cached_producer_pool
 from celery_ratchet.celery.django_db import (
     AFTER_COMMIT,
     django_transaction_of,
@@ -67,8 +68,9 @@ class _NoConnections:
 class _NoBrokerConnection:
     """What ``send_task`` and Celery's event dispatcher ask of a producer's connection.
 
-    ``send_task`` only wraps the send in ``_reraise_as_library_errors``; anything else (custom
-    task events) gets a connection to the in-process transport, made on first use.
+    ``send_task`` only wraps the send in ``_reraise_as_library_errors`` (``compat.
+    CONNECTION_RERAISE_METHOD``); anything else (custom task events) gets a connection to
+    the in-process transport, made on first use.
     """
 
     def __init__(self) -> None:
@@ -223,9 +225,10 @@ class JobBatchPool:
 class RatchetAMQP(AMQP):
     @property
     def producer_pool(self) -> JobBatchPool:
-        pool: JobBatchPool | None = self.__dict__.get("_producer_pool")
+        pool: JobBatchPool | None = cached_producer_pool(self)
         if pool is None:
-            pool = self._producer_pool = JobBatchPool(self.app)
+            pool = JobBatchPool(self.app)
+            cache_producer_pool(self, pool)
         return pool
 
     publisher_pool = producer_pool
@@ -238,6 +241,8 @@ class RatchetAMQP(AMQP):
         return connection
 
     def _create_task_sender(self) -> Any:
+        """Celery's (``compat.AMQP_CREATE_TASK_SENDER_METHOD``), its options read the same
+        way, with a send that writes the job to the store instead of publishing it."""
         app = self.app
         amqp = self
         conf = app.conf

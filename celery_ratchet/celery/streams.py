@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
-from celery.canvas import Signature, _chain, _chord, group, maybe_signature
+from celery.canvas import Signature, maybe_signature
 from kombu.utils.uuid import uuid
 
 from celery_ratchet.celery.batches import (
@@ -29,6 +29,7 @@ from celery_ratchet.celery.batches import (
     finish,
     finish_stalled,
 )
+from celery_ratchet.celery.compat import is_composite_signature
 from celery_ratchet.celery.sender import JobBatch, current_transaction
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.batch import (
@@ -201,7 +202,7 @@ def _chunks(items: Iterable[Any], size: int, tick: Callable[[], None]) -> Iterat
 
 def _child_signature(make: Callable[[Any], Any], argument: Any, app: Celery) -> Signature:
     sig = maybe_signature(make(argument), app=app)
-    if not isinstance(sig, Signature) or isinstance(sig, (group, _chain, _chord)):
+    if not isinstance(sig, Signature) or is_composite_signature(sig):
         raise TypeError(
             f"stream: {make!r} returned {sig!r}; it must return one task's signature (pass "
             "`task.s`, not `task`; groups, chains and chords cannot be streamed)"

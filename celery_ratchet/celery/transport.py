@@ -39,8 +39,8 @@ def wake() -> None:
 
 class Channel(memory.Channel):
     def _purge(self, queue: str) -> int:
-        """``celery purge``: the pending jobs of ``queue`` are deleted from the store, and
-        their number is what was purged."""
+        """``celery purge`` (``compat.CHANNEL_PURGE_METHOD``): the pending jobs of ``queue``
+        are deleted from the store, and their number is what was purged."""
         purged = int(super()._purge(queue) or 0)
         app = getattr(self.connection.client, "ratchet_app", None)
         if app is None:

@@ -39,6 +39,7 @@ from celery.result import AsyncResult
 
 from celery_ratchet.celery.backend import exception_record
 from celery_ratchet.celery.batches import decode_signature, encode_signature, send_within
+from celery_ratchet.celery.compat import current_app_object, signature_app
 from celery_ratchet.celery.sender import joined
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
@@ -160,7 +161,7 @@ class WorkflowBuilder:
         """Sent when the parent succeeds and ``predicate(result)`` is true; ``predicate`` is
         the import path of a function, ``"package.module:function"``, allowed with
         ``@celery_ratchet.predicate`` or by ``ratchet_predicate_modules``."""
-        _load_predicate(self.app or self.parent._app or _current_app(), predicate)
+        _load_predicate(self.app or signature_app(self.parent) or _current_app(), predicate)
         return self._add(RESULT, sig, name, predicate=predicate)
 
     def join(self, names: Sequence[str], sig: Any) -> WorkflowBuilder:
@@ -198,7 +199,7 @@ class WorkflowBuilder:
         if not self._branches:
             raise WorkflowError("a workflow needs at least one branch; send the task instead")
         parent = self.parent.clone()
-        app = self.app or parent._app or _current_app()
+        app = self.app or signature_app(parent) or _current_app()
         for b in self._branches:
             if b.predicate is not None:
                 _load_predicate(app, b.predicate)
@@ -238,9 +239,7 @@ def _load_predicate(app: Celery, path: str) -> Callable[[Any], Any]:
 
 
 def _current_app() -> Celery:
-    from celery import current_app
-
-    return current_app._get_current_object()
+    return current_app_object()
 
 
 def advance(app: Celery, parent_id: str, result: Any, failed: bool) -> list[str]:
