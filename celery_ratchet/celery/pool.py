@@ -107,6 +107,10 @@ def guard(pool: Any, refused: Callable[[str], None]) -> None:
     apply = pool.on_apply
     if getattr(apply, "ratchet_guarded", False):
         return
+    # Threads and solo run what they accept, and :func:`guarded` there hands back a job
+    # that starts after the stop: only a job they refused is ours to hand back. Handed back
+    # after it was accepted, a job that had just started would run on under a lost claim.
+    in_child_processes = isinstance(pool, TaskPool)
 
     def on_apply(target: Callable[..., Any], args: Any = None, kwargs: Any = None,
                  **options: Any) -> Any:  # fmt: skip
@@ -117,10 +121,10 @@ def guard(pool: Any, refused: Callable[[str], None]) -> None:
             if _STOP.value == RUNNING:
                 raise
             result = None
-        if _STOP.value != RUNNING and len(args) > 1:
-            # Handed over as the pool closed: it may never reach a process, and if it does
-            # it will not start (the stop is set). Its row goes back now; a second report
-            # of the same claim, when a process skips it, changes nothing.
+        if _STOP.value != RUNNING and len(args) > 1 and (in_child_processes or result is None):
+            # Handed over to a process as the pool closed: it may never reach one, and if
+            # it does it will not start (the stop is set). Its row goes back now; a second
+            # report of the same claim, when a process skips it, changes nothing.
             refused(str(args[1]))  # Celery's trace arguments: (type, task id, ...)
         return result
 
