@@ -21,7 +21,7 @@ _EXPORTS = {
     "install": "celery_ratchet.celery.install",
     "dlq": "celery_ratchet.celery.state",
     "bulk": "celery_ratchet.celery.sender",
-    "transaction": "celery_ratchet.celery.sender",
+    "transaction": "celery_ratchet.celery.transactions",
     "job_logger": "celery_ratchet.celery.housekeeping",
     "batch": "celery_ratchet.celery.batch_builder",
     "workflow": "celery_ratchet.celery.workflows",

@@ -29,8 +29,9 @@ from celery_ratchet.celery.compat import (
 )
 from celery_ratchet.celery.message import CLAIM_HEADER, check_serializer, safe_accept
 from celery_ratchet.celery.pool import RUNNING, stop_mode
-from celery_ratchet.celery.sender import joined, note_chord_opened
+from celery_ratchet.celery.sender import note_chord_opened
 from celery_ratchet.celery.state import ratchet_state
+from celery_ratchet.celery.transactions import joined
 from celery_ratchet.domain.job import JobStatus, ResultRecord, error_record
 from celery_ratchet.errors import StoreUnavailable
 from celery_ratchet.store.jobstore import JobStore

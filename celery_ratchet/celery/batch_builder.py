@@ -15,8 +15,8 @@ from kombu.utils.uuid import uuid
 from celery_ratchet.celery import streams
 from celery_ratchet.celery.batches import BATCH_MARKER_TASK, batch_progress, encode_signature
 from celery_ratchet.celery.compat import current_app_object, signature_app
-from celery_ratchet.celery.sender import joined
 from celery_ratchet.celery.state import ratchet_state
+from celery_ratchet.celery.transactions import joined
 from celery_ratchet.domain.batch import BatchKind, BatchSummary, NewBatch
 
 

@@ -22,8 +22,8 @@ from celery.exceptions import ChordError
 from celery.result import GroupResult, allow_join_result
 from kombu.utils import json as kjson
 
-from celery_ratchet.celery.sender import joined, transaction
 from celery_ratchet.celery.state import ratchet_state
+from celery_ratchet.celery.transactions import joined, transaction
 from celery_ratchet.domain.batch import (
     FAILED_STATES,
     BatchKind,

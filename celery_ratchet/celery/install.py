@@ -32,7 +32,7 @@ def install(app: Celery) -> Celery:
             return app
         app._ratchet_installed = True
         ratchet_state(app)
-        app.amqp_cls = "celery_ratchet.celery.sender:RatchetAMQP"
+        app.amqp_cls = "celery_ratchet.celery.amqp:RatchetAMQP"
         app.__dict__.pop("amqp", None)
         app.control_cls = "celery_ratchet.celery.control:RatchetControl"
         app.__dict__.pop("control", None)

@@ -1,11 +1,11 @@
-"""Where every Celery send ends: ``app.amqp.send_task_message`` writes a job row instead.
+"""Where every Celery send is written: :class:`JobBatch` and :func:`write_jobs`.
 
 ``.delay``, ``apply_async``, ``send_task``, ``self.retry``, ``replace``, canvas and chord
-callbacks all pass through here with routing, ids, eta and links already resolved.
-
-A "producer" acquired from the pool is a :class:`JobBatch`: jobs sent through it are written
-together, in one statement, when it is released. A group holds one producer for all its
-members, so a group of 1,000 is one multi-row insert, and all or none of it is stored.
+callbacks all reach ``app.amqp.send_task_message`` (:mod:`celery_ratchet.celery.amqp`), which
+builds the job and hands it to the "producer" acquired from the pool: a :class:`JobBatch`.
+Jobs sent through one are written together, in one statement, when it is released. A group
+holds one producer for all its members, so a group of 1,000 is one multi-row insert, and all
+or none of it is stored (a group of a generator writes each member as it is sent).
 
 A send whose business key an active job holds creates nothing: its ``AsyncResult`` is made
 to point at the holder (``app.send_task`` is wrapped for that, see :func:`follow_held_keys`);
@@ -22,29 +22,20 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from celery import Celery, signals
-from celery.app.amqp import AMQP
-from kombu.common import Broadcast
+from celery import Celery
 from kombu.connection import Connection
 
-from celery_ratchet.celery import options as options_
-from celery_ratchet.celery.compat import cache_producer_pool, cached_producer_pool
 from celery_ratchet.celery.django_db import (
     AFTER_COMMIT,
-    django_transaction_of,
-    is_django_connection,
-    within_django,
 )
-from celery_ratchet.celery.events import send_task_sent
-from celery_ratchet.celery.message import CLAIM_HEADER, job_from_message, waiting_steps
 from celery_ratchet.celery.state import NO_BROKER, ratchet_state
+from celery_ratchet.celery.transactions import joined
 from celery_ratchet.domain.job import NewJob
 from celery_ratchet.errors import (
     DuplicateJob,
     InvalidJob,
     PayloadTooLarge,
     StoreUnavailable,
-    UnsupportedRouting,
     ValueRefused,
 )
 
@@ -136,7 +127,7 @@ class JobBatch:
         conf = self.app.conf
         policy = dict(conf.task_publish_retry_policy or {})
         held = write_jobs(self.app, jobs, waiting, conf.task_publish_retry, policy)
-        _point_at_holders(held, results)
+        point_at_holders(held, results)
         for stored in callbacks:
             stored()
 
@@ -222,129 +213,6 @@ class JobBatchPool:
         pass
 
 
-class RatchetAMQP(AMQP):
-    @property
-    def producer_pool(self) -> JobBatchPool:
-        pool: JobBatchPool | None = cached_producer_pool(self)
-        if pool is None:
-            pool = JobBatchPool(self.app)
-            cache_producer_pool(self, pool)
-        return pool
-
-    publisher_pool = producer_pool
-
-    def Connection(self, *args: Any, **kwargs: Any) -> Connection:
-        """The app's stand-in broker connection; it knows its app, so that purging one of
-        its queues (``celery purge``) deletes that queue's pending jobs in the store."""
-        connection = Connection(*args, **kwargs)
-        connection.ratchet_app = self.app  # type: ignore[attr-defined]
-        return connection
-
-    def _create_task_sender(self) -> Any:
-        """Celery's (``compat.AMQP_CREATE_TASK_SENDER_METHOD``), its options read the same
-        way, with a send that writes the job to the store instead of publishing it."""
-        app = self.app
-        amqp = self
-        conf = app.conf
-        default_serializer = conf.task_serializer
-        default_compressor = conf.task_compression
-        default_retry = conf.task_publish_retry
-        default_policy = conf.task_publish_retry_policy
-        send_before_publish = signals.before_task_publish.send
-        send_after_publish = signals.after_task_publish.send
-
-        def send_task_message(
-            producer: Any,
-            name: str,
-            message: Any,
-            exchange: Any = None,
-            routing_key: str | None = None,
-            queue: Any = None,
-            event_dispatcher: Any = None,
-            retry: bool | None = None,
-            retry_policy: dict[str, Any] | None = None,
-            serializer: str | None = None,
-            delivery_mode: Any = None,
-            compression: str | None = None,
-            declare: Any = None,
-            headers: dict[str, Any] | None = None,
-            exchange_type: str | None = None,
-            timeout: float | None = None,
-            confirm_timeout: float | None = None,
-            **kwargs: Any,
-        ) -> None:
-            headers2, properties, body, sent_event = message
-            if headers:
-                headers2.update(headers)
-            given = kwargs.pop("ratchet", None)
-            if given is None:  # a retry or a replace: the options of the job it copies
-                given = headers2.get(options_.HEADER)
-            if kwargs:
-                properties.update(kwargs)
-            qname = _queue_name(amqp, queue, exchange, routing_key)
-            policy = dict(default_policy, **(retry_policy or {}))
-            send_before_publish(
-                sender=name,
-                body=body,
-                exchange=exchange,
-                routing_key=routing_key,
-                declare=declare,
-                headers=headers2,
-                properties=properties,
-                retry_policy=policy,
-            )
-            state = ratchet_state(app)
-            settings = state.settings
-            options = options_.resolve(name, app.tasks.get(name), given, settings)
-            options_.apply_to_message(options, headers2, properties)
-            # signature_from_request (retries, retry_on_worker_lost) carries the claim header of
-            # the request it copies; a replace() is found as the job running in this process.
-            claim = headers2.get(CLAIM_HEADER) or _claim_of_current_job(app, headers2.get("id"))
-            job = job_from_message(
-                resource=options.get("resource"),
-                business_key=options.get("business_key"),
-                on_duplicate=options.get("on_duplicate"),
-                tags=options.get("tags", ()),
-                headers=headers2,
-                properties=properties,
-                body=body,
-                queue=qname,
-                serializer=serializer or default_serializer,
-                compression=compression or default_compressor,
-                default_priority=settings.default_priority,
-                max_payload_kb=settings.max_payload_kb,
-                allow_pickle=settings.allow_pickle,
-                timezone_=app.timezone,
-            )
-            retries = default_retry if retry is None else retry
-
-            def published() -> None:
-                send_after_publish(
-                    sender=name, body=body, headers=headers2,
-                    exchange=exchange, routing_key=routing_key,
-                )  # fmt: skip
-                if sent_event:
-                    send_task_sent(app, {**sent_event, "queue": qname, "routing_key": routing_key})
-
-            if claim is not None:
-                # A retry or a replace of the running job: the same row, rescheduled.
-                _with_retry(
-                    lambda again: _reschedule(state.store, claim, job, again), retries, policy
-                )
-                state.published([job.queue])
-                published()
-                return
-            waiting = waiting_steps(job, body)
-            if isinstance(producer, JobBatch):
-                producer.add(job, published, waiting)
-                return
-            held = write_jobs(app, [job], waiting, retries, policy)
-            _point_at_holders(held, [])
-            published()
-
-        return send_task_message
-
-
 def write_jobs(
     app: Celery, jobs: list[NewJob], waiting: list[NewJob], retry: bool, policy: dict[str, Any]
 ) -> dict[str, str]:
@@ -368,7 +236,7 @@ def write_jobs(
                 _wake_after_commit(within, state, queues)
             return held
     with _discarded_if_refused(state, chords, None):
-        held = _with_retry(
+        held = with_publish_retry(
             lambda again: state.store.enqueue_many(jobs, waiting, maybe_committed=again),
             retry,
             policy,
@@ -444,54 +312,7 @@ def _wake_after_commit(conn: Any, state: Any, queues: list[str]) -> None:
         after_commit(lambda: state.published(queues))
 
 
-def _queue_name(amqp: AMQP, queue: Any, exchange: Any, routing_key: str | None) -> str:
-    if queue is None and exchange is None:
-        queue = amqp.default_queue
-    if isinstance(queue, str):
-        queue = amqp.queues[queue]
-    if isinstance(queue, Broadcast):
-        raise UnsupportedRouting(
-            f"broadcast queue {queue.name!r}: a job row is claimed by exactly one worker; "
-            "send one task per target instead"
-        )
-    if queue is not None:
-        return str(queue.name)
-    if routing_key:
-        return routing_key
-    return str(amqp.default_queue.name)
-
-
-def _claim_of_current_job(app: Celery, task_id: str | None) -> str | None:
-    """The claim token when ``task_id`` is the job this process is running right now."""
-    current = app.current_worker_task
-    if current is None or task_id is None:
-        return None
-    request = current.request
-    if request.id != task_id:
-        return None
-    token = getattr(request, CLAIM_HEADER, None)
-    if token is None and isinstance(request.headers, dict):
-        token = request.headers.get(CLAIM_HEADER)
-    return token
-
-
-def _reschedule(store: Any, token: str, job: NewJob, maybe_committed: bool) -> None:
-    if store.replace_running(token, job):
-        return
-    # Not (or no longer) the row this claim holds: a new id sent from a request's copy, a
-    # claim taken over by orphan recovery, in which case the row's new owner decides, or an
-    # earlier try that rescheduled the row and lost its reply (then the row is ours).
-    try:
-        store.enqueue(job, maybe_committed=maybe_committed)
-    except DuplicateJob:
-        logger.warning(
-            "ratchet: job %s was not rescheduled: its claim was taken over (the node was "
-            "presumed dead); the execution that now owns it decides its fate",
-            job.job_id,
-        )
-
-
-def _with_retry(action: Callable[[bool], T], retry: bool, policy: dict[str, Any]) -> T:
+def with_publish_retry(action: Callable[[bool], T], retry: bool, policy: dict[str, Any]) -> T:
     """Run ``action``; on :class:`StoreUnavailable` retry as ``task_publish_retry_policy``
     says (max_retries, interval_start, interval_step, interval_max), then raise.
 
@@ -515,12 +336,11 @@ def _with_retry(action: Callable[[bool], T], retry: bool, policy: dict[str, Any]
             interval += step
 
 
-_within: ContextVar[Any] = ContextVar("ratchet_transaction", default=None)
 #: Where a send outside a caller's batch leaves the holders of taken business keys.
 _held: ContextVar[dict[str, str] | None] = ContextVar("ratchet_held_keys", default=None)
 
 
-def _point_at_holders(held: dict[str, str], results: list[Any]) -> None:
+def point_at_holders(held: dict[str, str], results: list[Any]) -> None:
     if not held:
         return
     for result in results:
@@ -560,71 +380,6 @@ def follow_held_keys(app: Celery) -> None:
 
     send_following_held_keys._ratchet = True  # type: ignore[attr-defined]
     app.send_task = send_following_held_keys
-
-
-def current_transaction() -> Any:
-    """The caller's connection inside ``celery_ratchet.transaction()``, else ``None``."""
-    return _within.get()
-
-
-@contextmanager
-def joined(app: Celery) -> Iterator[Any]:
-    """The connection whose transaction the writes of this moment join, or ``None`` (the
-    store's own connections, committed at once): the caller's inside
-    ``celery_ratchet.transaction()``; else, when ``ratchet_django_connection`` names a Django
-    database, Django's connection while a transaction is open on it."""
-    explicit = _within.get()
-    if explicit is not None:
-        yield explicit
-        return
-    state = ratchet_state(app)
-    alias = state.settings.django_connection
-    if alias is None:
-        yield None
-        return
-    with django_transaction_of(alias, state.store) as lent:
-        if lent is None:
-            yield None
-            return
-        token = _within.set(lent)
-        try:
-            yield lent
-        finally:
-            _within.reset(token)
-
-
-@contextmanager
-def transaction(connection_or_session: Any) -> Iterator[None]:
-    """Write the jobs sent in this block in the caller's own database transaction::
-
-        with engine.begin() as conn:                 # or a Session
-            conn.execute(orders.insert(), order)
-            with celery_ratchet.transaction(conn):
-                ship.delay(order["id"])
-
-    The job rows exist if and only if that transaction commits, so a worker never sees a
-    job whose data is not there yet (or never will be). The connection must reach the job
-    store's database. Under Django, give ``django.db.connection`` (or ``connections[alias]``)
-    inside ``transaction.atomic()``: the jobs are written in Django's transaction. On
-    PostgreSQL the wake-up notification is delivered at the commit (under Django, the Redis
-    one of ``ratchet_events_url`` too); otherwise workers find the jobs by polling.
-    """
-    target = connection_or_session
-    if is_django_connection(target):
-        with within_django(target) as lent:
-            token = _within.set(lent)
-            try:
-                yield
-            finally:
-                _within.reset(token)
-        return
-    if not hasattr(target, "dialect"):  # a Session: the connection of its transaction
-        target = target.connection()
-    token = _within.set(target)
-    try:
-        yield
-    finally:
-        _within.reset(token)
 
 
 @contextmanager

@@ -30,8 +30,9 @@ from celery_ratchet.celery.batches import (
     finish_stalled,
 )
 from celery_ratchet.celery.compat import is_composite_signature
-from celery_ratchet.celery.sender import JobBatch, current_transaction
+from celery_ratchet.celery.sender import JobBatch
 from celery_ratchet.celery.state import ratchet_state
+from celery_ratchet.celery.transactions import current_transaction
 from celery_ratchet.domain.batch import (
     BatchKind,
     BatchState,

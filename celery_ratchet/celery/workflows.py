@@ -40,8 +40,8 @@ from celery.result import AsyncResult
 from celery_ratchet.celery.backend import exception_record
 from celery_ratchet.celery.batches import decode_signature, encode_signature, send_within
 from celery_ratchet.celery.compat import current_app_object, signature_app
-from celery_ratchet.celery.sender import joined
 from celery_ratchet.celery.state import ratchet_state
+from celery_ratchet.celery.transactions import joined
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.errors import PredicateNotAllowed, RatchetError
 from celery_ratchet.store.workflow_conditions import decide

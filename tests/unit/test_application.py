@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import celery_ratchet
+from celery_ratchet.celery.amqp import RatchetAMQP
 from celery_ratchet.celery.control import RatchetControl
 from celery_ratchet.celery.events import RatchetEvents
-from celery_ratchet.celery.sender import RatchetAMQP
 from celery_ratchet.celery.state import NO_BROKER
 from celery_ratchet.celery.task import RatchetTask
 

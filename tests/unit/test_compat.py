@@ -468,7 +468,7 @@ def test_channel_purge_method_is_what_kombus_queue_purge_calls() -> None:
 def test_amqp_create_task_sender_method_builds_amqp_send_task_message() -> None:
     from celery.app.amqp import AMQP
 
-    from celery_ratchet.celery.sender import RatchetAMQP
+    from celery_ratchet.celery.amqp import RatchetAMQP
 
     private_method(AMQP, AMQP_CREATE_TASK_SENDER_METHOD)
     assert AMQP_CREATE_TASK_SENDER_METHOD in vars(RatchetAMQP)
