@@ -136,7 +136,12 @@ class RatchetBackend(BaseBackend):
         status = _FINAL.get(state)
         if status is None:  # STARTED, RETRY, or a custom state from update_state()
             name = getattr(request, "task", None) or ""
-            self._store_progress(task_id, name, token, result, state, traceback)
+            # An eager run's interim states are not stored, as before (nor its result,
+            # unless task_store_eager_result says so).
+            eager = bool(
+                getattr(request, "is_eager", False)
+            ) and not self.app.conf.find_value_for_key("store_eager_result", "task")
+            self._store_progress(task_id, name, token, result, state, traceback, eager)
             return result
         values: dict[str, Any] = {"result_meta": self._result_meta(request)}
         if status is JobStatus.SUCCEEDED:
@@ -188,6 +193,7 @@ class RatchetBackend(BaseBackend):
         result: Any,
         state: str,
         traceback: str | None,
+        eager: bool = False,
     ) -> None:
         if state == states.RETRY:
             self.store.note_retry(task_id, self._encode_json(result), traceback)
@@ -195,7 +201,7 @@ class RatchetBackend(BaseBackend):
         meta = self._encode_json({"state": state, "result": result})
         if token is not None:
             self.store.store_progress(task_id, token, meta, started=state == states.STARTED)
-        else:  # another process runs the task and reports through this backend
+        elif not eager:  # another process runs the task and reports through this backend
             self.store.store_untracked_result(task_id, name, JobStatus.EXTERNAL, result_meta=meta)
 
     def _encode_json(self, value: Any) -> str | None:

@@ -136,7 +136,8 @@ class ResultOps(StoreCore):
 
         A finished row takes the new state; an active row keeps its state (its claim decides)
         but records the result; with no row, a finished row is inserted. An interim state
-        (``EXTERNAL``: a task another process runs) leaves an active row as it is.
+        (``EXTERNAL``: a task another process runs) changes only an ``EXTERNAL`` row or
+        inserts one: a job of the store, running or finished, stays as it is.
         """
         result_values = {
             "job_result": job_result,
@@ -155,10 +156,14 @@ class ResultOps(StoreCore):
                 else_=status.value,
             )
 
+        # An interim state changes only a row of its own kind: never a finished result (stock
+        # Celery ignores a state that comes after SUCCESS), never a job of the store.
+        replaces = [JobStatus.EXTERNAL.value] if status is JobStatus.EXTERNAL else _TERMINAL
+
         def work(conn: Connection) -> None:
             finished = conn.execute(
                 update(job)
-                .where(job.c.job_id == job_id, job.c.status.in_(_TERMINAL))
+                .where(job.c.job_id == job_id, job.c.status.in_(replaces))
                 .values(status=new_status, finished_at=db_now(), **result_values)
             ).rowcount
             if finished:

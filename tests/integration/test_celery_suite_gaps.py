@@ -3,6 +3,7 @@ missing when that suite ran against ratchet: each test here failed before its fi
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,8 @@ from celery_ratchet.celery.compat import message_ignore_result_overrides_task
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from tests.helpers import wait_until
+from tests.integration.conftest import BrokerTrap, make_app
+from tests.integration.tasks import RUNS
 
 TIMEOUT = 30
 
@@ -122,6 +125,34 @@ def test_a_state_stored_for_a_task_another_process_runs_is_read_and_kept_by_a_re
     assert backend.get_state(not_started) == "REVOKED"
     backend.store_result(started, 5, "SUCCESS")
     assert worker_app.AsyncResult(started).get(timeout=TIMEOUT) == 5
+
+
+@pytest.mark.parametrize("final", ["SUCCESS", "FAILURE"])
+def test_a_state_stored_from_outside_after_the_job_finished_changes_nothing(
+    worker_app: Celery, final: str
+) -> None:
+    # As stock: a state that comes after the result (a redelivery elsewhere) is ignored.
+    add = worker_app.tasks["t.add"]
+    sent = add.delay(2, 3) if final == "SUCCESS" else add.delay("x", 1)
+    with contextlib.suppress(TypeError):
+        sent.get(timeout=TIMEOUT)
+    worker_app.backend.store_result(sent.id, {"hostname": "other@host"}, "STARTED")
+    fresh = worker_app.AsyncResult(sent.id)
+    assert fresh.state == final
+    if final == "SUCCESS":
+        assert fresh.result == 5
+
+
+def test_an_eager_run_stores_no_interim_state_and_needs_no_store(
+    broker_trap: BrokerTrap,
+) -> None:
+    app = make_app(
+        "postgresql+psycopg://postgres@127.0.0.1:1/nowhere",
+        broker_trap.url,
+        task_always_eager=True,
+    )
+    RUNS["eager-progress"] = ["go"]
+    assert app.tasks["t.progress"].delay("eager-progress").get(timeout=TIMEOUT) == "finished"
 
 
 def test_a_state_stored_from_outside_leaves_a_job_of_the_store_as_it_is(
