@@ -84,8 +84,12 @@ class _NoBrokerConnection:
 class JobBatch:
     """Stands where Celery expects a kombu producer; collects jobs until released."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, *, one_by_one: bool = False) -> None:
         self.app = app
+        #: The producer of a group of a generator: each job is written as it is added, so
+        #: the first run while the generator is still yielding (stock Celery publishes
+        #: each at once). See :mod:`celery_ratchet.celery.lazy_groups`.
+        self.one_by_one = one_by_one
         self.jobs: list[NewJob] = []
         self.waiting: list[NewJob] = []
         self._on_stored: list[Callable[[], None]] = []
@@ -99,7 +103,7 @@ class JobBatch:
         self.jobs.append(job)
         self.waiting.extend(waiting or ())
         self._on_stored.append(on_stored)
-        if _one_by_one.get():
+        if self.one_by_one:
             self.flush()
 
     def follow(self, result: Any) -> None:
@@ -162,22 +166,6 @@ class JobBatch:
 
     def publish(self, *args: Any, **kwargs: Any) -> None:
         """Broadcasts (remote control, events) have no broker to go to; they go nowhere."""
-
-
-#: Set while a group whose members come from a generator is sent: each member is written as
-#: it is sent, so the first run while the generator is still yielding (stock Celery publishes
-#: each at once), instead of all together when the group's producer is released.
-_one_by_one: ContextVar[bool] = ContextVar("ratchet_one_by_one", default=False)
-
-
-@contextmanager
-def sent_one_by_one() -> Iterator[None]:
-    """Within: every job sent through a batch is written at once, on its own."""
-    token = _one_by_one.set(True)
-    try:
-        yield
-    finally:
-        _one_by_one.reset(token)
 
 
 #: Batches acquired from the pool and not yet released, innermost last: a group's members'

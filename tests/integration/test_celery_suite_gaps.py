@@ -15,9 +15,11 @@ from celery.canvas import StampingVisitor
 from celery.exceptions import TaskRevokedError
 from celery.worker import state as worker_state
 
+import celery_ratchet
 from celery_ratchet.celery.compat import message_ignore_result_overrides_task
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.errors import PayloadTooLarge
 from tests.helpers import wait_until
 from tests.integration.conftest import BrokerTrap, make_app
 from tests.integration.tasks import RUNS
@@ -218,3 +220,47 @@ def test_a_chain_to_a_chord_of_a_thousand_runs_within_the_default_payload_limit(
     add, tsum = worker_app.tasks["t.add"], worker_app.tasks["t.tsum"]
     workflow = add.si(1, 0) | group(add.s(0) for _ in range(1000)) | tsum.s()
     assert workflow.delay().get(timeout=120) == 1000
+
+
+PARKED = "parked"  # no worker consumes it: the rows stay as written
+
+
+def _written(app: Celery, ids: set[str]) -> set[str]:
+    store = ratchet_state(app).store
+    return {i for i in ids if store.result(i) is not None}
+
+
+def test_a_group_of_a_generator_sent_through_a_bulk_is_written_with_it(
+    worker_app: Celery,
+) -> None:
+    add = worker_app.tasks["t.add"]
+    sent: set[str] = set()
+    with (
+        pytest.raises(RuntimeError, match="abandoned"),
+        celery_ratchet.bulk(worker_app) as producer,
+    ):
+        sent.add(add.apply_async((1, 1), queue=PARKED, producer=producer).id)
+        members = (add.s(i, i).set(queue=PARKED) for i in range(2))
+        result = group(members).apply_async(producer=producer)
+        sent.update(r.id for r in result.results)
+        raise RuntimeError("abandoned")
+    assert len(sent) == 3
+    assert _written(worker_app, sent) == set()  # the bulk stored none of it
+
+
+def test_a_bulk_inside_the_generator_of_a_group_is_stored_whole_or_not_at_all(
+    worker_app: Celery,
+) -> None:
+    add = worker_app.tasks["t.add"]
+    inner: set[str] = set()
+
+    def members() -> Iterator[Any]:
+        yield add.s(0, 0).set(queue=PARKED)
+        with pytest.raises(PayloadTooLarge), celery_ratchet.bulk(worker_app) as producer:
+            inner.add(add.apply_async((1, 1), queue=PARKED, producer=producer).id)
+            add.apply_async(("x" * 200_000, 1), queue=PARKED, producer=producer)
+        yield add.s(2, 2).set(queue=PARKED)
+
+    result = group(members()).apply_async()
+    assert _written(worker_app, inner) == set()
+    assert _written(worker_app, {r.id for r in result.results}) == {r.id for r in result.results}
