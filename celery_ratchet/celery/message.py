@@ -47,9 +47,10 @@ _PICKLE_TYPE = "application/x-python-serialize"
 _YAML_TYPE = "application/x-yaml"
 
 
-#: The largest message a job row holds on every database: MySQL/MariaDB keep it in a
-#: MEDIUMBLOB (16 MB), sent in one statement within their default 16 MB packet.
-MAX_MESSAGE_BYTES = 15 * 1024 * 1024
+#: The largest message a job row takes on every database: MySQL/MariaDB send a row in one
+#: statement within ``max_allowed_packet`` (16 MB by default), which with the row's other
+#: columns and its escaping held a message of 7 MB but not 8 MB on MariaDB 10.11.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
 def parse_time(value: Any, default_tz: tzinfo) -> datetime | None:
@@ -123,9 +124,12 @@ def job_from_message(
         payload, headers["compression"] = compress(payload, compression)
     name = headers["task"]
     if len(payload) > max_payload_kb * 1024:
-        arguments = _arguments_size(body, serializer, compression, len(payload))
-        if arguments > max_payload_kb * 1024:
-            raise PayloadTooLarge(name, arguments, max_payload_kb)
+        if isinstance(body, (tuple, list)) and len(body) == 3:
+            found = _largest_arguments(name, body, serializer, compression, max_payload_kb * 1024)
+        else:  # not Celery's (args, kwargs, embed): all of it is arguments
+            found = (name, len(payload))
+        if found is not None:
+            raise PayloadTooLarge(found[0], found[1], max_payload_kb)
     if len(payload) > MAX_MESSAGE_BYTES:
         raise MessageTooLarge(name, len(payload), MAX_MESSAGE_BYTES)
     priority = properties.get("priority")
@@ -167,17 +171,50 @@ def job_from_message(
     )
 
 
-def _arguments_size(body: Any, serializer: str, compression: str | None, whole: int) -> int:
-    """The serialized size of a message's arguments alone: ``ratchet_max_payload_kb`` limits
-    what the sender passes, not the workflow Celery embeds beside it (the rest of a chain, a
-    chord's header, callbacks). Only read for a message over the limit."""
-    if not (isinstance(body, (tuple, list)) and len(body) == 3):
-        return whole
-    _, _, data = dumps([body[0], body[1]], serializer=serializer)
+def _largest_arguments(
+    name: str, body: Any, serializer: str, compression: str | None, limit: int
+) -> tuple[str, int] | None:
+    """The first task of this message whose arguments alone exceed ``limit`` bytes: its
+    own, or those of a step of the workflow Celery embeds beside them (the rest of a chain,
+    a chord's header and body, callbacks), each of which becomes a job of its own later.
+    ``ratchet_max_payload_kb`` limits each job's arguments, not the workflow, and a step
+    refused only once its turn comes would fail after the tasks before it ran. Only read
+    for a message over the limit."""
+    args, kwargs, embed = body
+    found = _over(name, args, kwargs, serializer, compression, limit)
+    if found is not None or not isinstance(embed, dict):
+        return found
+    pending = [embed.get(key) for key in ("chain", "callbacks", "errbacks", "chord")]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, (list, tuple)):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            options = item.get("options") or {}
+            pending.extend(options.get(key) for key in ("link", "link_error", "chain", "chord"))
+            kind = item.get("subtask_type")
+            nested = item.get("kwargs") or {}
+            if kind in ("chain", "group"):
+                pending.append(nested.get("tasks"))
+            elif kind == "chord":
+                pending.extend((nested.get("header"), nested.get("body")))
+            elif isinstance(item.get("task"), str):
+                found = _over(
+                    item["task"], item.get("args"), nested, serializer, compression, limit
+                )
+                if found is not None:
+                    return found
+    return None
+
+
+def _over(
+    name: str, args: Any, kwargs: Any, serializer: str, compression: str | None, limit: int
+) -> tuple[str, int] | None:
+    _, _, data = dumps([args or [], kwargs or {}], serializer=serializer)
     encoded = data.encode("utf-8") if isinstance(data, str) else data
-    if compression:
+    if len(encoded) > limit and compression:
         encoded, _ = compress(encoded, compression)
-    return len(encoded)
+    return (name, len(encoded)) if len(encoded) > limit else None
 
 
 def _in_chord(body: Any) -> bool:

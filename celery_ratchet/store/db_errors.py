@@ -25,7 +25,7 @@ def is_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, PoolTimeout):
         return True
     if isinstance(exc, DBAPIError):
-        if is_prepared_statement_conflict(exc):
+        if is_prepared_statement_conflict(exc) or _is_packet_too_large(exc):
             return False
         if exc.connection_invalidated:
             return True
@@ -34,6 +34,17 @@ def is_unavailable(exc: BaseException) -> bool:
         name = type(exc.orig).__name__ if exc.orig is not None else ""
         return name in {"OperationalError", "InterfaceError"} and not _is_lock_error(exc)
     return False
+
+
+#: MySQL/MariaDB's ER_NET_PACKET_TOO_LARGE: the statement is over ``max_allowed_packet``.
+_PACKET_TOO_LARGE = 1153
+
+
+def _is_packet_too_large(exc: DBAPIError) -> bool:
+    """A statement larger than the server takes: a refusal of what was sent, not an outage
+    (the server drops the connection too, which would otherwise read as one)."""
+    args = getattr(exc.orig, "args", None) or (None,)
+    return args[0] == _PACKET_TOO_LARGE
 
 
 def is_missing_table(exc: BaseException) -> bool:

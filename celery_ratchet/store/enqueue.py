@@ -25,6 +25,7 @@ from celery_ratchet.domain.job import (
 from celery_ratchet.errors import (
     ConfigurationError,
     DuplicateJob,
+    InvalidJob,
     SchemaOutdated,
     StoreBusy,
 )
@@ -68,8 +69,44 @@ class _Taken:
     maybe_ours: bool
 
 
+#: Rows smaller than this are never near a MySQL/MariaDB packet: no check is made.
+_PACKET_CHECKED_BYTES = 1024 * 1024
+
+
 class EnqueueOps(StoreCore):
     """Writing jobs: plain, keyed, in a caller's transaction, chains stored ahead."""
+
+    _max_packet: int | None = None
+
+    def _check_packet(self, jobs: Sequence[NewJob], waiting: Sequence[NewJob]) -> None:
+        """On MySQL/MariaDB a row is sent in one statement, which the server takes only
+        within ``max_allowed_packet``; one over it is dropped with the connection, which
+        would read as an outage whose outcome is unknown. Refuse it before sending."""
+        if self.engine.dialect.name != "mysql":
+            return
+        sizes = [
+            (len(j.message.payload) + len(j.message.headers) + len(j.message.properties), j)
+            for j in (*jobs, *waiting)
+        ]
+        size, largest = max(sizes, key=lambda pair: pair[0], default=(0, None))
+        if largest is None or size < _PACKET_CHECKED_BYTES:
+            return
+        if self._max_packet is None:
+            self._max_packet = int(
+                self._run(
+                    lambda conn: conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one(),
+                    "the server's packet size was not read",
+                )
+            )
+        # Escaped for the statement, a row can take up to twice its bytes.
+        if 2 * size + 64 * 1024 > self._max_packet:
+            raise InvalidJob(
+                "payload",
+                f"job of task {largest.task_name!r} is {size / 2**20:.1f} MB; this MySQL/MariaDB "
+                f"server takes statements of at most {self._max_packet / 2**20:.0f} MB "
+                "(max_allowed_packet), about half of it for a row: raise max_allowed_packet "
+                "on the server, or pass a reference instead of the data",
+            )
 
     # -- enqueue ----------------------------------------------------------------------------
 
@@ -99,6 +136,7 @@ class EnqueueOps(StoreCore):
         success, whatever its state; a finished one is not run again."""
         if not jobs and not waiting:
             return {}
+        self._check_packet(jobs, waiting)
         params = [_params(j) for j in jobs]
         keyed = any(j.business_key is not None for j in jobs)
         heads = {w.depends_on for w in waiting}
@@ -179,6 +217,7 @@ class EnqueueOps(StoreCore):
         A chunk of a streaming batch and the batch's counter and lease are written so. The
         jobs are a batch's children, which the batch counts itself: a business key an active
         job holds raises :class:`DuplicateJob` and nothing of the chunk is written."""
+        self._check_packet(jobs, waiting)
         params = [_params(j) for j in jobs]
         keyed = any(j.business_key is not None for j in jobs)
         tries = 0
@@ -355,6 +394,7 @@ class EnqueueOps(StoreCore):
                     "`ratchet --url URL schema apply`, or start a worker once"
                 )
             self._schema_ready = True
+        self._check_packet(jobs, waiting)
         params = [_params(j) for j in jobs]
         keyed = any(j.business_key is not None for j in jobs)
         with conn.begin_nested():

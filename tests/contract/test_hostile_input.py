@@ -156,3 +156,14 @@ def test_mysql_connections_are_strict_whatever_the_server_default(servers: Serve
 def test_a_missing_table_is_schema_missing_not_an_outage(store: JobStore) -> None:
     with pytest.raises(SchemaMissing, match=r"has no ratchet tables.*schema apply"):
         store._run(lambda conn: conn.execute(text("SELECT job_id FROM scheduler_nothing")), "x")
+
+
+def test_a_row_over_mysqls_packet_is_refused_not_taken_for_an_outage(servers: Servers) -> None:
+    store = empty_store(servers.url("mysql"))
+    (packet,) = store.engine.connect().execute(text("SELECT @@max_allowed_packet")).one()
+    oversized = replace(new_job("big"), message=replace(new_job().message, payload=b"x" * packet))
+    with pytest.raises(InvalidJob, match=r"max_allowed_packet.*pass a reference") as raised:
+        store.enqueue_many([oversized])
+    assert raised.value.field == "payload" and "xxxx" not in str(raised.value)
+    store.enqueue_many([new_job("after")])  # the store goes on
+    assert store.result("big") is None and store.result("after") is not None

@@ -36,6 +36,18 @@ def test_oversized_payload_is_refused_with_size_and_limit(client_app: Celery) ->
     assert pending(client_app) == 0
 
 
+def test_a_chain_whose_later_step_is_over_the_limit_is_refused_before_anything_runs(
+    client_app: Celery,
+) -> None:
+    add = client_app.tasks["t.add"]
+    with pytest.raises(PayloadTooLarge, match=r"'t\.add'"):
+        (add.si(1, 1) | add.si("x" * 4096, "")).delay()
+    assert pending(client_app) == 0
+    # A chain to a big header of small members is not the arguments of any one of them.
+    (add.si(1, 1) | group(add.si(i, i) for i in range(60)) | add.s(0)).delay()
+    assert pending(client_app) == 1
+
+
 def test_a_group_is_stored_whole_or_not_at_all(client_app: Celery) -> None:
     add = client_app.tasks["t.add"]
     with pytest.raises(PayloadTooLarge):

@@ -92,9 +92,48 @@ def test_too_large_payload_says_size_and_limit() -> None:
 def test_the_workflow_celery_embeds_does_not_count_towards_the_payload_limit() -> None:
     # A chain to a chord of 1,000 carries the whole header in its first message.
     header = [{"task": "t.add", "args": [i], "kwargs": {}, "options": {}} for i in range(100)]
-    chain = [{"task": "celery.chord", "kwargs": {"header": header}, "options": {}}]
+    chain = [
+        {
+            "task": "celery.chord",
+            "subtask_type": "chord",
+            "kwargs": {"header": header},
+            "options": {},
+        }
+    ]
     job = _job(body=((1,), {}, {"chain": chain}), max_payload_kb=2)
     assert len(job.message.payload) > 2048
+
+
+@pytest.mark.parametrize(
+    "embed",
+    [
+        {"chain": [{"task": "t.later", "args": [], "kwargs": {"pad": "y" * 5000}, "options": {}}]},
+        {"callbacks": [{"task": "t.later", "args": ["y" * 5000], "kwargs": {}, "options": {}}]},
+        {
+            "chain": [
+                {
+                    "task": "celery.chord",
+                    "subtask_type": "chord",
+                    "kwargs": {
+                        "header": {
+                            "subtask_type": "group",
+                            "kwargs": {"tasks": [{"task": "t.later", "args": ["y" * 5000]}]},
+                        },
+                        "body": {"task": "t.sum", "args": []},
+                    },
+                    "options": {},
+                }
+            ]
+        },
+    ],
+    ids=["chain-step", "callback", "chord-member"],
+)
+def test_a_later_step_over_the_limit_is_refused_at_submission_naming_it(
+    embed: dict[str, object],
+) -> None:
+    # Refused only when its turn came, it would fail after the tasks before it had run.
+    with pytest.raises(PayloadTooLarge, match=r"'t\.later'"):
+        _job(body=((1,), {}, embed), max_payload_kb=2)
 
 
 @pytest.mark.parametrize("compression", [None, "zlib"])
