@@ -44,6 +44,7 @@ from celery_ratchet.store.job_rows import (
     _CLEARED_CLAIM,
     _CLEARED_RESULT,
     _JOBS_ONLY,
+    _RAN_TO_AN_END,
     _TERMINAL,
     _is_active_key_conflict,
     _listed,
@@ -392,7 +393,7 @@ class AdminOps(StoreCore):
             .group_by(job.c.queue, job.c.status)
         )
         finished = select(func.count()).where(
-            job.c.status.in_(_TERMINAL), job.c.finished_at >= db_now_minus(60)
+            job.c.status.in_(_RAN_TO_AN_END), job.c.finished_at >= db_now_minus(60)
         )
         oldest = (
             select(job.c.queue, func.min(job.c.scheduled_time).label("due"))

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, event, insert
 from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, PendingRollbackError
 
 from celery_ratchet.errors import (
     ConfigurationError,
@@ -335,7 +335,7 @@ def transaction(conn: Connection) -> Iterator[Connection]:
     except BaseException:
         try:
             conn.exec_driver_sql("ROLLBACK")
-        except DBAPIError:
+        except (DBAPIError, PendingRollbackError):  # the connection is gone: the error stands
             conn.invalidate()
         raise
     conn.exec_driver_sql("COMMIT")

@@ -13,11 +13,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
-from celery_ratchet.domain.job import TERMINAL_STATUSES, JobStatus
+from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.store.db_clock import (
     db_now,
     db_now_minus,
 )
+from celery_ratchet.store.job_rows import _RAN_TO_AN_END
 from celery_ratchet.store.schema import (
     scheduler_job,
     scheduler_resource,
@@ -25,7 +26,6 @@ from celery_ratchet.store.schema import (
 )
 
 job = scheduler_job
-_TERMINAL = [s.value for s in TERMINAL_STATUSES]
 #: Steps waiting on one job that a job page lists.
 DEPENDENTS_SHOWN = 20
 
@@ -62,7 +62,7 @@ class Inspection:
         counts = [
             select(func.count())
             .where(
-                job.c.status.in_(_TERMINAL),
+                job.c.status.in_(_RAN_TO_AN_END),
                 job.c.finished_at >= db_now_minus(60 * (i + 1)),
                 job.c.finished_at < db_now_minus(60 * i),
             )

@@ -50,6 +50,8 @@ from celery_ratchet.store.schema import (
 
 job = scheduler_job
 _TERMINAL = [s.value for s in TERMINAL_STATUSES]
+#: Jobs that ran to an end here, for throughput: a state stored from outside is not one.
+_RAN_TO_AN_END = [s for s in _TERMINAL if s != JobStatus.EXTERNAL.value]
 #: Listings and counts are of jobs: recurring masters are schedules (``list_masters``).
 _JOBS_ONLY = job.c.job_type != JobType.RECURRING.value
 _ACTIVE = [s.value for s in ACTIVE_STATUSES]
