@@ -61,8 +61,9 @@ class MessageTooLarge(PayloadTooLarge):
         self.limit_kb = limit_bytes // 1024
         RatchetError.__init__(
             self,
-            f"message of task {task_name!r} is {size_bytes / 2**20:.1f} MB with the workflow "
-            "Celery carries in it (the rest of a chain, a chord's header, callbacks), over "
+            f"message of task {task_name!r} is {size_bytes / 2**20:.1f} MB with its headers "
+            "and the workflow Celery carries in it (the rest of a chain, a chord's header, "
+            "callbacks), over "
             f"the {limit_bytes / 2**20:.0f} MB a job row holds; send a large chord on its own "
             "rather than inside a chain, or pass references instead of data",
         )

@@ -130,8 +130,6 @@ def job_from_message(
             found = (name, len(payload))
         if found is not None:
             raise PayloadTooLarge(found[0], found[1], max_payload_kb)
-    if len(payload) > MAX_MESSAGE_BYTES:
-        raise MessageTooLarge(name, len(payload), MAX_MESSAGE_BYTES)
     priority = properties.get("priority")
     try:
         priority = default_priority if priority is None else to_numeric(priority)
@@ -143,6 +141,11 @@ def job_from_message(
         properties["priority"] = priority
     headers.pop(CLAIM_HEADER, None)
     headers.pop(FENCE_HEADER, None)
+    headers_json = _to_json(headers, name, "headers")
+    properties_json = _to_json(properties, name, "options")
+    size = len(payload) + len(headers_json) + len(properties_json)
+    if size > MAX_MESSAGE_BYTES:
+        raise MessageTooLarge(name, size, MAX_MESSAGE_BYTES)
     return NewJob(
         job_id=headers["id"],
         task_name=name,
@@ -152,8 +155,8 @@ def job_from_message(
             payload=payload,
             content_type=content_type,
             content_encoding=content_encoding,
-            headers=_to_json(headers, name, "headers"),
-            properties=_to_json(properties, name, "options"),
+            headers=headers_json,
+            properties=properties_json,
         ),
         due=parse_time(headers.get("eta"), timezone_),
         expires_at=parse_time(headers.get("expires"), timezone_),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -91,22 +91,27 @@ class EnqueueOps(StoreCore):
         size, largest = max(sizes, key=lambda pair: pair[0], default=(0, None))
         if largest is None or size < _PACKET_CHECKED_BYTES:
             return
-        if self._max_packet is None:
-            self._max_packet = int(
-                self._run(
-                    lambda conn: conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one(),
-                    "the server's packet size was not read",
-                )
-            )
-        # Escaped for the statement, a row can take up to twice its bytes.
-        if 2 * size + 64 * 1024 > self._max_packet:
+        if size > self._statement_budget():
             raise InvalidJob(
                 "payload",
                 f"job of task {largest.task_name!r} is {size / 2**20:.1f} MB; this MySQL/MariaDB "
-                f"server takes statements of at most {self._max_packet / 2**20:.0f} MB "
+                f"server takes statements of at most {(self._max_packet or 0) / 2**20:.0f} MB "
                 "(max_allowed_packet), about half of it for a row: raise max_allowed_packet "
                 "on the server, or pass a reference instead of the data",
             )
+
+    def _statement_budget(self, conn: Connection | None = None) -> int:
+        """The bytes of rows one MySQL/MariaDB statement may carry: escaped for the
+        statement, a row can take up to twice its bytes, within ``max_allowed_packet``."""
+        if self._max_packet is None:
+
+            def read(c: Connection) -> int:
+                return int(c.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one())
+
+            self._max_packet = (
+                read(conn) if conn is not None else self._run(read, "the packet size was not read")
+            )
+        return self._max_packet // 2 - 64 * 1024
 
     # -- enqueue ----------------------------------------------------------------------------
 
@@ -441,10 +446,30 @@ class EnqueueOps(StoreCore):
             )
             conn.execute(statement, params)
             return
-        for start in range(0, len(params), BULK_ROWS):
-            chunk = params[start : start + BULK_ROWS]
+        for chunk in self._statements_of(conn, params):
             statement = _insert_statement(conn.dialect, len(chunk), ignore_existing)
             conn.execute(statement, chunk[0] if len(chunk) == 1 else _bulk_params(chunk))
+
+    def _statements_of(
+        self, conn: Connection, params: list[dict[str, Any]]
+    ) -> Iterator[list[dict[str, Any]]]:
+        """Rows in chunks of at most BULK_ROWS rows and of what one statement may carry."""
+        sizes = [len(p["p_payload"]) + len(p["p_headers"]) + len(p["p_properties"]) for p in params]
+        if sum(sizes) < _PACKET_CHECKED_BYTES:
+            for start in range(0, len(params), BULK_ROWS):
+                yield params[start : start + BULK_ROWS]
+            return
+        budget = self._statement_budget(conn)
+        chunk: list[dict[str, Any]] = []
+        carried = 0
+        for row, size in zip(params, sizes, strict=True):
+            if chunk and (len(chunk) >= BULK_ROWS or carried + size > budget):
+                yield chunk
+                chunk, carried = [], 0
+            chunk.append(row)
+            carried += size
+        if chunk:
+            yield chunk
 
     def _reuse_or_refuse(
         self,

@@ -167,3 +167,18 @@ def test_a_row_over_mysqls_packet_is_refused_not_taken_for_an_outage(servers: Se
     assert raised.value.field == "payload" and "xxxx" not in str(raised.value)
     store.enqueue_many([new_job("after")])  # the store goes on
     assert store.result("big") is None and store.result("after") is not None
+
+
+def test_a_batch_larger_than_mysqls_packet_is_written_in_several_statements(
+    servers: Servers,
+) -> None:
+    store = empty_store(servers.url("mysql"))
+    (packet,) = store.engine.connect().execute(text("SELECT @@max_allowed_packet")).one()
+    row = 95 * 1024
+    count = packet // row + 20  # together over one packet; each well within it
+    jobs = [
+        replace(new_job(f"j{i}"), message=replace(new_job().message, payload=b"x" * row))
+        for i in range(count)
+    ]
+    store.enqueue_many(jobs)
+    assert store.count_by_status() == {"PENDING": count}
