@@ -124,9 +124,19 @@ def test_a_state_stored_for_a_task_another_process_runs_is_read_and_kept_by_a_re
     assert worker_app.control.revoke([started, not_started], reply=True, timeout=10)
 
     assert backend.get_state(started) == state
-    assert backend.get_state(not_started) == "REVOKED"
+    if _revoke_marks_unknown_tasks():  # Celery 5.7's handler; older ones leave them PENDING
+        assert backend.get_state(not_started) == "REVOKED"
     backend.store_result(started, 5, "SUCCESS")
     assert worker_app.AsyncResult(started).get(timeout=TIMEOUT) == 5
+
+
+def _revoke_marks_unknown_tasks() -> bool:
+    """Whether Celery's revoke handler marks a task it does not hold REVOKED in the backend."""
+    import inspect
+
+    from celery.worker import control
+
+    return "mark_as_revoked" in inspect.getsource(control)
 
 
 @pytest.mark.parametrize("final", ["SUCCESS", "FAILURE"])
