@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import update
@@ -101,3 +102,20 @@ def test_a_message_that_names_no_task_id_is_refused(
     assert store.claim("n", ["celery"], 5) == []
     record = store.result("hdr")
     assert record is not None and record.status is JobStatus.FAILED
+
+
+def test_the_scheduled_listing_leaves_out_a_forged_row_and_lists_the_rest(
+    store: JobStore,
+) -> None:
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    store.enqueue_many([new_job("good", due=later), _secret_job("forged")])
+    _forge(store, "forged", headers="not json", scheduled_time=later)
+    _forge(store, "good", task_name="t\x01\u00e9" * 10)  # odd but storable text
+
+    listed = store.scheduled_jobs(["celery"], limit=10)
+
+    assert [j.job_id for j in listed] == []  # both rows disagree with their messages
+    store.enqueue_many([new_job("plain", due=later)])
+    assert [j.job_id for j in store.scheduled_jobs(["celery"], limit=10)] == ["plain"]
+    assert store.scheduled_jobs([], limit=10) == []
+    assert store.scheduled_jobs(["celery"], limit=0) == []
