@@ -93,8 +93,12 @@ class JobBatch:
         self.jobs: list[NewJob] = []
         self.waiting: list[NewJob] = []
         self._on_stored: list[Callable[[], None]] = []
-        #: Results handed out for jobs of this batch: pointed at the holder of a taken key.
-        self._results: list[Any] = []
+        #: Results handed out for jobs of this batch, by job id: pointed at the holder of a
+        #: taken key.
+        self._results: dict[str, list[Any]] = {}
+        #: Groups whose row a flush of this batch wrote: a group of a generator is written
+        #: member by member, and its row once.
+        self._groups_opened: set[str] = set()
         self._connection: _NoBrokerConnection | None = None
 
     def add(
@@ -109,7 +113,7 @@ class JobBatch:
     def follow(self, result: Any) -> None:
         """``result`` is of a job sent through this batch: if the job's business key turns
         out to be held by an active job, the result is pointed at that job on flush."""
-        self._results.append(result)
+        self._results.setdefault(result.id, []).append(result)
 
     def take(self) -> tuple[list[NewJob], list[NewJob], list[Callable[[], None]]]:
         """Hand over what was collected (jobs, waiting chain steps, what to call once they
@@ -123,14 +127,14 @@ class JobBatch:
         if not jobs:
             _take_chords_opened()  # a write of nothing is no chord's header
             return
-        written = {j.job_id for j in jobs}
         # Results made ahead of their job's send (a lazy group reads one member ahead)
         # wait for the flush that writes it.
-        results = [r for r in self._results if r.id in written]
-        self._results = [r for r in self._results if r.id not in written]
+        results = [r for j in jobs for r in self._results.pop(j.job_id, ())]
         conf = self.app.conf
         policy = dict(conf.task_publish_retry_policy or {})
-        held = write_jobs(self.app, jobs, waiting, conf.task_publish_retry, policy)
+        held = write_jobs(
+            self.app, jobs, waiting, conf.task_publish_retry, policy, self._groups_opened
+        )
         point_at_holders(held, results)
         for stored in callbacks:
             stored()
@@ -139,7 +143,7 @@ class JobBatch:
         try:
             self.flush()
         finally:
-            self._results = []
+            self._results = {}
             _open_batches.set(tuple(b for b in _open_batches.get() if b is not self))
             if self._connection is not None:
                 self._connection.release()
@@ -150,7 +154,7 @@ class JobBatch:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, *_: Any) -> None:
         if exc_type is not None:  # the sending code failed part-way: store none of it
-            self.jobs, self._on_stored, self._results = [], [], []
+            self.jobs, self._on_stored, self._results = [], [], {}
             discard_refused_chords(self.app, exc)
         self.release()
 
@@ -202,20 +206,28 @@ class JobBatchPool:
 
 
 def write_jobs(
-    app: Celery, jobs: list[NewJob], waiting: list[NewJob], retry: bool, policy: dict[str, Any]
+    app: Celery,
+    jobs: list[NewJob],
+    waiting: list[NewJob],
+    retry: bool,
+    policy: dict[str, Any],
+    groups_opened: set[str] | None = None,
 ) -> dict[str, str]:
     """Write ``jobs`` (and the chain steps stored ahead, ``waiting``) where this moment's
     writes go: the caller's transaction, or the store's own connections, retried as
     ``task_publish_retry`` says. Their groups get a row (for `ratchet batches`; a chord's
     exists already); the chords this context opened, whose header this is, go if the store
     refuses it; workers of their queues are told (at commit). Returns the jobs whose
-    business key another job holds, mapped to the holders."""
+    business key another job holds, mapped to the holders. ``groups_opened``: the groups
+    whose row an earlier write of the same batch made, left out; those written are added."""
     state = ratchet_state(app)
     chords = _take_chords_opened()
-    groups = [j.group_id for j in jobs if j.group_id]
+    known = groups_opened if groups_opened is not None else set()
+    groups = list(dict.fromkeys(j.group_id for j in jobs if j.group_id and j.group_id not in known))
     with joined(app) as within:
         if groups:
             state.batches.open_groups(groups, within)
+            known.update(groups)
         if within is not None:
             with _discarded_if_refused(state, chords, within):
                 held = state.store.enqueue_within(within, jobs, waiting)
