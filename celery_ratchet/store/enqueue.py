@@ -49,6 +49,7 @@ from celery_ratchet.store.job_rows import (
     _no_guard,
     _params,
     job,
+    pipeline_chunks,
 )
 from celery_ratchet.store.raw import execute as execute_raw
 from celery_ratchet.store.raw import pooled
@@ -444,7 +445,8 @@ class EnqueueOps(StoreCore):
                 if ignore_existing
                 else self._insert
             )
-            conn.execute(statement, params)
+            for rows in pipeline_chunks(params):
+                conn.execute(statement, rows)
             return
         for chunk in self._statements_of(conn, params):
             statement = _insert_statement(conn.dialect, len(chunk), ignore_existing)
