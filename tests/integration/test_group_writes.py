@@ -63,7 +63,7 @@ def test_a_group_of_a_list_is_written_in_pipelined_chunks(
 ) -> None:
     add = client_app.tasks["t.add"]
     with statements(client_app) as seen:
-        result = group([add.s(i, i).set(queue=PARKED) for i in range(250)]).apply_async()
+        group([add.s(i, i).set(queue=PARKED) for i in range(250)]).apply_async()
     inserts = [(many, n) for sql, many, n in seen if sql.startswith("INSERT INTO scheduler_job")]
     if dialect != "mysql":  # MySQL writes multi-row VALUES statements instead
         assert inserts == [(True, 100), (True, 100), (True, 50)]
