@@ -58,9 +58,7 @@ def test_a_group_of_a_generator_records_its_group_once_however_many_members(
     assert _pending(client_app) == 30
 
 
-def test_a_group_of_a_list_is_written_in_pipelined_chunks(
-    client_app: Celery, dialect: str
-) -> None:
+def test_a_group_of_a_list_is_written_in_pipelined_chunks(client_app: Celery, dialect: str) -> None:
     add = client_app.tasks["t.add"]
     with statements(client_app) as seen:
         group([add.s(i, i).set(queue=PARKED) for i in range(250)]).apply_async()
