@@ -381,12 +381,12 @@ class RatchetBackend(BaseBackend):
             note_chord_opened(header_result_args[0])
 
     def set_chord_size(self, group_id: str, chord_size: int) -> None:
-        with joined(self.app) as conn:
-            ratchet_state(self.app).batches.set_total(group_id, chord_size, conn)
+        with joined(self.app) as unit:
+            ratchet_state(self.app).batches.set_total(group_id, chord_size, unit)
 
     def add_to_chord(self, chord_id: str, result: Any) -> None:
-        with joined(self.app) as conn:
-            ratchet_state(self.app).batches.add_children(chord_id, 1, conn)
+        with joined(self.app) as unit:
+            ratchet_state(self.app).batches.add_children(chord_id, 1, unit)
 
     def on_chord_part_return(self, request: Any, state: str, result: Any, **kwargs: Any) -> None:
         batches.on_part_return(self, request, state, result, _claim_token(request))

@@ -134,7 +134,7 @@ class BatchBuilder:
         app = self.app or signature_app(self._children[0]) or _current_app()
         batch_id = uuid()
         on_success, on_failure, on_progress = self._frozen_callbacks()
-        with joined(app) as conn:
+        with joined(app) as unit:
             ratchet_state(app).batches.open(
                 NewBatch(
                     batch_id,
@@ -145,7 +145,7 @@ class BatchBuilder:
                     on_failure=_encoded(on_failure),
                     on_progress=_encoded(on_progress),
                 ),
-                conn=conn,
+                unit=unit,
             )
         marker = app.signature(BATCH_MARKER_TASK, args=(batch_id,))
         children = [child.clone() for child in self._children]

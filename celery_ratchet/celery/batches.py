@@ -38,6 +38,7 @@ from celery_ratchet.store.batch_rows import BatchRecord, Progress
 from celery_ratchet.store.db_errors import (
     is_retryable_conflict,
 )
+from celery_ratchet.store.units import Unit
 
 logger = logging.getLogger(__name__)
 
@@ -65,16 +66,16 @@ def open_chord(app: Celery, group_id: str, body: Any) -> bool:
     """A chord is being applied: its batch, waiting for the header's size. True when this
     created the row (no run of the chord had one): see :func:`note_chord_opened`."""
     batches = ratchet_state(app).batches
-    with joined(app) as conn:
+    with joined(app) as unit:
         # Read where the row is written: a frozen chord applied twice in one transaction.
-        existing = batches.get(group_id, conn)
+        existing = batches.get(group_id, unit)
         if existing is not None and existing.kind is BatchKind.BATCH:
             return False  # celery_ratchet.batch() opened it with its own callbacks
         # A frozen chord applied again reuses its id for a new run: start afresh.
         batches.open(
             NewBatch(group_id, BatchKind.CHORD, None, on_success=encode_signature(body)),
             restart=existing is not None,
-            conn=conn,
+            unit=unit,
         )
     return existing is None
 
@@ -145,24 +146,24 @@ def finish(backend: Any, record: BatchRecord) -> None:
     try:
         results = _header_results(backend, record.batch_id, parts)
     except ChordError as exc:
-        with batches.finishing(record.batch_id, BatchState.FAILED) as conn:
-            won = conn is not None
+        with batches.finishing(record.batch_id, BatchState.FAILED) as unit:
+            won = unit is not None
         if won:
             logger.error("ratchet: chord %s failed: %s", record.batch_id, exc)
             backend.chord_error_from_stack(callback, exc)
         return
 
     def send_body() -> None:
-        with batches.finishing(record.batch_id, BatchState.SUCCEEDED) as conn:
-            if conn is not None:
-                send_within(conn, lambda: callback.delay(results))
+        with batches.finishing(record.batch_id, BatchState.SUCCEEDED) as unit:
+            if unit is not None:
+                send_within(unit, lambda: callback.delay(results))
 
     try:
         retrying_conflicts(send_body, f"body of chord {record.batch_id}")
     except Exception as exc:
         logger.exception("ratchet: body of chord %s not sent: %r", record.batch_id, exc)
-        with batches.finishing(record.batch_id, BatchState.FAILED) as conn:
-            won = conn is not None
+        with batches.finishing(record.batch_id, BatchState.FAILED) as unit:
+            won = unit is not None
         if won:
             backend.chord_error_from_stack(callback, ChordError(f"Callback error: {exc!r}"))
 
@@ -211,9 +212,9 @@ def fail_stream(
 
     def attempt() -> None:
         nonlocal won
-        with batches.finishing(record.batch_id, BatchState.FAILED, abandoned=abandoned) as conn:
-            won = conn is not None
-            if conn is None:
+        with batches.finishing(record.batch_id, BatchState.FAILED, abandoned=abandoned) as unit:
+            won = unit is not None
+            if unit is None:
                 return
             # Read after the swap: no chunk can be added any more, the count is final.
             current = batches.get(record.batch_id) or record
@@ -222,7 +223,7 @@ def fail_stream(
             summary["failed_ids"] = batches.failed_children(record.batch_id, FAILED_IDS_SHOWN)
             then = decode_signature(app, record.on_failure)
             if then is not None:
-                send_within(conn, lambda: then.delay(summary))
+                send_within(unit, lambda: then.delay(summary))
 
     retrying_conflicts(attempt, f"failure of batch {record.batch_id}")
     if won:
@@ -240,9 +241,9 @@ def _finish_stream(app: Celery, record: BatchRecord) -> None:
         state, then = BatchState.SUCCEEDED, decode_signature(app, record.on_success)
 
     def attempt() -> None:
-        with batches.finishing(record.batch_id, state) as conn:
-            if conn is not None and then is not None:
-                send_within(conn, lambda: then.delay(summary))
+        with batches.finishing(record.batch_id, state) as unit:
+            if unit is not None and then is not None:
+                send_within(unit, lambda: then.delay(summary))
 
     try:
         retrying_conflicts(attempt, f"outcome of batch {record.batch_id}")
@@ -274,11 +275,12 @@ def retrying_conflicts(attempt: Callable[[], None], what: str) -> None:
             time.sleep(0.01 * tries)
 
 
-def send_within(conn: Any, send: Callable[[], Any]) -> None:
-    if conn.dialect.name == "sqlite":  # one writer: the swap is committed already
+def send_within(unit: Unit, send: Callable[[], Any]) -> None:
+    """Send what follows a decision of the store in the unit of work that wrote it."""
+    if not unit.sends_join:
         send()
         return
-    with transaction(conn):
+    with transaction(unit):
         send()
 
 
@@ -372,10 +374,10 @@ def _finish_batch(app: Celery, record: BatchRecord, parts: Sequence[BatchPart]) 
         logger.exception("ratchet: outcome of batch %s not sent: %r", record.batch_id, exc)
         summary["failed_ids"] = [p.job_id for p in failed]
         summary["error"] = f"the batch's {state.value.lower()} callback was not sent: {exc!r}"
-        with ratchet_state(app).batches.finishing(record.batch_id, BatchState.FAILED) as conn:
+        with ratchet_state(app).batches.finishing(record.batch_id, BatchState.FAILED) as unit:
             then = decode_signature(app, record.on_failure)
-            if conn is not None and then is not None:
-                send_within(conn, lambda: then.delay(summary))
+            if unit is not None and then is not None:
+                send_within(unit, lambda: then.delay(summary))
         return
     logger.info("ratchet: batch %s (%s) %s", record.batch_id, record.name or "", state.value)
 
@@ -389,8 +391,8 @@ def _send_batch_outcome(
     state: BatchState,
 ) -> None:
     backend = app.backend
-    with ratchet_state(app).batches.finishing(record.batch_id, state) as conn:
-        if conn is None:
+    with ratchet_state(app).batches.finishing(record.batch_id, state) as unit:
+        if unit is None:
             return
         argument: Any
         if failed:
@@ -400,7 +402,7 @@ def _send_batch_outcome(
             results = [backend.decode(p.result) if p.result else None for p in parts]
             then, argument = decode_signature(app, record.on_success), results
         if then is not None:
-            send_within(conn, lambda: then.delay(argument))
+            send_within(unit, lambda: then.delay(argument))
 
 
 def batch_progress(app: Celery, batch_id: str) -> BatchSummary:

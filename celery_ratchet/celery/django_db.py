@@ -15,10 +15,7 @@ from typing import Any
 
 from celery_ratchet.errors import ConfigurationError
 from celery_ratchet.store.lent import lend, reaches_store
-
-#: Where a lent connection keeps Django's ``on_commit`` (in its ``info``): what the store's
-#: commit would do (wake workers over Redis) is done at Django's commit instead.
-AFTER_COMMIT = "ratchet_after_commit"
+from celery_ratchet.store.units import Unit
 
 _REMEDY = (
     "point ratchet_url (CELERY_RATCHET_URL in Django's settings) at that database, or "
@@ -44,7 +41,7 @@ def _where(wrapper: Any) -> dict[str, Any]:
 
 
 @contextmanager
-def _lent(wrapper: Any) -> Iterator[Any]:
+def _lent(wrapper: Any) -> Iterator[Unit]:
     wrapper.validate_no_broken_transaction()
     alias = wrapper.alias
     with lend(
@@ -52,14 +49,15 @@ def _lent(wrapper: Any) -> Iterator[Any]:
         **_where(wrapper),
         described_as=f"Django's database {alias!r} (DATABASES[{alias!r}])",
         remedy=_REMEDY,
-    ) as conn:
-        conn.info[AFTER_COMMIT] = wrapper.on_commit
-        yield conn
+        # What the store's commit would do (wake workers over Redis) is done at Django's.
+        after_commit=wrapper.on_commit,
+    ) as unit:
+        yield unit
 
 
 @contextmanager
-def within_django(connection: Any) -> Iterator[Any]:
-    """The job store's connection for a ``celery_ratchet.transaction(connection)`` block,
+def within_django(connection: Any) -> Iterator[Unit]:
+    """The unit of work for a ``celery_ratchet.transaction(connection)`` block,
     which must be inside Django's transaction on ``connection``."""
     from django.db import connections
 
@@ -72,8 +70,8 @@ def within_django(connection: Any) -> Iterator[Any]:
             "no transaction to write the jobs in. Enter it inside the atomic() block, or "
             "call delay() without it (the job is stored at once)"
         )
-    with _lent(wrapper) as conn:
-        yield conn
+    with _lent(wrapper) as unit:
+        yield unit
 
 
 def _wrapper_of(alias: str) -> Any:
@@ -96,14 +94,14 @@ def _wrapper_of(alias: str) -> Any:
 
 
 @contextmanager
-def django_transaction_of(alias: str, store: Any) -> Iterator[Any]:
+def django_transaction_of(alias: str, store: Any) -> Iterator[Unit | None]:
     """Django's connection ``alias``, lent to the job store while a transaction is open on it
     (``atomic()``, or autocommit turned off); ``None`` outside one, where a send is stored at
     once through the store's own connections. Refused, whether or not a transaction is open,
     when that database is not the job store's."""
     wrapper = _wrapper_of(alias)
     where = _where(wrapper)
-    if not reaches_store(store.engine.url, vendor=wrapper.vendor, **where):
+    if not reaches_store(store, vendor=wrapper.vendor, **where):
         shown = f"{wrapper.vendor} {where['host'] or 'localhost'}:{where['port'] or ''}"
         raise ConfigurationError(
             f"ratchet_django_connection = {alias!r} (CELERY_RATCHET_DJANGO_CONNECTION): jobs "
@@ -116,5 +114,5 @@ def django_transaction_of(alias: str, store: Any) -> Iterator[Any]:
     if wrapper.connection is None or wrapper.autocommit:
         yield None
         return
-    with _lent(wrapper) as conn:
-        yield conn
+    with _lent(wrapper) as unit:
+        yield unit

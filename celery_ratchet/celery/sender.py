@@ -25,9 +25,6 @@ from typing import Any, TypeVar
 from celery import Celery
 from kombu.connection import Connection
 
-from celery_ratchet.celery.django_db import (
-    AFTER_COMMIT,
-)
 from celery_ratchet.celery.state import NO_BROKER, ratchet_state
 from celery_ratchet.celery.transactions import joined
 from celery_ratchet.domain.job import NewJob
@@ -38,6 +35,7 @@ from celery_ratchet.errors import (
     StoreUnavailable,
     ValueRefused,
 )
+from celery_ratchet.store.units import Unit
 
 logger = logging.getLogger(__name__)
 
@@ -274,15 +272,15 @@ def _take_chords_opened() -> list[str]:
 _REFUSALS = (DuplicateJob, InvalidJob, PayloadTooLarge, ValueRefused)
 
 
-def _discard(state: Any, batch_ids: Sequence[str], conn: Any) -> None:
+def _discard(state: Any, batch_ids: Sequence[str], unit: Unit | None) -> None:
     try:
-        state.batches.discard_unsent(batch_ids, conn)
+        state.batches.discard_unsent(batch_ids, unit)
     except Exception as exc:  # the send's own error is the one to raise
         logger.warning("ratchet: batches %s left open: %s", ", ".join(batch_ids), exc)
 
 
 @contextlib.contextmanager
-def _discarded_if_refused(state: Any, opened: Sequence[str], conn: Any) -> Iterator[None]:
+def _discarded_if_refused(state: Any, opened: Sequence[str], unit: Unit | None) -> Iterator[None]:
     """Jobs are being written; ``opened``: the chords whose header they are, whose rows
     this very context made. If the store refuses the jobs, those rows go too, rather than
     stay open for ever. A chord another send made (one whose body or later step is being
@@ -291,7 +289,7 @@ def _discarded_if_refused(state: Any, opened: Sequence[str], conn: Any) -> Itera
         yield
     except _REFUSALS:
         if opened:
-            _discard(state, opened, conn)
+            _discard(state, opened, unit)
         raise
 
 
@@ -304,10 +302,10 @@ def discard_refused_chords(app: Celery, exc: BaseException | None) -> None:
             _discard(ratchet_state(app), opened, within)
 
 
-def _wake_after_commit(conn: Any, state: Any, queues: list[str]) -> None:
+def _wake_after_commit(unit: Unit, state: Any, queues: list[str]) -> None:
     """Jobs written in Django's transaction wake workers over Redis once it commits (with
     ``ratchet_events_url``); PostgreSQL's NOTIFY needs nothing: it rides the transaction."""
-    after_commit = getattr(conn, "info", {}).get(AFTER_COMMIT)
+    after_commit = unit.after_commit
     if after_commit is not None and state.settings.events_url:
         after_commit(lambda: state.published(queues))
 

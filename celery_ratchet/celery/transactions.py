@@ -16,18 +16,19 @@ from celery_ratchet.celery.django_db import (
     within_django,
 )
 from celery_ratchet.celery.state import ratchet_state
+from celery_ratchet.store.units import Unit, unit_of
 
-_within: ContextVar[Any] = ContextVar("ratchet_transaction", default=None)
+_within: ContextVar[Unit | None] = ContextVar("ratchet_transaction", default=None)
 
 
-def current_transaction() -> Any:
-    """The caller's connection inside ``celery_ratchet.transaction()``, else ``None``."""
+def current_transaction() -> Unit | None:
+    """The caller's unit of work inside ``celery_ratchet.transaction()``, else ``None``."""
     return _within.get()
 
 
 @contextmanager
-def joined(app: Celery) -> Iterator[Any]:
-    """The connection whose transaction the writes of this moment join, or ``None`` (the
+def joined(app: Celery) -> Iterator[Unit | None]:
+    """The unit of work whose transaction the writes of this moment join, or ``None`` (the
     store's own connections, committed at once): the caller's inside
     ``celery_ratchet.transaction()``; else, when ``ratchet_django_connection`` names a Django
     database, Django's connection while a transaction is open on it."""
@@ -76,9 +77,7 @@ def transaction(connection_or_session: Any) -> Iterator[None]:
             finally:
                 _within.reset(token)
         return
-    if not hasattr(target, "dialect"):  # a Session: the connection of its transaction
-        target = target.connection()
-    token = _within.set(target)
+    token = _within.set(unit_of(target))
     try:
         yield
     finally:

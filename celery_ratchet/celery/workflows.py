@@ -43,15 +43,24 @@ from celery_ratchet.celery.compat import current_app_object, signature_app
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.celery.transactions import joined
 from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.domain.workflow import (
+    FAILURE,
+    JOIN,
+    RESULT,
+    SUCCESS,
+    WAITING,
+    Branch,
+    Send,
+    Verdict,
+    decide_branches,
+    fires_on_outcome,
+)
 from celery_ratchet.errors import PredicateNotAllowed, RatchetError
-from celery_ratchet.store.workflow_conditions import decide
 
 logger = logging.getLogger(__name__)
 
 ADVANCE_TASK = "celery_ratchet.workflow_advance"
 FAILED_TASK = "celery_ratchet.workflow_failed"
-
-SUCCESS, FAILURE, RESULT, JOIN = "SUCCESS", "FAILURE", "RESULT", "JOIN"
 
 
 class WorkflowError(RatchetError, ValueError):
@@ -221,8 +230,8 @@ class WorkflowBuilder:
                     "branch": encode_signature(branch.sig),
                 }
             )
-        with joined(app) as conn:
-            ratchet_state(app).batches.add_conditions(parent_id, rows, conn)
+        with joined(app) as unit:
+            ratchet_state(app).batches.add_conditions(parent_id, rows, unit)
         parent.link(app.signature(ADVANCE_TASK, kwargs={"parent_id": parent_id}))
         parent.link_error(app.signature(FAILED_TASK, kwargs={"parent_id": parent_id}))
         parent.apply_async()
@@ -248,60 +257,65 @@ def advance(app: Celery, parent_id: str, result: Any, failed: bool) -> list[str]
     Branches get the parent's result as their first argument (its id when it failed), as
     Celery's ``link`` and ``link_error`` do; immutable signatures (``.si``) get nothing."""
     batches = ratchet_state(app).batches
-    rows = batches.conditions(parent_id)
-    if not rows:
+    branches = batches.conditions(parent_id)
+    if not branches:
         logger.warning("ratchet: workflow %s has no stored branches", parent_id)
         return []
+    by_position = {b.position: b for b in branches}
     sent: list[str] = []
-    refused: list[tuple[Any, RatchetError]] = []
-    with batches.deciding(parent_id) as conn:
-        if conn is None:
+    refusals: dict[int, RatchetError] = {}
+    with batches.deciding(parent_id) as unit:
+        if unit is None:
             return []  # decided by an earlier run of this job
-        fired: dict[str, Signature] = {}
-        to_send: list[Signature] = []
-        for row in rows:
-            if row.kind == JOIN or row.state != "WAITING":
+        verdicts = {}
+        for branch in branches:
+            if branch.kind == JOIN or branch.state != WAITING:
                 continue
             try:
-                fires = _fires(app, row, result, failed, parent_id)
+                fires = _fires(app, branch, result, failed, parent_id)
             except (PredicateNotAllowed, WorkflowError) as exc:
-                if decide(conn, parent_id, row.position, False, refused=True):
-                    refused.append((row, exc))
+                verdicts[branch.position] = Verdict.REFUSED
+                refusals[branch.position] = exc
                 continue
-            if not decide(conn, parent_id, row.position, fires) or not fires:
-                continue
-            stored = decode_signature(app, row.branch)
-            assert stored is not None
-            # As Celery's link and link_error: the result, or the id of the failed parent.
-            sig = stored.clone(args=(parent_id,) if failed else (result,))
-            if row.name:
-                fired[row.name] = sig
-            to_send.append(sig)
-        for row in rows:
-            if row.kind != JOIN or row.state != "WAITING":
-                continue
-            if not decide(conn, parent_id, row.position, True):
-                continue
-            body = decode_signature(app, row.branch)
-            assert body is not None
-            members = [fired[n] for n in (row.waits_for or "").split(",") if n in fired]
-            to_send = [s for s in to_send if all(s is not m for m in members)]
-            to_send.append(chord(members, body) if members else body.clone(args=([],)))
-        for sig in to_send:
-            send_within(conn, sig.apply_async)
+            verdicts[branch.position] = Verdict.FIRES if fires else Verdict.SKIPPED
+        decisions = decide_branches(branches, verdicts)
+        decided = batches.decide(unit, parent_id, decisions.states)
+        for send in decisions.sends(decided):
+            sig = _signature_to_send(app, send, by_position, parent_id, result, failed)
+            send_within(unit, sig.apply_async)
             sent.append(str(sig.get("task") or sig.get("subtask_type")))
-    for row, refusal in refused:
-        _fail_refused_branch(app, parent_id, row, refusal)
+    for position, refusal in refusals.items():
+        if position in decided:
+            _fail_refused_branch(app, parent_id, by_position[position], refusal)
     logger.info("ratchet: workflow %s sent %s", parent_id, sent or "nothing")
     return sent
 
 
-def _fail_refused_branch(app: Celery, parent_id: str, row: Any, exc: RatchetError) -> None:
+def _signature_to_send(
+    app: Celery,
+    send: Send,
+    branches: dict[int, Branch],
+    parent_id: str,
+    result: Any,
+    failed: bool,
+) -> Signature:
+    stored = decode_signature(app, branches[send.position].encoded)
+    assert stored is not None
+    if not send.is_join:
+        # As Celery's link and link_error: the result, or the id of the failed parent.
+        return stored.clone(args=(parent_id,) if failed else (result,))
+    members = [
+        _signature_to_send(app, Send(m), branches, parent_id, result, failed) for m in send.members
+    ]
+    return chord(members, stored) if members else stored.clone(args=([],))
+
+
+def _fail_refused_branch(app: Celery, parent_id: str, row: Branch, exc: RatchetError) -> None:
     """A stored condition names a function the application never allowed (or none at all):
     the branch is FAILED unrun, and its task's result says why."""
     logger.error("ratchet: workflow %s: branch %s not run: %s", parent_id, row.position, exc)
     try:
-        stored = decode_signature(app, row.branch)
+        stored = decode_signature(app, row.encoded)
     except (TypeError, ValueError):
         return
     task_id = (stored.options or {}).get("task_id") if stored is not None else None
@@ -314,22 +328,20 @@ def _fail_refused_branch(app: Celery, parent_id: str, row: Any, exc: RatchetErro
         )
 
 
-def _fires(app: Celery, row: Any, result: Any, failed: bool, parent_id: str) -> bool:
-    if row.kind == SUCCESS:
-        return not failed
-    if row.kind == FAILURE:
-        return failed
-    if row.kind == RESULT and not failed:
-        found = _load_predicate(app, row.predicate)  # refused: the branch fails
-        try:
-            return bool(found(result))
-        except Exception as exc:
-            logger.error(
-                "ratchet: workflow %s: predicate %s raised %r; its branch is skipped",
-                parent_id,
-                row.predicate,
-                exc,
-            )
+def _fires(app: Celery, branch: Branch, result: Any, failed: bool, parent_id: str) -> bool:
+    on_outcome = fires_on_outcome(branch, failed)
+    if on_outcome is not None:
+        return on_outcome
+    found = _load_predicate(app, branch.predicate or "")  # refused: the branch fails
+    try:
+        return bool(found(result))
+    except Exception as exc:
+        logger.error(
+            "ratchet: workflow %s: predicate %s raised %r; its branch is skipped",
+            parent_id,
+            branch.predicate,
+            exc,
+        )
     return False
 
 

@@ -18,6 +18,7 @@ from celery_ratchet.domain.batch import (
 from celery_ratchet.store.schema import (
     scheduler_batch,
 )
+from celery_ratchet.store.units import Unit, connection_of
 
 batch = scheduler_batch
 
@@ -69,11 +70,12 @@ class BatchRows:
     def _run(self, work: Any, what: str) -> Any:
         return self.store._run(work, what)
 
-    def _write(self, conn: Connection | None, work: Any, what: str) -> Any:
-        """Run ``work`` on the caller's connection (inside its transaction, in a savepoint)
-        when given, else on a pooled one."""
-        if conn is None:
+    def _write(self, unit: Unit | None, work: Any, what: str) -> Any:
+        """Run ``work`` in the caller's unit of work (inside its transaction, in a
+        savepoint) when given, else on a pooled connection."""
+        if unit is None:
             return self._run(work, what)
+        conn = connection_of(unit)
         with conn.begin_nested():
             return work(conn)
 

@@ -49,6 +49,7 @@ from celery_ratchet.store.step_rows import (
     COUNTED_KINDS,
     record_part,
 )
+from celery_ratchet.store.units import Unit, connection_of
 from celery_ratchet.store.workflow_conditions import ConditionOps
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class BatchStore(StreamOps, ConditionOps, BatchRows):
         new: NewBatch,
         *,
         restart: bool = False,
-        conn: Connection | None = None,
+        unit: Unit | None = None,
         lease_seconds: float | None = None,
     ) -> None:
         """Create a batch row; an existing one is kept, unless ``restart`` (a frozen chord
@@ -98,14 +99,14 @@ class BatchStore(StreamOps, ConditionOps, BatchRows):
                 c.execute(delete(batch).where(batch.c.batch_id == new.batch_id))
             c.execute(insert_ignoring_conflicts(c.dialect, batch).values(**values))
 
-        if restart and conn is None:
+        if restart and unit is None:
             self._run(lambda c: _in_transaction(c, work), "the batch was not created")
             return
-        self._write(conn, work, "the batch was not created")
+        self._write(unit, work, "the batch was not created")
 
-    def open_groups(self, group_ids: Sequence[str], conn: Connection | None = None) -> None:
+    def open_groups(self, group_ids: Sequence[str], unit: Unit | None = None) -> None:
         """Note Celery groups being sent (their children are counted from the job rows);
-        on ``conn`` when the jobs are written in a transaction of their own."""
+        in ``unit`` when the jobs are written in the caller's transaction."""
         rows = [
             {"batch_id": g, "kind": BatchKind.GROUP.value, "state": BatchState.OPEN.value,
              "added": 0, "created_at": datetime.now(timezone.utc)}
@@ -114,12 +115,12 @@ class BatchStore(StreamOps, ConditionOps, BatchRows):
         if not rows:
             return
         self._write(
-            conn,
+            unit,
             lambda c: c.execute(insert_ignoring_conflicts(c.dialect, batch), rows),
             "the group was not recorded",
         )
 
-    def discard_unsent(self, batch_ids: Sequence[str], conn: Connection | None = None) -> int:
+    def discard_unsent(self, batch_ids: Sequence[str], unit: Unit | None = None) -> int:
         """Chords whose header the send that opened them could not write (refused: a held
         business key, an invalid job): their rows go, so that none stays open waiting for
         children that never come. One with a child row, a finished part or a count of
@@ -138,19 +139,19 @@ class BatchStore(StreamOps, ConditionOps, BatchRows):
             ~has_part.exists(),
         )
         discarded: int = self._write(
-            conn, lambda c: c.execute(stmt).rowcount, "the unsent batch was not discarded"
+            unit, lambda c: c.execute(stmt).rowcount, "the unsent batch was not discarded"
         )
         return discarded
 
-    def set_total(self, batch_id: str, total: int, conn: Connection | None = None) -> None:
+    def set_total(self, batch_id: str, total: int, unit: Unit | None = None) -> None:
         """The number of children, known once the last of them is being sent."""
         stmt = update(batch).where(batch.c.batch_id == batch_id).values(total=total)
-        self._write(conn, lambda c: c.execute(stmt), "the batch size was not stored")
+        self._write(unit, lambda c: c.execute(stmt), "the batch size was not stored")
 
-    def add_children(self, batch_id: str, count: int = 1, conn: Connection | None = None) -> None:
+    def add_children(self, batch_id: str, count: int = 1, unit: Unit | None = None) -> None:
         """A running child added children (``replace()`` in a chord): wait for them too."""
         stmt = update(batch).where(batch.c.batch_id == batch_id).values(added=batch.c.added + count)
-        self._write(conn, lambda c: c.execute(stmt), "the batch was not extended")
+        self._write(unit, lambda c: c.execute(stmt), "the batch was not extended")
 
     def failed_children(self, batch_id: str, limit: int) -> list[str]:
         """Ids of up to ``limit`` failed children, the first to fail first."""
@@ -178,10 +179,10 @@ class BatchStore(StreamOps, ConditionOps, BatchRows):
         record = self.get(batch_id)
         return Progress(0, 0) if record is None else record.progress
 
-    def get(self, batch_id: str, conn: Connection | None = None) -> BatchRecord | None:
-        """The batch, or None; on ``conn`` (a caller's transaction) when given."""
-        if conn is not None:
-            return self._get(conn, batch_id)
+    def get(self, batch_id: str, unit: Unit | None = None) -> BatchRecord | None:
+        """The batch, or None; read in ``unit`` (a caller's transaction) when given."""
+        if unit is not None:
+            return self._get(connection_of(unit), batch_id)
         found: BatchRecord | None = self._run(
             lambda c: self._get(c, batch_id), "the batch was not read"
         )
@@ -204,10 +205,10 @@ class BatchStore(StreamOps, ConditionOps, BatchRows):
     @contextmanager
     def finishing(
         self, batch_id: str, state: BatchState, *, abandoned: bool = False
-    ) -> Iterator[Connection | None]:
-        """Complete a batch: yields a connection in a transaction when this caller won the
-        compare-and-swap (write what follows the batch on it; it commits with the swap), or
-        ``None`` when the batch was complete already. ``abandoned``: only a streaming batch
+    ) -> Iterator[Unit | None]:
+        """Complete a batch: yields a unit of work when this caller won the compare-and-swap
+        (send what follows the batch in it; it commits with the swap), or ``None`` when the
+        batch was complete already. ``abandoned``: only a streaming batch
         still unended whose lease ran out (its producer may have just ended it)."""
         swap = (
             update(batch)
@@ -226,7 +227,7 @@ class BatchStore(StreamOps, ConditionOps, BatchRows):
                 yield None
                 return
             try:
-                yield conn
+                yield Unit(conn)
             except BaseException:
                 if conn.dialect.name == "sqlite":  # committed already: undo by hand
                     conn.execute(reopen)

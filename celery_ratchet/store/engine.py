@@ -275,21 +275,25 @@ def engine_for(url: str, options: EngineOptions | None = None) -> Engine:
     """One engine (and connection pool) per URL and options per process."""
     options = options or EngineOptions()
     key = (normalize_url(url), options.key())
+    global _fork_hook_registered
     with _engines_lock:
+        if not _fork_hook_registered and hasattr(os, "register_at_fork"):
+            # Registered with the first engine, not at import: importing opens nothing.
+            os.register_at_fork(after_in_child=_forget_parent_connections)
+            _fork_hook_registered = True
         engine = _engines.get(key)
         if engine is None:
             engine = _engines[key] = build_engine(key[0], options)
         return engine
 
 
+_fork_hook_registered = False
+
+
 def _forget_parent_connections() -> None:
     # A forked child must never talk over its parent's sockets: drop them without closing.
     for engine in _engines.values():
         engine.dispose(close=False)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_parent_connections)
 
 
 def insert_ignoring_conflicts(dialect: Any, table: Any, key: str | None = None) -> Any:

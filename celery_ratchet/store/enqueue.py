@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -25,11 +25,9 @@ from celery_ratchet.domain.job import (
 from celery_ratchet.errors import (
     ConfigurationError,
     DuplicateJob,
-    InvalidJob,
     SchemaOutdated,
     StoreBusy,
 )
-from celery_ratchet.store.core import StoreCore
 from celery_ratchet.store.engine import (
     insert_ignoring_conflicts,
     same_database,
@@ -39,26 +37,24 @@ from celery_ratchet.store.engine import (
 from celery_ratchet.store.job_rows import (
     _KEY_TRIES,
     _WAITING_COLUMNS,
-    BULK_ROWS,
     WAITING_DUE,
-    _bulk_params,
     _bytes,
-    _insert_statement,
     _is_active_key_conflict,
     _lacks_active_key_index,
     _no_guard,
     _params,
     job,
-    pipeline_chunks,
 )
 from celery_ratchet.store.raw import execute as execute_raw
 from celery_ratchet.store.raw import pooled
 from celery_ratchet.store.redact import mask_url
+from celery_ratchet.store.row_writer import RowWriter
 from celery_ratchet.store.schema import (
     ACTIVE_KEY_INDEX,
     metadata,
     scheduler_resource_permit,
 )
+from celery_ratchet.store.units import Unit, connection_of
 
 logger = logging.getLogger(__name__)
 
@@ -70,49 +66,8 @@ class _Taken:
     maybe_ours: bool
 
 
-#: Rows smaller than this are never near a MySQL/MariaDB packet: no check is made.
-_PACKET_CHECKED_BYTES = 1024 * 1024
-
-
-class EnqueueOps(StoreCore):
+class EnqueueOps(RowWriter):
     """Writing jobs: plain, keyed, in a caller's transaction, chains stored ahead."""
-
-    _max_packet: int | None = None
-
-    def _check_packet(self, jobs: Sequence[NewJob], waiting: Sequence[NewJob]) -> None:
-        """On MySQL/MariaDB a row is sent in one statement, which the server takes only
-        within ``max_allowed_packet``; one over it is dropped with the connection, which
-        would read as an outage whose outcome is unknown. Refuse it before sending."""
-        if self.engine.dialect.name != "mysql":
-            return
-        sizes = [
-            (len(j.message.payload) + len(j.message.headers) + len(j.message.properties), j)
-            for j in (*jobs, *waiting)
-        ]
-        size, largest = max(sizes, key=lambda pair: pair[0], default=(0, None))
-        if largest is None or size < _PACKET_CHECKED_BYTES:
-            return
-        if size > self._statement_budget():
-            raise InvalidJob(
-                "payload",
-                f"job of task {largest.task_name!r} is {size / 2**20:.1f} MB; this MySQL/MariaDB "
-                f"server takes statements of at most {(self._max_packet or 0) / 2**20:.0f} MB "
-                "(max_allowed_packet), about half of it for a row: raise max_allowed_packet "
-                "on the server, or pass a reference instead of the data",
-            )
-
-    def _statement_budget(self, conn: Connection | None = None) -> int:
-        """The bytes of rows one MySQL/MariaDB statement may carry: escaped for the
-        statement, a row can take up to twice its bytes, within ``max_allowed_packet``."""
-        if self._max_packet is None:
-
-            def read(c: Connection) -> int:
-                return int(c.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one())
-
-            self._max_packet = (
-                read(conn) if conn is not None else self._run(read, "the packet size was not read")
-            )
-        return self._max_packet // 2 - 64 * 1024
 
     # -- enqueue ----------------------------------------------------------------------------
 
@@ -380,14 +335,15 @@ class EnqueueOps(StoreCore):
         conn.execute(insert_ignoring_conflicts(conn.dialect, job, key="job_id"), rows)
 
     def enqueue_within(
-        self, conn: Connection, jobs: Sequence[NewJob], waiting: Sequence[NewJob] = ()
+        self, unit: Unit, jobs: Sequence[NewJob], waiting: Sequence[NewJob] = ()
     ) -> dict[str, str]:
-        """Insert jobs on the caller's own connection, inside the caller's transaction: they
+        """Insert jobs in the caller's unit of work, inside the caller's transaction: they
         exist if and only if that transaction commits. A taken task id raises DuplicateJob
         without spoiling the caller's transaction (a savepoint holds each try); a business
         key held by an active job is as in :meth:`enqueue_many`."""
         if not jobs:
             return {}
+        conn = connection_of(unit)
         self._check_same_database(conn)
         if not self._schema_ready:
             # DDL cannot run inside the caller's transaction (MySQL would commit it, SQLite
@@ -429,49 +385,6 @@ class EnqueueOps(StoreCore):
                 f"transactional enqueue needs the job store's database: {described} is to "
                 f"{shown}, ratchet_url is {self.display_url}; {remedy}"
             )
-
-    def _insert_many(
-        self,
-        conn: Connection,
-        params: list[dict[str, Any]],
-        *,
-        ignore_existing: bool = False,
-    ) -> None:
-        # Measured per 1,000 rows: psycopg and sqlite3 pipeline executemany (25k and 60k
-        # rows/s); PyMySQL sends it row by row (4.5k/s) but multi-row VALUES reach 15k/s.
-        if self.family != "mysql":
-            statement = (
-                _insert_statement(conn.dialect, 1, True, self.notify)
-                if ignore_existing
-                else self._insert
-            )
-            for rows in pipeline_chunks(params):
-                conn.execute(statement, rows)
-            return
-        for chunk in self._statements_of(conn, params):
-            statement = _insert_statement(conn.dialect, len(chunk), ignore_existing)
-            conn.execute(statement, chunk[0] if len(chunk) == 1 else _bulk_params(chunk))
-
-    def _statements_of(
-        self, conn: Connection, params: list[dict[str, Any]]
-    ) -> Iterator[list[dict[str, Any]]]:
-        """Rows in chunks of at most BULK_ROWS rows and of what one statement may carry."""
-        sizes = [len(p["p_payload"]) + len(p["p_headers"]) + len(p["p_properties"]) for p in params]
-        if sum(sizes) < _PACKET_CHECKED_BYTES:
-            for start in range(0, len(params), BULK_ROWS):
-                yield params[start : start + BULK_ROWS]
-            return
-        budget = self._statement_budget(conn)
-        chunk: list[dict[str, Any]] = []
-        carried = 0
-        for row, size in zip(params, sizes, strict=True):
-            if chunk and (len(chunk) >= BULK_ROWS or carried + size > budget):
-                yield chunk
-                chunk, carried = [], 0
-            chunk.append(row)
-            carried += size
-        if chunk:
-            yield chunk
 
     def _reuse_or_refuse(
         self,

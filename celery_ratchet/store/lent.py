@@ -17,11 +17,12 @@ from contextvars import ContextVar
 from typing import Any
 
 from sqlalchemy import create_engine
-from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.engine import URL, Engine
 from sqlalchemy.pool import NullPool
 
 from celery_ratchet.errors import ConfigurationError
 from celery_ratchet.store.engine import same_database
+from celery_ratchet.store.units import AfterCommit, Unit
 
 #: The SQLAlchemy driver for each DB-API module a framework may hand over.
 _DRIVERS = {
@@ -112,12 +113,14 @@ def lend(
     database: str | None,
     described_as: str,
     remedy: str,
-) -> Iterator[Connection]:
-    """A SQLAlchemy connection running on ``dbapi_connection`` in its owner's transaction.
+    after_commit: AfterCommit | None = None,
+) -> Iterator[Unit]:
+    """A unit of work on ``dbapi_connection``, in its owner's transaction.
 
     ``host``, ``port`` and ``database`` say where that connection goes (the job store checks
     that it is its own database); ``described_as`` and ``remedy`` name the connection and what
-    to do in the error raised when it is another database."""
+    to do in the error raised when it is another database; ``after_commit`` runs a function
+    at the owner's commit (Django's ``on_commit``)."""
     engine = _engine(driver_of(dbapi_connection), host, port, database)
     token = _lending.set(_Lent(dbapi_connection))
     try:
@@ -127,15 +130,15 @@ def lend(
     conn.info["ratchet_described_as"] = described_as
     conn.info["ratchet_remedy"] = remedy
     try:
-        yield conn
+        yield Unit(conn, after_commit)
     finally:
         conn.close()
 
 
 def reaches_store(
-    store_url: URL, *, vendor: str, host: str | None, port: int | None, database: str | None
+    store: Any, *, vendor: str, host: str | None, port: int | None, database: str | None
 ) -> bool:
-    """Whether a ``vendor`` connection to ``host:port/database`` reaches the job store's
-    database (``store_url``: the store engine's URL)."""
+    """Whether a ``vendor`` connection to ``host:port/database`` reaches the database of the
+    job store ``store``."""
     other = URL.create(vendor, host=host, port=port, database=database)
-    return same_database(store_url, other)
+    return same_database(store.engine.url, other)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import and_, select, update
-from sqlalchemy.engine import Connection
 
+from celery_ratchet.domain.workflow import WAITING, Branch
 from celery_ratchet.store.batch_rows import BatchRows
 from celery_ratchet.store.db_clock import (
     db_now,
@@ -19,6 +19,7 @@ from celery_ratchet.store.engine import (
 from celery_ratchet.store.schema import (
     scheduler_workflow_condition,
 )
+from celery_ratchet.store.units import Unit, connection_of
 
 condition = scheduler_workflow_condition
 
@@ -27,7 +28,7 @@ class ConditionOps(BatchRows):
     """A workflow's branches, taken for deciding one parent at a time."""
 
     def add_conditions(
-        self, parent_id: str, rows: Sequence[dict[str, Any]], conn: Connection | None = None
+        self, parent_id: str, rows: Sequence[dict[str, Any]], unit: Unit | None = None
     ) -> None:
         """Store a workflow's branches: dicts of kind, name, predicate, waits_for, branch."""
         values = [
@@ -35,48 +36,63 @@ class ConditionOps(BatchRows):
             for i, r in enumerate(rows)
         ]
         self._write(
-            conn,
+            unit,
             lambda c: c.execute(insert_ignoring_conflicts(c.dialect, condition), values),
             "the workflow was not stored",
         )
 
-    def conditions(self, parent_id: str) -> list[Any]:
+    def conditions(self, parent_id: str) -> list[Branch]:
+        """A workflow's branches, in order."""
         stmt = (
             select(condition)
             .where(condition.c.parent_id == parent_id)
             .order_by(condition.c.position)
         )
-        rows: list[Any] = self._run(lambda conn: conn.execute(stmt).all(), "not read")
-        return rows
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "not read")
+        return [
+            Branch(
+                position=r.position,
+                kind=r.kind,
+                name=r.name,
+                predicate=r.predicate,
+                waits_for=tuple((r.waits_for or "").split(",")) if r.waits_for else (),
+                encoded=r.branch,
+                state=r.state,
+            )
+            for r in rows
+        ]
 
     @contextmanager
-    def deciding(self, parent_id: str) -> Iterator[Connection | None]:
-        """Take a workflow's undecided branches for deciding: yields a connection in a
-        transaction (send the fired branches on it, then :func:`decide` each) or ``None``
+    def deciding(self, parent_id: str) -> Iterator[Unit | None]:
+        """Take a workflow's undecided branches for deciding: yields a unit of work (write
+        the decisions with :meth:`decide` and send the fired branches in it) or ``None``
         when they were decided already."""
         lock = (
             select(condition.c.position)
-            .where(condition.c.parent_id == parent_id, condition.c.state == "WAITING")
+            .where(condition.c.parent_id == parent_id, condition.c.state == WAITING)
             .with_for_update()
         )
         with self._unit_of_work() as conn:
-            yield conn if conn.execute(lock).first() is not None else None
+            yield Unit(conn) if conn.execute(lock).first() is not None else None
 
-
-def decide(
-    conn: Connection, parent_id: str, position: int, fired: bool, *, refused: bool = False
-) -> bool:
-    """Mark one branch FIRED or SKIPPED (FAILED when ``refused``: it may not run); False when
-    it was decided already."""
-    stmt = (
-        update(condition)
-        .where(
-            and_(
-                condition.c.parent_id == parent_id,
-                condition.c.position == position,
-                condition.c.state == "WAITING",
+    def decide(self, unit: Unit, parent_id: str, states: Mapping[int, str]) -> set[int]:
+        """Move each branch at a position of ``states`` from WAITING to its state (FIRED,
+        SKIPPED, or FAILED: refused); returns the positions this moved, leaving out those
+        decided already."""
+        conn = connection_of(unit)
+        moved = set()
+        for position, state in states.items():
+            stmt = (
+                update(condition)
+                .where(
+                    and_(
+                        condition.c.parent_id == parent_id,
+                        condition.c.position == position,
+                        condition.c.state == WAITING,
+                    )
+                )
+                .values(state=state, decided_at=db_now())
             )
-        )
-        .values(state="FAILED" if refused else "FIRED" if fired else "SKIPPED", decided_at=db_now())
-    )
-    return bool(conn.execute(stmt).rowcount == 1)
+            if conn.execute(stmt).rowcount == 1:
+                moved.add(position)
+        return moved

@@ -17,7 +17,6 @@ from celery_ratchet.store.engine import transaction
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.store.schema import scheduler_batch
 from celery_ratchet.store.step_rows import record_part
-from celery_ratchet.store.workflow_conditions import decide
 from tests.helpers import new_job, wait_until
 
 
@@ -203,13 +202,11 @@ def test_a_revoked_chord_child_is_counted(store: JobStore) -> None:
 def _decide_all(url: str, parent_id: str) -> int:
     """One process deciding a workflow's branches; returns how many it decided."""
     batches = BatchStore(JobStore(url))
-    decided = 0
-    with batches.deciding(parent_id) as conn:
-        if conn is None:
+    with batches.deciding(parent_id) as unit:
+        if unit is None:
             return 0
-        for row in batches.conditions(parent_id):
-            decided += decide(conn, parent_id, row.position, fired=True)
-    return decided
+        states = {b.position: "FIRED" for b in batches.conditions(parent_id)}
+        return len(batches.decide(unit, parent_id, states))
 
 
 @pytest.mark.slow  # separate processes, each starting Python afresh

@@ -20,6 +20,7 @@ from celery_ratchet.runtime import recurring
 from celery_ratchet.store.ddl import bring_up_to_date
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.store.schema import ACTIVE_KEY_INDEX, MYSQL_ACTIVE_KEY_COLUMN
+from celery_ratchet.store.units import Unit
 from tests.helpers import new_job
 
 
@@ -138,12 +139,14 @@ def test_a_held_key_inside_a_callers_transaction_leaves_it_usable(
     engine = own_engine
     with engine.begin() as conn:  # type: ignore[attr-defined]
         conn.execute(text("INSERT INTO bk_orders (id) VALUES (1)"))
-        held = store.enqueue_within(conn, [keyed("order-42", "second"), keyed("new", "n")])
+        held = store.enqueue_within(Unit(conn), [keyed("order-42", "second"), keyed("new", "n")])
         assert held == {"second": "first"}
         # PostgreSQL would refuse every further statement of an aborted transaction.
         conn.execute(text("INSERT INTO bk_orders (id) VALUES (2)"))
         with pytest.raises(DuplicateJob):
-            store.enqueue_within(conn, [keyed("order-42", "third", on_duplicate=OnDuplicate.RAISE)])
+            store.enqueue_within(
+                Unit(conn), [keyed("order-42", "third", on_duplicate=OnDuplicate.RAISE)]
+            )
         conn.execute(text("INSERT INTO bk_orders (id) VALUES (3)"))
     with engine.connect() as conn:  # type: ignore[attr-defined]
         assert conn.execute(text("SELECT COUNT(*) FROM bk_orders")).scalar() == 3
@@ -286,9 +289,13 @@ def test_a_held_key_inside_a_callers_transaction_does_not_lock_the_holder(
         pytest.skip("SQLite: the caller's write transaction holds the whole database anyway")
     store.enqueue(keyed("order-42", "first"))
     with own_engine.begin() as conn:  # type: ignore[attr-defined]
-        assert store.enqueue_within(conn, [keyed("order-42", "second")]) == {"second": "first"}
+        assert store.enqueue_within(Unit(conn), [keyed("order-42", "second")]) == {
+            "second": "first"
+        }
         with pytest.raises(DuplicateJob):
-            store.enqueue_within(conn, [keyed("order-42", "third", on_duplicate=OnDuplicate.RAISE)])
+            store.enqueue_within(
+                Unit(conn), [keyed("order-42", "third", on_duplicate=OnDuplicate.RAISE)]
+            )
         # The holder's worker records its outcome while the caller's transaction is open.
         _end_without_waiting(store, "first")
     assert rows_with_key(store, "order-42") == [("first", "SUCCEEDED")]
@@ -304,7 +311,7 @@ def test_a_key_held_since_a_repeatable_read_callers_snapshot_names_the_holder(
         with conn.begin():
             conn.execute(text("SELECT COUNT(*) FROM bk_orders"))  # the snapshot is taken
             store.enqueue(keyed("order-42", "first"))  # committed after it
-            held = store.enqueue_within(conn, [keyed("order-42", "second")])
+            held = store.enqueue_within(Unit(conn), [keyed("order-42", "second")])
             assert held == {"second": "first"}
             conn.execute(text("INSERT INTO bk_orders (id) VALUES (1)"))
         assert conn.execute(text("SELECT COUNT(*) FROM bk_orders")).scalar() == 1
