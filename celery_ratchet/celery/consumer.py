@@ -103,7 +103,8 @@ class Dispatcher:
         if failed is not None:
             self.runtime.record_outcome(job.job_id, job.token, failed)
         if status is None:
-            self.runtime.release(job.job_id, job.token)
+            # A success whose result the backend stored (failed False) finished its row.
+            self.runtime.release(job.job_id, job.token, due_again=failed is not False)
         else:
             self.runtime.settle(Settlement(job.job_id, job.token, status, error, traceback))
 

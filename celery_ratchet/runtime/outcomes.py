@@ -64,11 +64,15 @@ class Outcomes(RuntimeBase):
         with self._lock:
             return len(self._unwritten)
 
-    def release(self, job_id: str, token: str) -> None:
-        """Free the slot of a job whose row needs no write (a retry already rescheduled it):
-        the row may be due again, so claim at once rather than at the next idle look."""
+    def release(self, job_id: str, token: str, *, due_again: bool = True) -> None:
+        """Free the slot of a job whose row needs no write. ``due_again``: the row may be
+        due again (a retry rescheduled it): claim at once rather than at the next idle
+        look. Else (a success whose result the backend stored) nothing of it is due; work
+        it released (a chain's next step) is announced where a channel tells this node,
+        and only polling needs the claim."""
         self._free(job_id, token)
-        self._hint.set()
+        if due_again or not self._told():
+            self._hint.set()
 
     def _free(self, job_id: str, token: str) -> None:
         with self._lock:
