@@ -12,6 +12,7 @@ from kombu.common import Broadcast
 from kombu.connection import Connection
 
 from celery_ratchet.celery import options as options_
+from celery_ratchet.celery.chain_handoff import handed_to_this_worker
 from celery_ratchet.celery.compat import cache_producer_pool, cached_producer_pool
 from celery_ratchet.celery.events import send_task_sent
 from celery_ratchet.celery.message import CLAIM_HEADER, job_from_message, waiting_steps
@@ -144,6 +145,9 @@ class RatchetAMQP(AMQP):
                 state.published([job.queue])
                 published()
                 return
+            if _own_batch(producer) and handed_to_this_worker(app, state, job, body):
+                published()
+                return
             waiting = waiting_steps(job, body)
             if isinstance(producer, JobBatch):
                 producer.add(job, published, waiting)
@@ -153,6 +157,12 @@ class RatchetAMQP(AMQP):
             published()
 
         return send_task_message
+
+
+def _own_batch(producer: Any) -> bool:
+    """Whether ``producer`` is the batch ``send_task`` acquired for this send alone (the
+    tracer sends a chain's next step so), rather than one the caller fills (``bulk()``)."""
+    return not isinstance(producer, JobBatch) or not (producer.jobs or producer.one_by_one)
 
 
 def _queue_name(amqp: AMQP, queue: Any, exchange: Any, routing_key: str | None) -> str:

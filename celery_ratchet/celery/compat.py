@@ -415,3 +415,18 @@ def group_tasks_are_lazy(group: Any) -> bool:
     """Whether a group's members come from a generator that Celery reads as it sends them
     (see :func:`is_lazy_generator_result`: what ``group(<generator>)`` keeps)."""
     return is_lazy_generator_result(getattr(group, "tasks", None))
+
+
+def continues_chain_of(request: Any, job_id: str, embedded_chain: Any) -> bool:
+    """Whether the message of ``job_id``, sent from inside the task of ``request``, is that
+    task's chain continuing (its next step), judged by how the tracer sends the step.
+    Celery 5.6 and later read the next step off the end of ``request.chain`` and send the
+    rest as a copy; 5.5 pops it and sends the very list that is left."""
+    chain = getattr(request, "chain", None)
+    if not isinstance(chain, list):
+        return False
+    if chain and isinstance(chain[-1], dict):
+        options = chain[-1].get("options") or {}
+        if options.get("task_id") == job_id:
+            return True
+    return embedded_chain is chain

@@ -4,6 +4,7 @@ buffered and in flight, the locks, the wake-up channel and the threads."""
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import socket
 import threading
@@ -175,6 +176,11 @@ class RuntimeBase:
         self.hostname = hostname or socket.gethostname()
         self._ready: deque[ClaimedJob] = deque()
         self._in_flight: dict[str, str] = {}  # job id → claim token
+        #: Whether the last claim found no more due jobs than it had room for, and no new
+        #: work was announced since (see Claiming.accepts_chain_step).
+        self._ran_dry = False
+        #: The process that claims: a forked pool process holds a copy of this object.
+        self._pid = os.getpid()
         #: With limits by kind: whether each job in flight is a batch child, and how many
         #: of each kind (False: single, True: batch child) are in flight.
         self._kinds: dict[str, bool] = {}
@@ -349,5 +355,6 @@ class RuntimeBase:
 
     def wake(self) -> None:
         """New work may be due (an enqueue notification, recovered orphans): claim now."""
+        self._ran_dry = False
         self._hint.set()
         self._wake.set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -214,6 +215,7 @@ class Claiming(MasterFiring, Revocations):
                     revoked = self._drop_revoked(claimed)
                     if revoked:
                         claimed = [j for j in claimed if j not in revoked]
+                    self._ran_dry = len(claimed) < room
                     if claimed:
                         self._take(claimed, epoch)
                         self._dispatch_ready()
@@ -244,6 +246,38 @@ class Claiming(MasterFiring, Revocations):
             except Exception:  # keep claiming: a dead poller would strand this node
                 logger.exception("ratchet: claim loop error; continuing")
                 self._stopping.wait(settings.poll_interval)
+
+    def accepts_chain_step(self, queue: str) -> int | None:
+        """Whether a chain step of ``queue``, released by a task running in this process,
+        may be released as claimed by this node (``release_step_to``): the epoch to hand
+        it over with (:meth:`take_released`), or None to release it as usual. Only while
+        this node's last claim found no more due jobs than it had room for, so the step
+        goes ahead of no backlog, and while it has room for it."""
+        if (
+            os.getpid() != self._pid  # a pool process's copy of the runtime
+            or queue not in self.queues
+            or not self._ran_dry
+            or self._stopping.is_set()
+            or self._heartbeat_stale()
+        ):
+            return None
+        with self._lock:
+            if self._ready or len(self._in_flight) >= self.capacity.total:
+                return None
+            return self._epoch
+
+    def take_released(self, job: ClaimedJob, epoch: int) -> None:
+        """A chain step released as claimed by this node: buffered at once, as a claim of
+        its own is (a revoke from now on finds it there), and started by the claim loop."""
+        stamped = self._stamped([job], epoch)
+        with self._lock:
+            if not self._stopping.is_set() and epoch == self._epoch:
+                self._ready.extend(stamped)
+                self._wake.set()
+                return
+        # Stopping meanwhile (the buffer was handed back already), or declared dead and
+        # registered again since (claims of before are not ours to start): handed back.
+        self._report(Settlement(job.job_id, job.token, JobStatus.PENDING, resource=job.resource))
 
     def _take(self, claimed: list[ClaimedJob], epoch: int) -> None:
         """Buffer jobs just claimed, unless this node was declared dead (and registered

@@ -14,9 +14,19 @@ from celery_ratchet.store.recurring import MasterOps
 from celery_ratchet.store.results import ResultOps
 from celery_ratchet.store.revocation import RevocationOps
 from celery_ratchet.store.settle import ClaimOps
+from celery_ratchet.store.step_handoff import StepHandoffOps
 
 
-class JobStore(MasterOps, EnqueueOps, NodeOps, ClaimOps, ResultOps, RevocationOps, AdminOps):
+class JobStore(
+    MasterOps,
+    EnqueueOps,
+    NodeOps,
+    StepHandoffOps,
+    ClaimOps,
+    ResultOps,
+    RevocationOps,
+    AdminOps,
+):
     """Job rows in one database. Thread-safe; one instance per URL per process is enough.
     Each concern's operations live in their own module; this class puts them together."""
 

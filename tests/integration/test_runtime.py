@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
+from celery_ratchet.domain.job import ClaimedJob, JobStatus, JobType, NewJob, Settlement
 from celery_ratchet.errors import StoreUnavailable
 from celery_ratchet.runtime.base import Capacity
 from celery_ratchet.runtime.worker import WorkerRuntime
@@ -151,7 +152,6 @@ def test_a_master_whose_occurrence_is_refused_does_not_hold_the_others_back(
     refuses is left unfired and the others fire all the same."""
     from datetime import datetime, timedelta, timezone
 
-    from celery_ratchet.domain.job import NewJob
     from celery_ratchet.domain.schedule import MasterSpec
     from celery_ratchet.runtime import recurring
 
@@ -241,3 +241,36 @@ def test_a_broadcast_about_a_job_the_node_just_started_is_run(
     finally:
         rt.close(timeout=10)
     assert executor.ran == ["started-first"]
+
+
+def test_a_released_chain_step_is_taken_only_when_no_backlog_waits_and_there_is_room(
+    store: JobStore,
+) -> None:
+    held: list[ClaimedJob] = []
+    rt = live_node(store, held.append)  # dispatched jobs are held: they never finish
+    rt.start()
+    try:
+        store.enqueue_many([new_job("first")], [_step("next", "first")])
+        wait_for(lambda: [j.job_id for j in held] == ["first"])
+        wait_for(lambda: rt.accepts_chain_step("celery") is not None)  # a claim came back short
+        assert rt.accepts_chain_step("side") is None  # a queue the node does not consume
+        epoch = rt.accepts_chain_step("celery")
+        assert epoch is not None
+        sent = dataclasses.replace(new_job("next"), parent_id="first")
+        claimed = store.release_step_to(sent, rt.node_id)
+        assert claimed is not None
+        rt.take_released(claimed, epoch)
+        wait_for(lambda: [j.job_id for j in held] == ["first", "next"])
+        # A backlog: the node fills its 4 slots and 4 buffered places, and takes no step.
+        store.enqueue_many([new_job(f"fill{i}") for i in range(12)])
+        wait_for(lambda: len(held) == 4)
+        wait_for(lambda: rt.accepts_chain_step("celery") is None)
+    finally:
+        rt.stop_claiming()
+        rt.close(timeout=10)
+
+
+def _step(job_id: str, after: str) -> NewJob:
+    return dataclasses.replace(
+        new_job(job_id), depends_on=after, parent_id=after, job_type=JobType.CHAIN_STEP
+    )

@@ -1,0 +1,115 @@
+"""A chain's next step, released and claimed for one node in one statement.
+
+A chain's later steps are stored ahead as WAITING rows; the step before each releases it
+(WAITING to PENDING), and a node claims it like any due job. A node that runs the step in
+its own process can instead take the released step itself: the release writes the claim
+too (RUNNING, this node, a new claim token). That saves the claim transaction and the
+wake-up's round trip on every step of a chain. Everything else about the claim is as any
+claim's: the claim token fences the execution, orphan recovery takes it back if the node
+dies, the claim check hands it back if the node loses track of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from typing import Any
+
+from sqlalchemy import bindparam, type_coerce, update
+from sqlalchemy.engine import Connection
+
+from celery_ratchet.domain.job import ClaimedJob, JobStatus, NewJob
+from celery_ratchet.store.claim import RETURNED, Claimed, decode
+from celery_ratchet.store.db_clock import db_now
+from celery_ratchet.store.engine import transaction
+from celery_ratchet.store.job_rows import _new_job_values, _params, job
+from celery_ratchet.store.row_writer import RowWriter
+from celery_ratchet.store.schema import UTCDateTime
+from celery_ratchet.store.settle import ClaimOps
+
+
+class StepHandoffOps(ClaimOps, RowWriter):
+    def release_step_to(self, new: NewJob, node_id: str) -> ClaimedJob | None:
+        """Release the WAITING chain step ``new`` (sent by the step before it) as claimed
+        by ``node_id``. None, with nothing written, when there is no such waiting row
+        (a step not stored ahead, released already, or cancelled) or it cannot be run as
+        it is: the caller then sends it the usual way, which decides."""
+        if new.resource is not None or new.due is not None or new.business_key is not None:
+            return None
+        self._check_packet([new], ())
+        token = uuid.uuid4().hex
+        params = {**_params(new), "node": node_id, "token": token}
+        tries = 0
+
+        def work(conn: Connection) -> ClaimedJob | Claimed | None:
+            nonlocal tries
+            tries += 1
+            if tries > 1:
+                # The connection broke after an earlier try: it may have committed with its
+                # reply lost. Then the row is ours, under this token.
+                rows = conn.execute(self._select_claimed, {"token": token}).all()
+                if rows:
+                    return _claimed(rows, token)
+            if self.family == "mysql":  # no UPDATE ... RETURNING: the row is read back
+                with transaction(conn):
+                    if conn.execute(self._handoff_update(), params).rowcount != 1:
+                        return None
+                    rows = conn.execute(self._select_claimed, {"token": token}).all()
+            else:
+                rows = conn.execute(self._handoff_returning(), params).all()
+            return _claimed(rows, token)
+
+        found = self._run(work, "the chain step was not released")
+        if isinstance(found, Claimed):  # released but unrunnable: failed as a claim would be
+            self._fail_malformed(token, found.malformed)
+            return None
+        return found
+
+    def _handoff_values(self) -> dict[str, Any]:
+        released = _new_job_values()
+        released.pop("group_id")  # as any release: the group the step was frozen with
+        released.pop("business_key")
+        released.pop("claims")
+        return {
+            **released,
+            "created_at": db_now(),
+            "status": JobStatus.RUNNING.value,
+            "scheduled_time": db_now(),
+            "picked_by": bindparam("node"),
+            "claim_token": bindparam("token"),
+            "claimed_at": db_now(),
+            "started_at": None,
+            "claims": 1,
+        }
+
+    @functools.cached_property
+    def _handoff_statement(self) -> Any:
+        return (
+            update(job)
+            .where(
+                job.c.job_id == bindparam("p_job_id"),
+                job.c.status == JobStatus.WAITING.value,
+                job.c.resource.is_(None),
+            )
+            .values(**self._handoff_values())
+        )
+
+    def _handoff_update(self) -> Any:
+        return self._handoff_statement
+
+    @functools.cached_property
+    def _handoff_returning_statement(self) -> Any:
+        returned = [job.c[name.strip()] for name in RETURNED.split(",")]
+        claimed_now = type_coerce(db_now(), UTCDateTime()).label("claimed_now")
+        return self._handoff_statement.returning(*returned, claimed_now)
+
+    def _handoff_returning(self) -> Any:
+        return self._handoff_returning_statement
+
+
+def _claimed(rows: Any, token: str) -> ClaimedJob | Claimed | None:
+    """The released step, or what could not be decoded of it (to fail), or None."""
+    claimed = decode(rows, token)
+    if claimed.malformed:
+        return claimed
+    return claimed.jobs[0] if claimed.jobs else None
