@@ -48,14 +48,14 @@ class ConditionOps(BatchRows):
             .where(condition.c.parent_id == parent_id)
             .order_by(condition.c.position)
         )
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "not read")
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "the workflow was not read")
         return [
             Branch(
                 position=r.position,
                 kind=r.kind,
                 name=r.name,
                 predicate=r.predicate,
-                waits_for=tuple((r.waits_for or "").split(",")) if r.waits_for else (),
+                waits_for=tuple(r.waits_for.split(",")) if r.waits_for else (),
                 encoded=r.branch,
                 state=r.state,
             )
