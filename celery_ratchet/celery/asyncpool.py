@@ -30,7 +30,14 @@ from celery.concurrency.base import BasePool, apply_target
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
 from celery_ratchet.celery.aio import TraceGreenlet, drive, is_async_task, require_greenlet
-from celery_ratchet.celery.pool import COLD, guarded, request_stop, reset_stop, stop_mode
+from celery_ratchet.celery.pool import (
+    COLD,
+    asked_from_signal_handler,
+    guarded,
+    request_stop,
+    reset_stop,
+    stop_mode,
+)
 from celery_ratchet.celery.state import ratchet_state
 
 logger = logging.getLogger(__name__)
@@ -236,6 +243,8 @@ class AsyncPool(BasePool):
     def on_stop(self) -> None:
         """Warm: the jobs not started are handed back (the stop is set), those running
         finish."""
+        if asked_from_signal_handler(self.app):
+            return
         request_stop()
         self._quiesce(wait=False)
         waited_since = time.monotonic()

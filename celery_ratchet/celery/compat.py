@@ -264,8 +264,17 @@ def is_lazy_generator_result(value: Any) -> bool:
 
 # -- billiard's pool (``celery worker -P ratchet``) -------------------------------------------
 
+
 #: ``billiard.pool.Pool._help_stuff_finish``: the pool's end drains its input queue with it;
 #: ``_BlockingPool`` overrides it so that a lock taken by a dead process is not waited for.
+def in_signal_handler() -> bool:
+    """Whether this process is inside one of Celery's signal handlers now (the flag its
+    handlers set, ``celery.utils.log.in_sighandler``)."""
+    from celery.utils import log
+
+    return bool(getattr(log, "_in_sighandler", False))
+
+
 POOL_HELP_STUFF_FINISH_METHOD = "_help_stuff_finish"
 
 

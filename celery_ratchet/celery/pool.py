@@ -31,6 +31,7 @@ from celery_ratchet.celery.compat import (
     discard_input,
     exit_as_billiard_does,
     forget_billiard_pool,
+    in_signal_handler,
     input_waiting,
     pool_input_queue,
     pool_processes,
@@ -210,6 +211,8 @@ class RatchetPool(TaskPool):
     def on_stop(self) -> None:
         """Warm: jobs waiting in the pool are handed back, running ones finish; then the
         pool ends without waiting on processes that are gone or jobs that cannot end."""
+        if asked_from_signal_handler(self.app):
+            return
         pool = billiard_pool_of(self)
         if pool is None or pool_state(pool) not in (billiard_pool.RUN, billiard_pool.CLOSE):
             return
@@ -228,6 +231,18 @@ class RatchetPool(TaskPool):
         _quiesce(self.app, wait=False)
         super().on_terminate()
         _quiesce(self.app)
+
+
+def asked_from_signal_handler(app: Any) -> bool:
+    """Celery's cold stop handler (SIGQUIT) stops the pool from inside the handler, which
+    may have interrupted the worker's warm stop, or any code holding a lock a stop takes.
+    There the stop is only asked for, and ``True`` returned: the main thread's own stop
+    (or the terminate the cold stop sets off) does the rest once the handler returns."""
+    if not in_signal_handler():
+        return False
+    request_stop()
+    _quiesce(app, wait=False)
+    return True
 
 
 def _quiesce(app: Any, wait: bool = True) -> None:

@@ -31,6 +31,7 @@ from celery_ratchet.domain.schedule import MasterSpec
 from celery_ratchet.errors import StoreUnavailable
 from celery_ratchet.runtime.control import CommandRunner, ControlLoop
 from celery_ratchet.runtime.fence import Fence, new_tag, stamp
+from celery_ratchet.runtime.signal_relay import SignalRelay
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.control import control_store
 from celery_ratchet.store.ports import WorkerStore
@@ -205,6 +206,8 @@ class RuntimeBase:
         self._hint = threading.Event()  # new work may be due
         self._stopping = threading.Event()
         self._closed = threading.Event()
+        #: What a stop signal's handler sets, set from a thread of its own.
+        self._stop_relay = SignalRelay(self._stopping, self._wake, name="ratchet-stop-relay")
         self._settlements: queue.Queue[Settlement] = queue.Queue()
         #: Outcomes reported but not yet written: queued or in the settler's hands.
         self._unwritten: dict[tuple[str, str], Settlement] = {}

@@ -32,6 +32,7 @@ class WorkerRuntime(Liveness):
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._stop_relay.start()
         registered = self._register()
         if registered is None:  # told to stop before it could register: claim nothing
             return
@@ -88,10 +89,14 @@ class WorkerRuntime(Liveness):
         self.wake()
 
     def request_stop(self) -> None:
-        """Start no more jobs, from now on (safe in a signal handler: it only sets flags);
-        :meth:`stop_claiming` then waits for the claim loop and hands the buffer back."""
-        self._stopping.set()
-        self._wake.set()
+        """Start no more jobs, from now on; :meth:`stop_claiming` then waits for the claim
+        loop and hands the buffer back. Safe in a signal handler, which may have interrupted
+        this thread inside ``set()`` of these very events: a thread of their own sets them."""
+        if self._stop_relay.running:
+            self._stop_relay.pull()
+        elif not self._closed.is_set():  # not started: no thread of this node runs yet
+            self._stopping.set()
+            self._wake.set()
 
     def stop_claiming(self) -> list[ClaimedJob]:
         """Stop taking work and hand claimed-but-unstarted jobs back at once."""
@@ -154,6 +159,7 @@ class WorkerRuntime(Liveness):
                 break
             time.sleep(0.05)
         self._closed.set()
+        self._stop_relay.close()
         self._settlements.put(_CLOSED)  # wakes the settler now
         for source in self.wakeups:
             source.stop()

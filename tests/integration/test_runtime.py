@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -274,3 +277,28 @@ def _step(job_id: str, after: str) -> NewJob:
     return dataclasses.replace(
         new_job(job_id), depends_on=after, parent_id=after, job_type=JobType.CHAIN_STEP
     )
+
+
+def test_a_stop_asked_by_a_signal_handler_that_interrupted_the_stops_own_set_returns(
+    runtime: tuple[WorkerRuntime, Executor],
+) -> None:
+    """A cold stop (SIGQUIT) landing while the warm stop's handler sets the stop: the
+    handler runs in the same thread, which holds the event's lock."""
+    rt, _ = runtime
+    handled: list[int] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        rt.request_stop()
+        handled.append(signum)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        with rt._stopping._cond:  # type: ignore[attr-defined]  # as inside its set()
+            os.kill(os.getpid(), signal.SIGUSR1)
+            for _ in range(100_000):
+                if handled:
+                    break
+            assert handled == [signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    wait_for(rt._stopping.is_set)
