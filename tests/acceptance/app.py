@@ -59,6 +59,14 @@ def double(n: int) -> int:
     return n * 2
 
 
+@app.task(name="acc.step")
+def step(n: int, key: str, pause: float = 0.0) -> int:
+    """Step ``n`` of the chain ``key``: recorded as ``key:n``, it hands ``n + 1`` on."""
+    record_run(f"{key}:{n}")
+    time.sleep(pause)
+    return n + 1
+
+
 @app.task(name="acc.sleep")
 def sleep(key: str, seconds: float) -> str:
     record_run(key)

@@ -6,6 +6,7 @@ finishing the last children at the same instant, and with a worker killed mid-ch
 
 from __future__ import annotations
 
+import collections
 import time
 import uuid
 
@@ -83,6 +84,60 @@ def test_two_workers_finishing_the_last_children_at_once(
         left, right = (store.result(c.id) for c in result.parent.results)
         assert left is not None and right is not None
         assert left.picked_by != right.picked_by
+
+
+def _chains(app: Celery, key: str, count: int, steps: int, pause: float) -> list:  # type: ignore[type-arg]
+    step = app.tasks["acc.step"]
+    return [
+        chain(
+            step.s(0, f"{key}-{c}", pause), *(step.s(f"{key}-{c}", pause) for _ in range(steps - 1))
+        ).apply_async()
+        for c in range(count)
+    ]
+
+
+def _step_runs(app: Celery, key: str) -> collections.Counter[str]:
+    store = ratchet_state(app).store
+    return collections.Counter(k for k, _ in side_effects(store) if k.startswith(f"{key}-"))
+
+
+def test_chains_across_three_thread_workers_run_each_step_once(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    """With ``-P threads`` a step's next one is handed to the worker that ran it, while it
+    has room; every step still runs once, whichever worker takes it."""
+    key = f"hand-{uuid.uuid4().hex[:6]}"
+    results = _chains(server_app, key, count=30, steps=10, pause=0.0)
+    for name in ("w1", "w2", "w3"):
+        server_cluster.start(name, pool="threads", concurrency=4)
+    try:
+        assert [r.get(timeout=120) for r in results] == [10] * 30
+    except Exception:
+        print(server_cluster.logs())
+        raise
+    runs = _step_runs(server_app, key)
+    assert runs == {f"{key}-{c}:{n}": 1 for c in range(30) for n in range(10)}
+    assert ratchet_state(server_app).store.count_by_status() == {"SUCCEEDED": 300}
+
+
+def test_a_warm_stop_of_one_thread_worker_mid_chains_hands_its_steps_on(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    """The stopped worker's buffered steps (handed to it by its own steps) go back to the
+    queue, and the others run them: each once."""
+    key = f"stop-{uuid.uuid4().hex[:6]}"
+    results = _chains(server_app, key, count=20, steps=15, pause=0.05)
+    first = server_cluster.start("w1", pool="threads", concurrency=4)
+    server_cluster.start("w2", pool="threads", concurrency=4)
+    try:
+        wait_until(lambda: sum(_step_runs(server_app, key).values()) >= 60, 120, "60 steps run")
+        assert first.stop(timeout=60) == 0
+        assert [r.get(timeout=120) for r in results] == [15] * 20
+    except Exception:
+        print(server_cluster.logs())
+        raise
+    runs = _step_runs(server_app, key)
+    assert runs == {f"{key}-{c}:{n}": 1 for c in range(20) for n in range(15)}
 
 
 def test_a_failing_middle_step_cancels_the_rest(
