@@ -52,11 +52,11 @@ class StepHandoffOps(ClaimOps, RowWriter):
                     return _claimed(rows, token)
             if self.family == "mysql":  # no UPDATE ... RETURNING: the row is read back
                 with transaction(conn):
-                    if conn.execute(self._handoff_update(), params).rowcount != 1:
+                    if conn.execute(self._handoff_statement, params).rowcount != 1:
                         return None
                     rows = conn.execute(self._select_claimed, {"token": token}).all()
             else:
-                rows = conn.execute(self._handoff_returning(), params).all()
+                rows = conn.execute(self._handoff_returning_statement, params).all()
             return _claimed(rows, token)
 
         found = self._run(work, "the chain step was not released")
@@ -94,17 +94,11 @@ class StepHandoffOps(ClaimOps, RowWriter):
             .values(**self._handoff_values())
         )
 
-    def _handoff_update(self) -> Any:
-        return self._handoff_statement
-
     @functools.cached_property
     def _handoff_returning_statement(self) -> Any:
         returned = [job.c[name.strip()] for name in RETURNED.split(",")]
         claimed_now = type_coerce(db_now(), UTCDateTime()).label("claimed_now")
         return self._handoff_statement.returning(*returned, claimed_now)
-
-    def _handoff_returning(self) -> Any:
-        return self._handoff_returning_statement
 
 
 def _claimed(rows: Any, token: str) -> ClaimedJob | Claimed | None:
