@@ -8,7 +8,10 @@ moves one fails the test named after it.
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Callable, Mapping
+from types import CodeType, FrameType
 from typing import Any
 
 from celery import Celery, current_app, current_task
@@ -265,16 +268,34 @@ def is_lazy_generator_result(value: Any) -> bool:
 # -- billiard's pool (``celery worker -P ratchet``) -------------------------------------------
 
 
+@functools.cache
+def _stop_handler_code() -> CodeType | None:
+    """The code of the handler Celery's worker installs for its stop signals (SIGTERM,
+    SIGINT, SIGQUIT): ``_handle_request``, made by ``celery.apps.worker._shutdown_handler``."""
+    from celery.apps import worker
+
+    outer = getattr(worker, "_shutdown_handler", None)
+    for const in getattr(getattr(outer, "__code__", None), "co_consts", ()):
+        if isinstance(const, CodeType) and const.co_name == "_handle_request":
+            return const
+    return None
+
+
+def in_stop_signal_handler() -> bool:
+    """Whether this thread is inside the worker's stop signal handler now, which may have
+    interrupted it anywhere. By the handler's frame on the stack: Celery's own flag
+    (``celery.utils.log.in_sighandler``) stays set for good after a SIGHUP restart."""
+    code = _stop_handler_code()
+    frame: FrameType | None = sys._getframe(1)
+    while code is not None and frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
 #: ``billiard.pool.Pool._help_stuff_finish``: the pool's end drains its input queue with it;
 #: ``_BlockingPool`` overrides it so that a lock taken by a dead process is not waited for.
-def in_signal_handler() -> bool:
-    """Whether this process is inside one of Celery's signal handlers now (the flag its
-    handlers set, ``celery.utils.log.in_sighandler``)."""
-    from celery.utils import log
-
-    return bool(getattr(log, "_in_sighandler", False))
-
-
 POOL_HELP_STUFF_FINISH_METHOD = "_help_stuff_finish"
 
 

@@ -31,7 +31,7 @@ from celery_ratchet.celery.compat import (
     discard_input,
     exit_as_billiard_does,
     forget_billiard_pool,
-    in_signal_handler,
+    in_stop_signal_handler,
     input_waiting,
     pool_input_queue,
     pool_processes,
@@ -175,12 +175,13 @@ class _BlockingPool(billiard_pool.Pool):
         (the worker is stopping) and the processes exit on the end-of-work marker; a
         process gone, or the input lock gone with it, is not waited for."""
         _wait_for_running(self)
-        logger.debug("ratchet: pool: no job running; waiting for the processes to exit")
-        # A process that got the marker exits about a second later (billiard's own pause).
-        deadline = time.monotonic() + _CHILD_EXIT_SECONDS
-        for process in pool_processes(self):
-            if process_started(process):
-                process.join(max(0.0, deadline - time.monotonic()))
+        if stop_mode() != COLD:
+            logger.debug("ratchet: pool: no job running; waiting for the processes to exit")
+            # A process that got the marker exits about a second later (billiard's pause).
+            deadline = time.monotonic() + _CHILD_EXIT_SECONDS
+            for process in pool_processes(self):
+                if process_started(process):
+                    process.join(max(0.0, deadline - time.monotonic()))
         request_stop(cold=True)  # a process still there is idle, or stuck: it may die
         for process in pool_processes(self):
             if process.exitcode is None:
@@ -227,9 +228,21 @@ class RatchetPool(TaskPool):
         forget_billiard_pool(self)
 
     def on_terminate(self) -> None:
+        """Cold: the running jobs are cut off, and the pool ends at once (billiard's own
+        terminate would wait out its result handler's timeout, about 5 s, first)."""
         request_stop(cold=True)
         _quiesce(self.app, wait=False)
-        super().on_terminate()
+        pool = billiard_pool_of(self)
+        if isinstance(pool, _BlockingPool) and pool_state(pool) in (
+            billiard_pool.RUN,
+            billiard_pool.CLOSE,
+        ):
+            pool.close()
+            _quiesce(self.app)
+            pool.finish()
+            forget_billiard_pool(self)
+        else:
+            super().on_terminate()
         _quiesce(self.app)
 
 
@@ -238,7 +251,7 @@ def asked_from_signal_handler(app: Any) -> bool:
     may have interrupted the worker's warm stop, or any code holding a lock a stop takes.
     There the stop is only asked for, and ``True`` returned: the main thread's own stop
     (or the terminate the cold stop sets off) does the rest once the handler returns."""
-    if not in_signal_handler():
+    if not in_stop_signal_handler():
         return False
     request_stop()
     _quiesce(app, wait=False)
@@ -260,10 +273,10 @@ def _wait_for_running(pool: Any) -> None:
     """Until no live process runs a job. Jobs still queued are skipped by the processes in
     a few milliseconds each; jobs that nothing will take any more (queued after the pool
     closed, or behind an input lock a dead process took with it) are left to the
-    hand-back."""
+    hand-back. A cold stop ends the wait: the running jobs are cut off next."""
     quiet_since = time.monotonic()
     pending = -1
-    while True:
+    while stop_mode() != COLD:
         alive = {p.pid for p in pool_processes(pool) if p.exitcode is None}
         jobs = pool_unfinished_jobs(pool)
         if not any(pid in alive for job in jobs for pid in job.worker_pids()):

@@ -214,6 +214,29 @@ def test_a_cold_stop_exits_and_hands_back_what_it_cut_off(
 
 
 @pytest.mark.parametrize("stop_cluster", ["postgresql", "mysql"], indirect=True)
+def test_a_cold_stop_during_a_warm_one_cuts_it_short_and_hands_every_job_back(
+    stop_cluster: Cluster,
+) -> None:
+    """SIGQUIT lands while the warm stop waits for jobs far longer than the wait below."""
+    app = _app()
+    store = ratchet_state(app).store
+    ids = [app.tasks["acc.sleep"].delay(f"c{i}", 2 * HANG).id for i in range(6)]
+    worker = stop_cluster.start("w1", concurrency=4, **NO_RECOVERY)
+    wait_until(lambda: len(side_effects(store)) == 4, HANG, "four jobs to start")
+    worker.process.send_signal(signal.SIGTERM)
+    wait_until(lambda: "warm shutdown" in stop_cluster.logs().lower(), 30, "the warm stop")
+    worker.process.send_signal(signal.SIGQUIT)
+    try:
+        worker.process.wait(30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(
+            f"the cold stop did not end the warm one:\n{stop_cluster.logs()}"
+        ) from None
+    wait_until(lambda: not group_members(worker.pid), HANG, "the pool to end")
+    assert statuses(store, ids) == Counter({"PENDING": 6}), stop_cluster.logs()
+
+
+@pytest.mark.parametrize("stop_cluster", ["postgresql", "mysql"], indirect=True)
 def test_a_pool_process_killed_mid_job_during_a_stop_hands_its_job_back_at_once(
     stop_cluster: Cluster,
 ) -> None:

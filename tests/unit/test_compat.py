@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from celery_ratchet.celery.compat import (
     ensure_not_eager,
     forget_billiard_pool,
     forget_cached_backend,
+    in_stop_signal_handler,
     input_waiting,
     is_composite_signature,
     is_lazy_generator_result,
@@ -732,3 +734,35 @@ def test_task_tracer_and_set_task_tracer_are_what_celerys_trace_task_calls() -> 
     assert task_tracer(task) is tracer
     assert trace_task(task, "the-id", (), {}) == "traced"
     assert calls == ["the-id"]
+
+
+def test_in_stop_signal_handler_is_true_beneath_the_workers_stop_handler_only() -> None:
+    """Found by the handler's frame: a real signal, through Celery's own handler."""
+    from celery.apps.worker import _shutdown_handler
+    from celery.utils.log import set_in_sighandler
+    from celery.worker import state
+
+    seen: list[bool] = []
+    previous = signal.getsignal(signal.SIGUSR2)
+    _shutdown_handler(
+        SimpleNamespace(hostname="w@test"),  # type: ignore[arg-type]
+        sig="SIGUSR2",
+        how="Cold",
+        callback=lambda worker: seen.append(in_stop_signal_handler()),
+        verbose=False,
+    )
+    try:
+        assert not in_stop_signal_handler()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        for _ in range(100_000):  # Python runs the handler between two bytecodes
+            if seen:
+                break
+        assert seen == [True]
+        assert not in_stop_signal_handler()
+        # As SIGHUP's restart handler leaves it: Celery's flag set for good.
+        set_in_sighandler(True)
+        assert not in_stop_signal_handler()
+    finally:
+        set_in_sighandler(False)
+        state.should_terminate = None
+        signal.signal(signal.SIGUSR2, previous)
