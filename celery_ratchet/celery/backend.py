@@ -24,6 +24,7 @@ from celery_ratchet.celery import batches
 from celery_ratchet.celery.aio import offload
 from celery_ratchet.celery.compat import (
     ensure_not_eager,
+    in_stop_signal_handler,
     is_lazy_generator_result,
     message_ignore_result_overrides_task,
 )
@@ -106,11 +107,19 @@ class RatchetBackend(BaseBackend):
 
     def exception_safe_to_retry(self, exc: BaseException) -> bool:
         # Retried while the worker runs; once it stops, the outcome is left to orphan
-        # recovery rather than hold the stop until the database returns.
-        return isinstance(exc, StoreUnavailable) and stop_mode() == RUNNING
+        # recovery rather than hold the stop until the database returns. The cold stop's
+        # handler writes (a cancelled job's retry note) before the stop is set: it is the
+        # stop, and tries once.
+        return (
+            isinstance(exc, StoreUnavailable)
+            and stop_mode() == RUNNING
+            and not in_stop_signal_handler()
+        )
 
     def _sleep(self, amount: float) -> None:
         # compat.BACKEND_RETRY_SLEEP_METHOD: a stop ends the pause between two retries.
+        if in_stop_signal_handler():
+            return
         deadline = time.monotonic() + amount
         while stop_mode() == RUNNING and time.monotonic() < deadline:
             time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))

@@ -345,10 +345,16 @@ def test_a_worker_started_while_the_store_is_down_stops_when_told(
 
 
 @pytest.mark.infra
-@pytest.mark.parametrize("pool", ["ratchet", "threads"])
-def test_a_warm_stop_during_an_outage_exits_and_leaves_its_claims_to_orphan_recovery(
-    private_postgres: PrivatePostgres, private_app: Celery, tmp_path: Path, pool: str
+@pytest.mark.parametrize(
+    ("pool", "sig"),
+    [("ratchet", signal.SIGTERM), ("threads", signal.SIGTERM), ("ratchet", signal.SIGQUIT)],
+    ids=["ratchet-warm", "threads-warm", "ratchet-cold"],
+)
+def test_a_stop_during_an_outage_exits_and_leaves_its_claims_to_orphan_recovery(
+    private_postgres: PrivatePostgres, private_app: Celery, tmp_path: Path, pool: str, sig: int
 ) -> None:
+    """A cold stop too: its handler's writes (the cut-off jobs' retry notes) are tried once,
+    not retried until the database returns."""
     store = ratchet_state(private_app).store
     noted = private_app.tasks["acc.noted_sleep"]
     ids = [noted.delay(f"o{i}", 3.0).id for i in range(12)]
@@ -360,7 +366,7 @@ def test_a_warm_stop_during_an_outage_exits_and_leaves_its_claims_to_orphan_reco
         )
         wait_until(lambda: sum(runs_in(run_log).values()) >= 4, HANG, "four jobs to start")
         private_postgres.stop("fast")
-        worker.process.send_signal(signal.SIGTERM)
+        worker.process.send_signal(sig)
         wait_for_exit(worker, cluster)
         private_postgres.start()
 
