@@ -135,8 +135,21 @@ class RatchetBackend(BaseBackend):
         request: Any = None,
         **kwargs: Any,
     ) -> Any:
-        # On the async pool, in a thread: the event loop goes on meanwhile.
-        return offload(self._write_result, task_id, result, state, traceback, request)
+        try:
+            # On the async pool, in a thread: the event loop goes on meanwhile.
+            return offload(self._write_result, task_id, result, state, traceback, request)
+        except StoreUnavailable:
+            if not in_stop_signal_handler():
+                raise
+            # Raised out of the handler, it would cut short whatever stop the signal
+            # interrupted: the job is handed back, or found by orphan recovery.
+            logger.warning(
+                "ratchet: state %s of job %s not written during the cold stop: the job "
+                "store is unreachable",
+                state,
+                task_id,
+            )
+            return result
 
     def _write_result(
         self, task_id: str, result: Any, state: str, traceback: str | None, request: Any

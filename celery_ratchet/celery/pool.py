@@ -173,22 +173,30 @@ class _BlockingPool(billiard_pool.Pool):
     def finish(self) -> None:
         """After :meth:`close`: the running jobs finish, those still queued are skipped
         (the worker is stopping) and the processes exit on the end-of-work marker; a
-        process gone, or the input lock gone with it, is not waited for."""
-        _wait_for_running(self)
-        if stop_mode() != COLD:
-            logger.debug("ratchet: pool: no job running; waiting for the processes to exit")
-            # A process that got the marker exits about a second later (billiard's pause).
-            deadline = time.monotonic() + _CHILD_EXIT_SECONDS
-            for process in pool_processes(self):
-                if process_started(process):
-                    process.join(max(0.0, deadline - time.monotonic()))
+        process gone, or the input lock gone with it, is not waited for. The processes
+        and the pool's threads are ended whatever interrupts the wait (an error raised by
+        a cold stop's handler)."""
+        try:
+            _wait_for_running(self)
+            if stop_mode() != COLD:
+                logger.debug("ratchet: pool: no job running; waiting for the processes to exit")
+                # A process that got the marker exits about a second later (billiard's pause).
+                deadline = time.monotonic() + _CHILD_EXIT_SECONDS
+                for process in pool_processes(self):
+                    if process_started(process):
+                        process.join(max(0.0, deadline - time.monotonic()))
+        finally:
+            self._end_processes()
+
+    def _end_processes(self) -> None:
         request_stop(cold=True)  # a process still there is idle, or stuck: it may die
         for process in pool_processes(self):
             if process.exitcode is None:
                 process.terminate()
+        deadline = time.monotonic() + _INPUT_LOCK_SECONDS
         for process in pool_processes(self):
             if process_started(process):
-                process.join(_INPUT_LOCK_SECONDS)
+                process.join(max(0.0, deadline - time.monotonic()))
         # Nothing is left for the pool's threads (daemons) to do; billiard's own clean-up
         # would join each of them, each asleep for up to a second.
         logger.debug("ratchet: pool: processes ended")

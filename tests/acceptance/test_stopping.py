@@ -346,15 +346,24 @@ def test_a_worker_started_while_the_store_is_down_stops_when_told(
 
 @pytest.mark.infra
 @pytest.mark.parametrize(
-    ("pool", "sig"),
-    [("ratchet", signal.SIGTERM), ("threads", signal.SIGTERM), ("ratchet", signal.SIGQUIT)],
-    ids=["ratchet-warm", "threads-warm", "ratchet-cold"],
+    ("pool", "sigs"),
+    [
+        ("ratchet", [signal.SIGTERM]),
+        ("threads", [signal.SIGTERM]),
+        ("ratchet", [signal.SIGQUIT]),
+        ("ratchet", [signal.SIGTERM, signal.SIGQUIT]),
+    ],
+    ids=["ratchet-warm", "threads-warm", "ratchet-cold", "ratchet-warm-then-cold"],
 )
 def test_a_stop_during_an_outage_exits_and_leaves_its_claims_to_orphan_recovery(
-    private_postgres: PrivatePostgres, private_app: Celery, tmp_path: Path, pool: str, sig: int
+    private_postgres: PrivatePostgres,
+    private_app: Celery,
+    tmp_path: Path,
+    pool: str,
+    sigs: list[int],
 ) -> None:
-    """A cold stop too: its handler's writes (the cut-off jobs' retry notes) are tried once,
-    not retried until the database returns."""
+    """A cold stop too, alone or during a warm one: its handler's writes (the cut-off jobs'
+    retry notes) are tried once, and their failure does not cut the stop short."""
     store = ratchet_state(private_app).store
     noted = private_app.tasks["acc.noted_sleep"]
     ids = [noted.delay(f"o{i}", 3.0).id for i in range(12)]
@@ -366,7 +375,10 @@ def test_a_stop_during_an_outage_exits_and_leaves_its_claims_to_orphan_recovery(
         )
         wait_until(lambda: sum(runs_in(run_log).values()) >= 4, HANG, "four jobs to start")
         private_postgres.stop("fast")
-        worker.process.send_signal(sig)
+        for sig in sigs:
+            worker.process.send_signal(sig)
+            if sig == signal.SIGTERM and len(sigs) > 1:
+                wait_until(lambda: "warm shutdown" in cluster.logs().lower(), 30, "the warm stop")
         wait_for_exit(worker, cluster)
         private_postgres.start()
 
