@@ -181,10 +181,7 @@ class _BlockingPool(billiard_pool.Pool):
             if stop_mode() != COLD:
                 logger.debug("ratchet: pool: no job running; waiting for the processes to exit")
                 # A process that got the marker exits about a second later (billiard's pause).
-                deadline = time.monotonic() + _CHILD_EXIT_SECONDS
-                for process in pool_processes(self):
-                    if process_started(process):
-                        process.join(max(0.0, deadline - time.monotonic()))
+                _wait_for_exit(pool_processes(self), _CHILD_EXIT_SECONDS)
         finally:
             self._end_processes()
 
@@ -193,10 +190,7 @@ class _BlockingPool(billiard_pool.Pool):
         for process in pool_processes(self):
             if process.exitcode is None:
                 process.terminate()
-        deadline = time.monotonic() + _INPUT_LOCK_SECONDS
-        for process in pool_processes(self):
-            if process_started(process):
-                process.join(max(0.0, deadline - time.monotonic()))
+        _wait_for_exit(pool_processes(self), _INPUT_LOCK_SECONDS)
         # Nothing is left for the pool's threads (daemons) to do; billiard's own clean-up
         # would join each of them, each asleep for up to a second.
         logger.debug("ratchet: pool: processes ended")
@@ -275,6 +269,20 @@ def _quiesce(app: Any, wait: bool = True) -> None:
             runtime.stop_claiming()
         else:
             runtime.request_stop()
+
+
+def _wait_for_exit(processes: list[Any], seconds: float) -> None:
+    """Until every started process of ``processes`` has exited, or ``seconds``. By their
+    exit codes, not ``join()``: the pool's result handler joins exited processes itself,
+    and two joins of one process close its sentinel twice (billiard's ``Popen.close`` is
+    not thread-safe: the second close fails, or closes a descriptor reused meanwhile)."""
+    deadline = time.monotonic() + seconds
+    waiting = [p for p in processes if process_started(p)]
+    while True:
+        waiting = [p for p in waiting if p.exitcode is None]
+        if not waiting or time.monotonic() >= deadline:
+            return
+        time.sleep(0.01)
 
 
 def _wait_for_running(pool: Any) -> None:
