@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import threading
 import time
@@ -102,3 +104,26 @@ class Tripwire:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def handler_fired_while_holding(event: threading.Event, action: Callable[[], None]) -> None:
+    """Run ``action`` in a real signal handler while this thread holds ``event``'s lock, as
+    a stop signal landing inside ``event.set()`` does: returns once the handler has."""
+    handled: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        action()
+        handled.append(signum)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        with event._cond:  # type: ignore[attr-defined]  # what Event.set() holds
+            os.kill(os.getpid(), signal.SIGUSR1)
+            # Python runs the handler in this thread between two bytecodes, lock held.
+            for _ in range(100_000):
+                if handled:
+                    break
+            assert handled == [signal.SIGUSR1]
+            assert not event.is_set()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from types import FrameType
 from typing import Any
 
 import pytest
@@ -20,7 +17,7 @@ from celery_ratchet.runtime.worker import WorkerRuntime
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.control import control_store
 from celery_ratchet.store.jobstore import JobStore
-from tests.helpers import new_job
+from tests.helpers import handler_fired_while_holding, new_job
 
 FAST = RatchetSettings(
     poll_interval=0.1,
@@ -285,20 +282,5 @@ def test_a_stop_asked_by_a_signal_handler_that_interrupted_the_stops_own_set_ret
     """A cold stop (SIGQUIT) landing while the warm stop's handler sets the stop: the
     handler runs in the same thread, which holds the event's lock."""
     rt, _ = runtime
-    handled: list[int] = []
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        rt.request_stop()
-        handled.append(signum)
-
-    previous = signal.signal(signal.SIGUSR1, handler)
-    try:
-        with rt._stopping._cond:  # type: ignore[attr-defined]  # as inside its set()
-            os.kill(os.getpid(), signal.SIGUSR1)
-            for _ in range(100_000):
-                if handled:
-                    break
-            assert handled == [signal.SIGUSR1]
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
+    handler_fired_while_holding(rt._stopping, rt.request_stop)
     wait_for(rt._stopping.is_set)

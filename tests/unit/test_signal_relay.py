@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import threading
 from collections.abc import Iterator
-from types import FrameType
 
 import pytest
 
 from celery_ratchet.runtime.signal_relay import SignalRelay
+from tests.helpers import handler_fired_while_holding
 
 
 @pytest.fixture
@@ -34,24 +33,7 @@ def test_a_handler_that_interrupted_the_events_own_set_returns_and_the_event_is_
     """The deadlock of a cold stop during a warm one: the handler ran while this thread held
     the event's lock, inside ``Event.set()``; setting the event there never returns."""
     relay, event = relay_and_event
-    handled: list[int] = []
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        relay.pull()
-        handled.append(signum)
-
-    previous = signal.signal(signal.SIGUSR1, handler)
-    try:
-        with event._cond:  # type: ignore[attr-defined]  # what Event.set() holds
-            os.kill(os.getpid(), signal.SIGUSR1)
-            # Python runs the handler in this thread between two bytecodes, lock held.
-            for _ in range(100_000):
-                if handled:
-                    break
-            assert handled == [signal.SIGUSR1]
-            assert not event.is_set()
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
+    handler_fired_while_holding(event, relay.pull)
     assert event.wait(10)
 
 
