@@ -35,6 +35,9 @@ class AlertWindow:
     newest_job_id: str | None
     newest_error: str | None
     newest_at: datetime | None
+    #: This window's place among its task name's windows (1 for the first): two windows may
+    #: open at one database instant (a transaction's clock is its start), never at one place.
+    sequence: int
 
 
 @dataclass(frozen=True)
@@ -74,9 +77,11 @@ def window_due(opened_at: datetime | None, now: datetime, interval_seconds: floa
     return opened_at is not None and closes_at(opened_at, interval_seconds) <= now
 
 
-def alert_id(task_name: str, opened_at: datetime) -> str:
-    """The alert job's id: the same for the same window, whoever sends it."""
-    return str(uuid.uuid5(_ALERT_IDS, f"{task_name}@{opened_at.isoformat()}"))
+def alert_id(window: AlertWindow) -> str:
+    """The alert job's id: the same for the same window, whoever sends it, and different for
+    each window of a task name even when two opened at the same instant."""
+    key = f"{window.task_name}@{window.opened_at.isoformat()}#{window.sequence}"
+    return str(uuid.uuid5(_ALERT_IDS, key))
 
 
 def summarize(

@@ -186,4 +186,4 @@ class DeadLetterAlerts:
             self.interval_seconds,
             newest_error=_exception(window.newest_error),
         )
-        return self.alert_job(alert_id(window.task_name, window.opened_at), summary.as_message())
+        return self.alert_job(alert_id(window), summary.as_message())

@@ -162,6 +162,7 @@ def close_window(
         newest_job_id=row.newest_job_id,
         newest_error=row.newest_error,
         newest_at=row.newest_at,
+        sequence=row.alerts_sent,
     )
     listed = (
         select(job.c.job_id)

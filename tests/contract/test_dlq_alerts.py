@@ -57,7 +57,7 @@ class Alerts:
         summary = summarize(window, job_ids, now, 0).as_message()
         with self.lock:
             self.sent.append(summary)
-        return new_job(alert_id(window.task_name, window.opened_at), task=ALERT_TASK)
+        return new_job(alert_id(window), task=ALERT_TASK)
 
 
 def _open_count(store: JobStore, task: str) -> int:

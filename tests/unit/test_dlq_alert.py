@@ -27,8 +27,10 @@ from celery_ratchet.settings import RatchetSettings
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 
 
-def window(failed: int = 3) -> AlertWindow:
-    return AlertWindow("shop.charge", T0, failed, "job-9", "ValueError: no card", T0)
+def window(
+    failed: int = 3, task: str = "shop.charge", opened_at: datetime = T0, sequence: int = 1
+) -> AlertWindow:
+    return AlertWindow(task, opened_at, failed, "job-9", "ValueError: no card", T0, sequence)
 
 
 def test_a_window_closes_interval_seconds_after_it_opened() -> None:
@@ -43,9 +45,15 @@ def test_no_window_open_is_never_due() -> None:
 
 
 def test_the_alert_id_is_the_same_for_one_window_whoever_computes_it() -> None:
-    assert alert_id("shop.charge", T0) == alert_id("shop.charge", T0)
-    assert alert_id("shop.charge", T0) != alert_id("shop.charge", T0 + timedelta(microseconds=1))
-    assert alert_id("shop.charge", T0) != alert_id("shop.refund", T0)
+    assert alert_id(window()) == alert_id(window(failed=7))
+    assert alert_id(window()) != alert_id(window(opened_at=T0 + timedelta(microseconds=1)))
+    assert alert_id(window()) != alert_id(window(task="shop.refund"))
+
+
+def test_two_windows_opened_at_one_instant_get_two_alert_ids() -> None:
+    # A transaction's clock is its start: a window closed and the next opened by racing
+    # transactions can share ``opened_at``; their alerts must still be two jobs.
+    assert alert_id(window(sequence=1)) != alert_id(window(sequence=2))
 
 
 def test_the_summary_counts_the_window_and_lists_a_bounded_number_of_jobs() -> None:
