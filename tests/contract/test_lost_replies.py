@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -9,14 +10,15 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 
-from celery_ratchet.domain.job import JobStatus, Settlement
+from celery_ratchet.domain.job import JobStatus, JobType, Settlement
 from celery_ratchet.store.jobstore import JobStore
 from tests.helpers import new_job
 
 
 class _Flaky:
     """An engine whose connections fail once, right after running the first statement that
-    ``breaks`` recognises: the statement is committed, the caller never hears so."""
+    ``breaks`` recognises (it is given the statement as executed): the statement is
+    committed, the caller never hears so."""
 
     def __init__(self, engine: Engine, breaks: Any) -> None:
         self._engine = engine
@@ -36,10 +38,10 @@ class _Flaky:
         return _FlakyConnection(self._engine.raw_connection(), self)
 
     def after(self, statement: Any) -> None:
-        if not self.broken and self._breaks(str(statement)):
+        if not self.broken and self._breaks(statement):
             self.broken = True
             raise OperationalError(
-                str(statement),
+                "the statement",
                 {},
                 Exception("server closed the connection"),
                 connection_invalidated=True,
@@ -70,8 +72,8 @@ def test_a_claim_whose_reply_was_lost_is_taken_over(store: JobStore) -> None:
     store.engine = _Flaky(
         real,
         lambda sql: (
-            "scheduler_job SET status = 'RUNNING'" in sql
-            or ("FOR UPDATE SKIP LOCKED" in sql and store.family == "mysql")
+            "scheduler_job SET status = 'RUNNING'" in str(sql)
+            or ("FOR UPDATE SKIP LOCKED" in str(sql) and store.family == "mysql")
         ),
     )
     try:
@@ -86,7 +88,7 @@ def test_a_claim_whose_reply_was_lost_is_taken_over(store: JobStore) -> None:
 
 def test_an_enqueue_whose_reply_was_lost_is_not_a_duplicate(store: JobStore) -> None:
     real = store.engine
-    flaky = _Flaky(real, lambda sql: sql.startswith("INSERT INTO scheduler_job"))
+    flaky = _Flaky(real, lambda sql: str(sql).startswith("INSERT INTO scheduler_job"))
     store.engine = flaky  # type: ignore[assignment]
     try:
         store.enqueue(new_job("once"))
@@ -144,3 +146,34 @@ def test_a_registration_sent_again_after_its_reply_was_lost_registers_the_node(
     again = store.register_node("lost-reply-node", "h", 1, ["celery"], 2)
     assert again >= first
     assert [n["node_id"] for n in store.list_nodes()] == ["lost-reply-node"]
+
+
+def test_a_chain_step_handed_over_whose_reply_was_lost_is_read_back_as_claimed(
+    store: JobStore,
+) -> None:
+    waiting = dataclasses.replace(
+        new_job("step-2"), depends_on="step-1", parent_id="step-1", job_type=JobType.CHAIN_STEP
+    )
+    store.enqueue_many([new_job("step-1")], [waiting])
+    store.claim("n", ["celery"], 1)
+    # PostgreSQL and SQLite release in one UPDATE ... RETURNING, committed at once; MySQL
+    # updates then reads the row back in one transaction, which a break before its commit
+    # rolls back. Either way the retry must find the step claimed exactly once.
+    handoff = (
+        store._handoff_statement if store.family == "mysql" else store._handoff_returning_statement
+    )
+    real = store.engine
+    flaky = _Flaky(real, lambda sql: sql is handoff)
+    store.engine = flaky  # type: ignore[assignment]
+    try:
+        claimed = store.release_step_to(
+            dataclasses.replace(new_job("step-2"), parent_id="step-1"), "n"
+        )
+    finally:
+        store.engine = real
+    assert flaky.broken, "the reply to the hand-over was never lost"
+    assert claimed is not None and claimed.job_id == "step-2" and claimed.claims == 1
+    [running] = [j for j in store.list_jobs(status=JobStatus.RUNNING) if j.job_id == "step-2"]
+    assert running.picked_by == "n"
+    # The claim returned is the row's own: it settles.
+    assert store.settle([Settlement("step-2", claimed.token, JobStatus.SUCCEEDED)]) == 1

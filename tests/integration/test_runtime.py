@@ -284,3 +284,43 @@ def test_a_stop_asked_by_a_signal_handler_that_interrupted_the_stops_own_set_ret
     rt, _ = runtime
     handler_fired_while_holding(rt._stopping, rt.request_stop)
     wait_for(rt._stopping.is_set)
+
+
+def test_a_step_released_by_a_stored_success_is_claimed_at_once_on_a_polling_only_node(
+    store: JobStore,
+) -> None:
+    """A success whose result the backend stored needs no outcome write; the step it
+    released is announced where a channel tells the node, and only polling needs the
+    claim: with a 30 s poll interval, the step must not wait for the next poll."""
+    slow_poll = dataclasses.replace(FAST, poll_interval=30.0, poll_interval_min=30.0)
+    ran: list[str] = []
+    rt: WorkerRuntime | None = None
+
+    def finish(job: ClaimedJob) -> None:
+        assert rt is not None
+        ran.append(job.job_id)
+        if job.job_id == "first":
+            # As the task does: sends its chain's next step, then its result is stored.
+            store.enqueue(dataclasses.replace(new_job("next"), parent_id="first"))
+            store.settle([Settlement(job.job_id, job.token, JobStatus.SUCCEEDED)])
+            rt.release(job.job_id, job.token, due_again=False)
+        else:
+            rt.settle(Settlement(job.job_id, job.token, JobStatus.SUCCEEDED))
+
+    def dispatch(job: ClaimedJob) -> None:  # as a pool: the job runs beside the loop
+        threading.Thread(target=finish, args=(job,)).start()
+
+    rt = WorkerRuntime(
+        store,
+        slow_poll,
+        node_id="polling-node",
+        queues=["celery"],
+        capacity=Capacity(running=4, buffered=4),
+        dispatch=dispatch,
+    )
+    store.enqueue_many([new_job("first")], [_step("next", "first")])
+    rt.start()
+    try:
+        wait_for(lambda: ran == ["first", "next"], timeout=15)
+    finally:
+        rt.close(timeout=10)
