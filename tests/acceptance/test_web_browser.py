@@ -2,7 +2,9 @@
 downloaded browser) beside a real worker: counts, a dead letter retried from the page, a
 schedule paused from the page, a batch's progress, the CSRF refusal and the 401.
 
-Writes a screenshot of each page to docs/web/ (the README shows them)."""
+Takes a screenshot of each page, into the test's own directory; with
+``RATCHET_SCREENSHOTS=docs/web`` into the README's pictures (a checkout under test is never
+rewritten by a plain run)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
-SHOTS = ROOT / "docs" / "web"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.infra]
@@ -110,7 +111,9 @@ def test_the_dashboard_in_a_browser_beside_a_worker(
     _needs_browser()
     from playwright.sync_api import sync_playwright
 
-    SHOTS.mkdir(parents=True, exist_ok=True)
+    wanted = os.environ.get("RATCHET_SCREENSHOTS")
+    shots = (ROOT / wanted) if wanted else tmp_path / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
     store = ratchet_state(ratchet_app).store
     marker = tmp_path / "mended"
     tasks = ratchet_app.tasks
@@ -137,18 +140,18 @@ def test_the_dashboard_in_a_browser_beside_a_worker(
             succeeded = counts.locator("tr", has_text="SUCCEEDED").locator("td").nth(1)
             assert int(succeeded.inner_text()) >= 3 + 5
             assert page.locator("svg.chart rect").count() == 60
-            page.screenshot(path=str(SHOTS / "overview.png"), full_page=True)
+            page.screenshot(path=str(shots / "overview.png"), full_page=True)
 
             page.goto(web.base + "/jobs")
-            page.screenshot(path=str(SHOTS / "jobs.png"), full_page=True)
+            page.screenshot(path=str(shots / "jobs.png"), full_page=True)
             page.goto(f"{web.base}/job?id={failing.id}")
             assert "no marker file" in page.locator("body").inner_text()
-            page.screenshot(path=str(SHOTS / "job.png"), full_page=True)
+            page.screenshot(path=str(shots / "job.png"), full_page=True)
 
             page.goto(web.base + "/dlq")
             row = page.locator("tr", has_text=failing.id)
             assert row.count() == 1
-            page.screenshot(path=str(SHOTS / "dead-letters.png"), full_page=True)
+            page.screenshot(path=str(shots / "dead-letters.png"), full_page=True)
             marker.write_text("")
             row.get_by_role("button", name="retry").click()
             page.wait_for_url("**/dlq?note=*")
@@ -162,7 +165,7 @@ def test_the_dashboard_in_a_browser_beside_a_worker(
             schedule.get_by_role("button", name="pause").click()
             page.wait_for_url("**/schedules?note=*")
             assert schedule.get_by_role("button", name="resume").count() == 1
-            page.screenshot(path=str(SHOTS / "schedules.png"), full_page=True)
+            page.screenshot(path=str(shots / "schedules.png"), full_page=True)
             paused_ticks = sum(1 for k, _ in side_effects(store) if k.startswith("tick@"))
             # A job that ends two seconds from now: the worker runs on meanwhile, and a paused
             # schedule fires no tick in that time (one fired as it was paused may still land).
@@ -174,12 +177,12 @@ def test_the_dashboard_in_a_browser_beside_a_worker(
             page.goto(web.base + "/batches")
             progress = page.locator("tr", has_text=batch.id).get_by_role("progressbar")
             assert progress.get_attribute("aria-valuenow") == "100"
-            page.screenshot(path=str(SHOTS / "batches.png"), full_page=True)
+            page.screenshot(path=str(shots / "batches.png"), full_page=True)
             page.goto(f"{web.base}/batch?id={batch.id}")
             assert "SUCCEEDED" in page.locator("body").inner_text()
             for name, path in (("resources", "/resources"), ("nodes", "/nodes")):
                 page.goto(web.base + path)
-                page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+                page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
             assert "w1@" in page.locator("body").inner_text()
 
             # An action without its CSRF token (another site's form) is refused.
