@@ -218,13 +218,18 @@ class RatchetBackend(BaseBackend):
         eager: bool = False,
     ) -> None:
         if state == states.RETRY:
-            self.store.note_retry(task_id, self._encode_json(result), traceback)
-            return
+            noted = self.store.note_retry(task_id, self._encode_json(result), traceback)
+            if noted or token is not None or eager:
+                return
+            # No job of the store is waiting for it: a task another process runs retries,
+            # reported through this backend; kept as any interim state from outside.
         meta = self._encode_json({"state": state, "result": result})
         if token is not None:
             self.store.store_progress(task_id, token, meta, started=state == states.STARTED)
         elif not eager:  # another process runs the task and reports through this backend
-            self.store.store_untracked_result(task_id, name, JobStatus.EXTERNAL, result_meta=meta)
+            self.store.store_untracked_result(
+                task_id, name, JobStatus.EXTERNAL, result_meta=meta, traceback=traceback
+            )
 
     def _encode_json(self, value: Any) -> str | None:
         if value is None:
@@ -309,7 +314,10 @@ class RatchetBackend(BaseBackend):
         if status is JobStatus.IGNORED:
             return states.IGNORED, None
         if status in (JobStatus.RUNNING, JobStatus.EXTERNAL) and "state" in extra:
-            return extra["state"], extra.get("result")
+            state, value = extra["state"], extra.get("result")
+            if state in states.EXCEPTION_STATES and isinstance(value, dict) and "exc_type" in value:
+                value = self.exception_to_python(value)
+            return state, value
         if status is JobStatus.PENDING and record.attempts > 0 and record.last_error:
             return states.RETRY, self._exception(record.last_error)
         return states.PENDING, None

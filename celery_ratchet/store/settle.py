@@ -399,14 +399,18 @@ class ClaimOps(StoreCore):
         stmt = select(job.c.id).where(*_held(job_id, token))
         return bool(self._run(lambda conn: conn.execute(stmt).first() is not None, "not read"))
 
-    def note_retry(self, job_id: str, error: str | None, traceback: str | None) -> None:
-        """Record why a job that was just rescheduled for a retry failed."""
+    def note_retry(self, job_id: str, error: str | None, traceback: str | None) -> bool:
+        """Record why a job that was just rescheduled for a retry failed; False when no
+        pending row of that id was there to take it."""
         stmt = (
             update(job)
             .where(job.c.job_id == job_id, job.c.status == JobStatus.PENDING.value)
             .values(last_error=error, error_traceback=traceback)
         )
-        self._run(lambda conn: conn.execute(stmt), "the retry reason was not stored")
+        count = self._run(
+            lambda conn: conn.execute(stmt).rowcount, "the retry reason was not stored"
+        )
+        return bool(count)
 
     def store_progress(self, job_id: str, token: str, meta: str | None, *, started: bool) -> None:
         """A running job's interim state (STARTED, or a custom one from ``update_state``)."""

@@ -130,6 +130,22 @@ def test_a_state_stored_for_a_task_another_process_runs_is_read_and_kept_by_a_re
     assert worker_app.AsyncResult(started).get(timeout=TIMEOUT) == 5
 
 
+def test_a_retry_stored_for_a_task_another_process_runs_is_read_back(
+    worker_app: Celery,
+) -> None:
+    # Another worker reports a retry through this backend, as it would to Redis: the state
+    # and its exception are read back, and the result it reaches later replaces them.
+    backend = worker_app.backend
+    elsewhere = str(uuid4())
+    backend.store_result(elsewhere, KeyError("try again"), "RETRY", traceback="tb")
+    fresh = worker_app.AsyncResult(elsewhere)
+    assert fresh.state == "RETRY"
+    assert isinstance(fresh.result, KeyError) and fresh.result.args == ("try again",)
+    assert fresh.traceback == "tb"
+    backend.store_result(elsewhere, 7, "SUCCESS")
+    assert worker_app.AsyncResult(elsewhere).get(timeout=TIMEOUT) == 7
+
+
 def _revoke_marks_unknown_tasks() -> bool:
     """Whether Celery's revoke handler marks a task it does not hold REVOKED in the backend."""
     import inspect
