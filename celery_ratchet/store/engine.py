@@ -123,6 +123,39 @@ def _configure_sqlite(engine: Engine) -> None:
         cursor.close()
 
 
+def _configure_postgres(engine: Engine, display_url: str) -> None:
+    """Turn server-side prepared statements off on connections that reach PostgreSQL
+    through a pooler (PgBouncer, in any mode) the configuration did not mention: the
+    server backend answering a query is then not the one the connection's start-up named
+    (a pooler hands out its own backend key). Prepared statements would collide on the
+    shared server connections, or be bound to another client's statement."""
+    told: list[bool] = []
+
+    @event.listens_for(engine, "connect")
+    def _pooler(dbapi_connection: Any, _record: Any) -> None:
+        if not hasattr(dbapi_connection, "prepare_threshold"):
+            return  # not psycopg 3: nothing is prepared on the server
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("SELECT pg_backend_pid()")
+            (served_by,) = cursor.fetchone()
+        finally:
+            cursor.close()
+        if not dbapi_connection.autocommit:
+            dbapi_connection.rollback()
+        if served_by == dbapi_connection.info.backend_pid:
+            return
+        dbapi_connection.prepare_threshold = None
+        if not told:
+            told.append(True)
+            logger.info(
+                "ratchet: %s reaches PostgreSQL through a connection pooler (PgBouncer?): "
+                "server-side prepared statements are off; set ratchet_pgbouncer = True to "
+                "say so, or prepare_threshold in the URL to choose",
+                display_url,
+            )
+
+
 def _configure_mysql(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _session(dbapi_connection: Any, _record: Any) -> None:
@@ -246,6 +279,8 @@ def build_engine(url: str, options: EngineOptions | None = None) -> Engine:
         _configure_sqlite(engine)
     elif kind == "mysql":
         _configure_mysql(engine)
+    elif "prepare_threshold" not in engine_options["connect_args"]:
+        _configure_postgres(engine, mask_url(url))
     return engine
 
 

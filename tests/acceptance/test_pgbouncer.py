@@ -173,6 +173,31 @@ def test_ratchet_pgbouncer_turns_server_side_prepares_off(
             store.engine.dispose()
 
 
+def test_pgbouncer_not_named_in_the_configuration_is_detected_and_nothing_is_prepared(
+    bouncer: PrivatePgBouncer, direct_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    JobStore(direct_url).ensure_schema()
+    caplog.set_level("INFO", logger="celery_ratchet.store.engine")
+    # Neither ratchet_pgbouncer nor prepare_threshold: psycopg would prepare each statement
+    # from its fifth run, and three stores sharing five server connections would collide.
+    stores = [JobStore(bouncer.url, engine=build_engine(bouncer.url)) for _ in range(3)]
+    try:
+        for i in range(30):
+            for store in stores:
+                store.enqueue(new_job(f"d{i}-{id(store)}"))
+                store.count_by_status()
+                store.list_jobs(limit=1)
+        assert sum(stores[0].count_by_status().values()) >= 90
+        with stores[0].engine.connect() as conn:
+            prepared = conn.execute(text("SELECT count(*) FROM pg_prepared_statements"))
+            assert prepared.scalar_one() == 0
+    finally:
+        for store in stores:
+            store.engine.dispose()
+    assert "through a connection pooler" in caplog.text
+    assert str(bouncer.port) in caplog.text and "postgres@" in caplog.text
+
+
 def test_listen_through_pgbouncer_is_detected_and_inserts_stop_notifying(
     bouncer: PrivatePgBouncer, direct_url: str
 ) -> None:

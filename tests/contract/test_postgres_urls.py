@@ -66,3 +66,16 @@ def test_a_connect_timeout_in_the_url_is_kept() -> None:
     url = "postgresql://u@/db?host=a:5432&host=b:5433&connect_timeout=2"
     assert "connect_timeout=2" in libpq_conninfo(url)
     assert "connect_timeout=10" in libpq_conninfo("postgresql://u@/db?host=a:5432&host=b:5433")
+
+
+def test_a_direct_connection_keeps_server_side_prepares(servers: Servers) -> None:
+    # The pooler check (store/engine.py) must find PostgreSQL itself here.
+    engine = build_engine(servers.url("postgresql"))
+    try:
+        connection = engine.raw_connection()
+        try:
+            assert connection.driver_connection.prepare_threshold == 5  # psycopg's default
+        finally:
+            connection.close()
+    finally:
+        engine.dispose()
