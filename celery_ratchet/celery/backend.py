@@ -222,7 +222,10 @@ class RatchetBackend(BaseBackend):
             if noted or token is not None or eager:
                 return
             # No job of the store is waiting for it: a task another process runs retries,
-            # reported through this backend; kept as any interim state from outside.
+            # reported through this backend; kept as any interim state from outside, its
+            # exception in JSON's form whatever the result serializer made of it.
+            if isinstance(result, BaseException):
+                result = self.prepare_exception(result, "json")
         meta = self._encode_json({"state": state, "result": result})
         if token is not None:
             self.store.store_progress(task_id, token, meta, started=state == states.STARTED)
@@ -271,6 +274,8 @@ class RatchetBackend(BaseBackend):
 
     def _meta(self, record: ResultRecord) -> dict[str, Any]:
         extra = kjson.loads(record.result_meta) if record.result_meta else {}
+        if not isinstance(extra, dict):  # a meta that could only be stored as its repr
+            extra = {}
         state, result = self._state_and_result(record, extra)
         meta: dict[str, Any] = {
             "task_id": record.job_id,

@@ -135,18 +135,11 @@ def _configure_postgres(engine: Engine, display_url: str) -> None:
     def _pooler(dbapi_connection: Any, _record: Any) -> None:
         if not hasattr(dbapi_connection, "prepare_threshold"):
             return  # not psycopg 3: nothing is prepared on the server
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute("SELECT pg_backend_pid()")
-            (served_by,) = cursor.fetchone()
-        finally:
-            cursor.close()
-        if not dbapi_connection.autocommit:
-            dbapi_connection.rollback()
+        served_by = _serving_backend(dbapi_connection, display_url)
         if served_by == dbapi_connection.info.backend_pid:
             return
         dbapi_connection.prepare_threshold = None
-        if not told:
+        if served_by is not None and not told:
             told.append(True)
             logger.info(
                 "ratchet: %s reaches PostgreSQL through a connection pooler (PgBouncer?): "
@@ -154,6 +147,28 @@ def _configure_postgres(engine: Engine, display_url: str) -> None:
                 "say so, or prepare_threshold in the URL to choose",
                 display_url,
             )
+
+
+def _serving_backend(dbapi_connection: Any, display_url: str) -> int | None:
+    """The pid of the server backend that answers on this new connection; None when the
+    question fails (a check that guards an optimisation never refuses the connection)."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("SELECT pg_backend_pid()")
+        served_by: int = cursor.fetchone()[0]
+    except Exception as exc:
+        logger.warning(
+            "ratchet: %s: whether a connection pooler sits in front of PostgreSQL was not "
+            "found out (%s); server-side prepared statements are off on this connection",
+            display_url,
+            type(exc).__name__,
+        )
+        return None
+    finally:
+        cursor.close()
+        if not dbapi_connection.autocommit:
+            dbapi_connection.rollback()
+    return served_by
 
 
 def _configure_mysql(engine: Engine) -> None:
@@ -279,7 +294,7 @@ def build_engine(url: str, options: EngineOptions | None = None) -> Engine:
         _configure_sqlite(engine)
     elif kind == "mysql":
         _configure_mysql(engine)
-    elif "prepare_threshold" not in engine_options["connect_args"]:
+    elif kind == "postgresql" and "prepare_threshold" not in engine_options["connect_args"]:
         _configure_postgres(engine, mask_url(url))
     return engine
 

@@ -130,18 +130,22 @@ def test_a_state_stored_for_a_task_another_process_runs_is_read_and_kept_by_a_re
     assert worker_app.AsyncResult(started).get(timeout=TIMEOUT) == 5
 
 
+@pytest.mark.parametrize("serializer", ["json", "pickle"])
 def test_a_retry_stored_for_a_task_another_process_runs_is_read_back(
-    worker_app: Celery,
+    worker_app: Celery, serializer: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Another worker reports a retry through this backend, as it would to Redis: the state
-    # and its exception are read back, and the result it reaches later replaces them.
+    # and its exception are read back, and the result it reaches later replaces them. With
+    # pickled results Celery hands the exception itself over, which JSON cannot hold.
     backend = worker_app.backend
+    monkeypatch.setattr(backend, "serializer", serializer)
     elsewhere = str(uuid4())
     backend.store_result(elsewhere, KeyError("try again"), "RETRY", traceback="tb")
     fresh = worker_app.AsyncResult(elsewhere)
     assert fresh.state == "RETRY"
     assert isinstance(fresh.result, KeyError) and fresh.result.args == ("try again",)
     assert fresh.traceback == "tb"
+    monkeypatch.undo()  # the result comes from a process that sends JSON, as this one
     backend.store_result(elsewhere, 7, "SUCCESS")
     assert worker_app.AsyncResult(elsewhere).get(timeout=TIMEOUT) == 7
 

@@ -86,3 +86,31 @@ def test_an_error_after_the_statement_was_sent_says_the_outcome_is_unknown() -> 
     error = unavailable("postgresql://u@h/db", _lost(), "no job was enqueued", sent=True)
     assert error.outcome_unknown
     assert "outcome is unknown" in str(error) and "may have been committed" in str(error)
+
+
+class _RefusingConnection:
+    """A new psycopg connection on which even ``SELECT pg_backend_pid()`` fails."""
+
+    autocommit = False
+    rolled_back = False
+
+    def cursor(self) -> _RefusingConnection:
+        return self
+
+    def execute(self, sql: str) -> None:
+        raise RuntimeError("permission denied")
+
+    def close(self) -> None:
+        pass
+
+    def rollback(self) -> None:
+        self.rolled_back = True
+
+
+def test_a_pooler_check_that_fails_keeps_the_connection(caplog: pytest.LogCaptureFixture) -> None:
+    from celery_ratchet.store.engine import _serving_backend
+
+    connection = _RefusingConnection()
+    assert _serving_backend(connection, "postgresql://app@db/shop") is None
+    assert connection.rolled_back
+    assert "pooler" in caplog.text and "RuntimeError" in caplog.text
