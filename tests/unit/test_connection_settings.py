@@ -110,6 +110,9 @@ class _RefusingConnection:
 def test_a_pooler_check_that_fails_keeps_the_connection(caplog: pytest.LogCaptureFixture) -> None:
     from celery_ratchet.store.engine import _serving_backend
 
+    # On the module's own logger: an in-process worker of an earlier test may have left the
+    # root logger at ERROR.
+    caplog.set_level("WARNING", logger="celery_ratchet.store.engine")
     connection = _RefusingConnection()
     assert _serving_backend(connection, "postgresql://app@db/shop") is None
     assert connection.rolled_back
