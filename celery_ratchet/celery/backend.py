@@ -273,9 +273,7 @@ class RatchetBackend(BaseBackend):
         return self._meta(record)
 
     def _meta(self, record: ResultRecord) -> dict[str, Any]:
-        extra = kjson.loads(record.result_meta) if record.result_meta else {}
-        if not isinstance(extra, dict):  # a meta that could only be stored as its repr
-            extra = {}
+        extra = _extra_of(record)
         state, result = self._state_and_result(record, extra)
         meta: dict[str, Any] = {
             "task_id": record.job_id,
@@ -479,3 +477,15 @@ def _claim_token(request: Any) -> str | None:
     if token is None and isinstance(getattr(request, "headers", None), dict):
         token = request.headers.get(CLAIM_HEADER)
     return token
+
+
+def _extra_of(record: ResultRecord) -> dict[str, Any]:
+    """The row's result meta (interim state, children); empty where none could be read: a
+    meta stored as its repr, or one written by hand that is no JSON object."""
+    if not record.result_meta:
+        return {}
+    try:
+        extra = kjson.loads(record.result_meta)
+    except ValueError:
+        return {}
+    return extra if isinstance(extra, dict) else {}

@@ -189,3 +189,17 @@ def test_a_store_without_tables_says_how_to_make_them(tmp_path: Path) -> None:
     assert out.exit_code == 2, out.output
     assert "has no ratchet tables" in out.output and "schema apply" in out.output
     assert "cannot reach" not in out.output
+
+
+@pytest.mark.parametrize("meta", ['"state"', "[1, 2]", "{not json", '{"state": "RETRY"}'])
+def test_a_result_meta_written_by_hand_reads_as_no_state_not_an_error(
+    client_app: Celery, meta: str
+) -> None:
+    # A row reported from outside (EXTERNAL) whose meta was forged: its state reads as the
+    # row's own, never a raw error out of AsyncResult.
+    store = _store(client_app)
+    client_app.backend.store_result("forged-meta", {"hostname": "h"}, "PROGRESS")
+    _forge(store, "forged-meta", result_meta=meta)
+    result = client_app.AsyncResult("forged-meta")
+    expected = "RETRY" if meta.startswith('{"state"') else "PENDING"
+    assert result.state == expected and not result.ready()
