@@ -157,13 +157,19 @@ def test_ratchet_pgbouncer_turns_server_side_prepares_off(
     bouncer: PrivatePgBouncer, direct_url: str
 ) -> None:
     JobStore(direct_url).ensure_schema()
-    options = EngineOptions(pgbouncer=True)
+    _three_stores_prepare_nothing(bouncer, EngineOptions(pgbouncer=True))
+
+
+def _three_stores_prepare_nothing(bouncer: PrivatePgBouncer, options: EngineOptions) -> None:
+    """Three stores sharing the bouncer's five server connections, each statement run 30
+    times: no conflict, and nothing prepared on the server."""
     stores = [JobStore(bouncer.url, engine=build_engine(bouncer.url, options)) for _ in range(3)]
     try:
         for i in range(30):
             for store in stores:
-                store.enqueue(new_job(f"p{i}-{id(store)}"))
+                store.enqueue(new_job(f"p{i}-{uuid.uuid4().hex}"))
                 store.count_by_status()
+                store.list_jobs(limit=1)
         assert sum(stores[0].count_by_status().values()) >= 90
         with stores[0].engine.connect() as conn:
             prepared = conn.execute(text("SELECT count(*) FROM pg_prepared_statements"))
@@ -180,20 +186,7 @@ def test_pgbouncer_not_named_in_the_configuration_is_detected_and_nothing_is_pre
     caplog.set_level("INFO", logger="celery_ratchet.store.engine")
     # Neither ratchet_pgbouncer nor prepare_threshold: psycopg would prepare each statement
     # from its fifth run, and three stores sharing five server connections would collide.
-    stores = [JobStore(bouncer.url, engine=build_engine(bouncer.url)) for _ in range(3)]
-    try:
-        for i in range(30):
-            for store in stores:
-                store.enqueue(new_job(f"d{i}-{id(store)}"))
-                store.count_by_status()
-                store.list_jobs(limit=1)
-        assert sum(stores[0].count_by_status().values()) >= 90
-        with stores[0].engine.connect() as conn:
-            prepared = conn.execute(text("SELECT count(*) FROM pg_prepared_statements"))
-            assert prepared.scalar_one() == 0
-    finally:
-        for store in stores:
-            store.engine.dispose()
+    _three_stores_prepare_nothing(bouncer, EngineOptions())
     assert "through a connection pooler" in caplog.text
     assert str(bouncer.port) in caplog.text and "postgres@" in caplog.text
 

@@ -43,12 +43,15 @@ class Executor:
 
 
 def live_node(
-    store: JobStore, dispatch: Callable[[ClaimedJob], None], **extra: Any
+    store: JobStore,
+    dispatch: Callable[[ClaimedJob], None],
+    settings: RatchetSettings = FAST,
+    **extra: Any,
 ) -> WorkerRuntime:
     """The runtime of node ``live-node``, claiming from ``celery`` with room for 4 jobs."""
     return WorkerRuntime(
         store,
-        FAST,
+        settings,
         node_id="live-node",
         queues=["celery"],
         capacity=Capacity(running=4, buffered=4),
@@ -310,14 +313,7 @@ def test_a_step_released_by_a_stored_success_is_claimed_at_once_on_a_polling_onl
     def dispatch(job: ClaimedJob) -> None:  # as a pool: the job runs beside the loop
         threading.Thread(target=finish, args=(job,)).start()
 
-    rt = WorkerRuntime(
-        store,
-        slow_poll,
-        node_id="polling-node",
-        queues=["celery"],
-        capacity=Capacity(running=4, buffered=4),
-        dispatch=dispatch,
-    )
+    rt = live_node(store, dispatch, slow_poll)
     store.enqueue_many([new_job("first")], [_step("next", "first")])
     rt.start()
     try:
