@@ -108,19 +108,27 @@ def test_a_frozen_worker_starts_none_of_the_jobs_it_lost_when_it_resumes(
 ) -> None:
     store = ratchet_state(private_app).store
     sleep = private_app.tasks["acc.sleep"]
-    frozen = private_cluster.start("frozen", concurrency=2, **SHORT_GRACE)
+    # Longer grace than the other cases: the frozen worker's children go on running what its
+    # pool already gave them, and all of that must end before the grace does.
+    settings = {**SHORT_GRACE, "RATCHET_NODE_ORPHAN_GRACE_SECONDS": "10"}
     keys = [f"f{i}" for i in range(8)]
+    # Stored before the worker starts, as one batch: its first claim takes all eight (two
+    # executing, two waiting in its pool, four in its buffer), whatever the machine's load.
+    group([sleep.s(key, 3) for key in keys]).apply_async()
+    frozen = private_cluster.start("frozen", concurrency=2, **settings)
     try:
-        wait_until(lambda: len(store.list_nodes()) == 1, 60, "the first worker registered")
-        group(sleep.s(key, 1.5) for key in keys).apply_async()
-        # Two jobs executing, two waiting in its pool, four in its buffer.
         wait_until(
-            lambda: not store.count_by_status().get("PENDING") and len(side_effects(store)) >= 1,
+            lambda: held_by(store, frozen.pid) == len(keys) and len(side_effects(store)) >= 1,
             60,
             "the first worker holding every job, and running some",
         )
         frozen.process.send_signal(signal.SIGSTOP)
-        other = private_cluster.start("other", concurrency=2, **SHORT_GRACE)
+        assert len(side_effects(store)) < len(keys), "every job started before the freeze"
+        other = private_cluster.start("other", concurrency=2, **settings)
+        # Resumed only once the other declared it dead: its jobs' having ended is not enough.
+        wait_until(
+            lambda: "declared dead" in other.log.read_text(), 90, "the frozen one declared dead"
+        )
         wait_until(lambda: held_by(store, frozen.pid) == 0, 90, "the other worker to take the jobs")
         frozen.process.send_signal(signal.SIGCONT)
         wait_until(lambda: "declared dead" in frozen.log.read_text(), 60, "the frozen one told")
