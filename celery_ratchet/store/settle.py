@@ -134,7 +134,9 @@ class ClaimOps(StoreCore):
         # Recurring masters fire strictly by due time; aging would only cost them.
         return 0.0 if list(queues) == [SCHEDULES_QUEUE] else self.priority_boost_minutes
 
-    def _claiming(self, token: str, claim: Callable[[Connection], Claimed]) -> list[ClaimedJob]:
+    def _claiming(
+        self, token: str, claim: Callable[[Connection], Claimed], what: str = "no job was claimed"
+    ) -> list[ClaimedJob]:
         tries = 0
 
         def work(conn: Connection) -> Claimed:
@@ -148,7 +150,7 @@ class ClaimOps(StoreCore):
                     return adopted
             return claim(conn)
 
-        claimed = self._run(work, "no job was claimed")
+        claimed = self._run(work, what)
         if claimed.malformed:
             self._fail_malformed(token, claimed.malformed)
         jobs = sorted(claimed.jobs, key=lambda j: j.id)

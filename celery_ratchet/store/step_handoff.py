@@ -39,31 +39,21 @@ class StepHandoffOps(ClaimOps, RowWriter):
         self._check_packet([new], ())
         token = uuid.uuid4().hex
         params = {**_params(new), "node": node_id, "token": token}
-        tries = 0
 
-        def work(conn: Connection) -> ClaimedJob | Claimed | None:
-            nonlocal tries
-            tries += 1
-            if tries > 1:
-                # The connection broke after an earlier try: it may have committed with its
-                # reply lost. Then the row is ours, under this token.
-                rows = conn.execute(self._select_claimed, {"token": token}).all()
-                if rows:
-                    return _claimed(rows, token)
+        def release(conn: Connection) -> Claimed:
             if self.family == "mysql":  # no UPDATE ... RETURNING: the row is read back
                 with transaction(conn):
                     if conn.execute(self._handoff_statement, params).rowcount != 1:
-                        return None
+                        return Claimed([], [])
                     rows = conn.execute(self._select_claimed, {"token": token}).all()
             else:
                 rows = conn.execute(self._handoff_returning_statement, params).all()
-            return _claimed(rows, token)
+            return decode(rows, token)
 
-        found = self._run(work, "the chain step was not released")
-        if isinstance(found, Claimed):  # released but unrunnable: failed as a claim would be
-            self._fail_malformed(token, found.malformed)
-            return None
-        return found
+        # As any claim: a try whose reply was lost is adopted by its token, and a released
+        # step that cannot be run is failed.
+        released = self._claiming(token, release, "the chain step was not released")
+        return released[0] if released else None
 
     def _handoff_values(self) -> dict[str, Any]:
         released = _new_job_values()
@@ -99,11 +89,3 @@ class StepHandoffOps(ClaimOps, RowWriter):
         returned = [job.c[name.strip()] for name in RETURNED.split(",")]
         claimed_now = type_coerce(db_now(), UTCDateTime()).label("claimed_now")
         return self._handoff_statement.returning(*returned, claimed_now)
-
-
-def _claimed(rows: Any, token: str) -> ClaimedJob | Claimed | None:
-    """The released step, or what could not be decoded of it (to fail), or None."""
-    claimed = decode(rows, token)
-    if claimed.malformed:
-        return claimed
-    return claimed.jobs[0] if claimed.jobs else None
