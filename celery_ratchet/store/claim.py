@@ -12,10 +12,11 @@ import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from datetime import datetime
+from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy import bindparam, text
-from sqlalchemy.engine import Connection, Dialect, Row
+from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.sql.selectable import TextualSelect
 
 from celery_ratchet.domain.job import ClaimedJob, JobType, Message
@@ -26,6 +27,8 @@ from celery_ratchet.store.db_clock import (
 from celery_ratchet.store.engine import (
     family,
 )
+from celery_ratchet.store.raw import RawStatement, raw_statement
+from celery_ratchet.store.raw import fetch as fetch_raw
 from celery_ratchet.store.schema import UTCDateTime
 
 RETURNED = (
@@ -177,7 +180,7 @@ def _json_object(text: Any, column: str) -> dict[str, Any]:
     return value
 
 
-def to_claimed(row: Row[Any], token: str, claims_offset: int = 0) -> ClaimedJob:
+def to_claimed(row: Any, token: str, claims_offset: int = 0) -> ClaimedJob:
     """The claimed row as a job; :class:`MalformedRow` when the row cannot be run as it is
     (written by hand or by another tool): an unknown job type, a message that is no JSON
     object, or a message whose task id is not the row's (the row is the truth)."""
@@ -234,7 +237,7 @@ def to_claimed(row: Row[Any], token: str, claims_offset: int = 0) -> ClaimedJob:
     )
 
 
-def decode(rows: Sequence[Row[Any]], token: str, claims_offset: int = 0) -> Claimed:
+def decode(rows: Sequence[Any], token: str, claims_offset: int = 0) -> Claimed:
     """Each claimed row on its own: one that cannot be decoded never holds back the rest."""
     jobs: list[ClaimedJob] = []
     malformed: list[MalformedRow] = []
@@ -275,9 +278,54 @@ class _UpdateReturning:
             f"RETURNING {RETURNED}, {self.now} AS claimed_now"
         )
 
+    @functools.lru_cache(maxsize=16)  # noqa: B019 - as statement()
+    def raw(self, shape: ClaimShape, dialect: Dialect) -> RawStatement:
+        return raw_statement(self.statement(shape), dialect)
+
     def claim(self, conn: Connection, shape: ClaimShape, params: dict[str, Any]) -> Claimed:
-        rows = conn.execute(self.statement(shape), params).all()
-        return decode(rows, params["token"])
+        # Through the driver itself (store/raw.py): the claim is on every job's way, and
+        # SQLAlchemy's execution and result machinery around it cost about as much as the
+        # database's executing it.
+        dialect = conn.dialect
+        fetched = fetch_raw(conn.engine, conn.connection, self.raw(shape, dialect), params)
+        return decode([_ClaimedRow.of(row, dialect) for row in fetched], params["token"])
+
+
+class _ClaimedRow(NamedTuple):
+    """A row as the claim statement returns it (``RETURNED``, then ``claimed_now``), its
+    two timestamps read as :class:`UTCDateTime` reads them."""
+
+    id: int
+    job_id: str
+    task_name: str
+    queue: str
+    priority: int
+    attempts: int
+    claims: int
+    scheduled_time: datetime
+    payload: Any
+    content_type: str
+    content_encoding: str
+    headers: Any
+    properties: Any
+    job_type: Any
+    schedule_spec: str | None
+    resource: str | None
+    revoke_requested: str | None
+    claimed_now: datetime | None
+
+    @classmethod
+    def of(cls, row: Sequence[Any], dialect: Dialect) -> _ClaimedRow:
+        read = _STAMP.process_result_value
+        values = list(row)
+        values[_SCHEDULED] = read(values[_SCHEDULED], dialect)
+        values[_CLAIMED_NOW] = read(values[_CLAIMED_NOW], dialect)
+        return cls(*values)
+
+
+_STAMP = UTCDateTime()
+_SCHEDULED = _ClaimedRow._fields.index("scheduled_time")
+_CLAIMED_NOW = _ClaimedRow._fields.index("claimed_now")
 
 
 class PostgresClaim(_UpdateReturning):

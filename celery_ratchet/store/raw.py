@@ -11,7 +11,7 @@ other statement's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -83,15 +83,37 @@ def execute(
     engine: Engine, connection: PoolProxiedConnection, statement: RawStatement, values: Any
 ) -> int:
     """Run ``statement`` once; its row count. Driver errors are raised as SQLAlchemy's."""
+    count, _ = _run(engine, connection, statement, values, fetch=False)
+    return count
+
+
+def fetch(
+    engine: Engine, connection: PoolProxiedConnection, statement: RawStatement, values: Any
+) -> list[Sequence[Any]]:
+    """Run ``statement`` once; the rows it returns, as the driver gives them (column order
+    as in the statement). Driver errors are raised as SQLAlchemy's."""
+    _, rows = _run(engine, connection, statement, values, fetch=True)
+    return rows
+
+
+def _run(
+    engine: Engine,
+    connection: PoolProxiedConnection,
+    statement: RawStatement,
+    values: Any,
+    *,
+    fetch: bool,
+) -> tuple[int, list[Sequence[Any]]]:
     dialect = engine.dialect
     parameters = statement.parameters(values)
     cursor = None
     try:
         cursor = connection.cursor()
         cursor.execute(statement.sql, parameters)
+        rows: list[Sequence[Any]] = list(cursor.fetchall()) if fetch else []
         count: int = cursor.rowcount
         cursor.close()
-        return count
+        return count, rows
     except dialect.loaded_dbapi.Error as orig:
         lost = bool(dialect.is_disconnect(orig, connection, cursor))
         if lost:
