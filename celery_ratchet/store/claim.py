@@ -27,8 +27,7 @@ from celery_ratchet.store.db_clock import (
 from celery_ratchet.store.engine import (
     family,
 )
-from celery_ratchet.store.raw import RawStatement, raw_statement
-from celery_ratchet.store.raw import fetch as fetch_raw
+from celery_ratchet.store.raw import RawStatement, fetch_on, raw_statement
 from celery_ratchet.store.schema import UTCDateTime
 
 RETURNED = (
@@ -287,7 +286,7 @@ class _UpdateReturning:
         # SQLAlchemy's execution and result machinery around it cost about as much as the
         # database's executing it.
         dialect = conn.dialect
-        fetched = fetch_raw(conn.engine, conn.connection, self.raw(shape, dialect), params)
+        fetched = fetch_on(conn, self.raw(shape, dialect), params)
         return decode([_ClaimedRow.of(row, dialect) for row in fetched], params["token"])
 
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import PoolProxiedConnection
 
@@ -87,12 +87,12 @@ def execute(
     return count
 
 
-def fetch(
-    engine: Engine, connection: PoolProxiedConnection, statement: RawStatement, values: Any
-) -> list[Sequence[Any]]:
-    """Run ``statement`` once; the rows it returns, as the driver gives them (column order
-    as in the statement). Driver errors are raised as SQLAlchemy's."""
-    _, rows = _run(engine, connection, statement, values, fetch=True)
+def fetch_on(conn: Connection, statement: RawStatement, values: Any) -> list[Sequence[Any]]:
+    """Run ``statement`` once on the driver's connection under ``conn``; the rows it returns
+    as the driver gives them (columns in the statement's order). Driver errors are raised as
+    SQLAlchemy's; a lost connection invalidates ``conn`` too, as SQLAlchemy's own execution
+    does, so that whatever runs on ``conn`` next (a ROLLBACK) knows it is gone."""
+    _, rows = _run(conn.engine, conn.connection, statement, values, fetch=True, owner=conn)
     return rows
 
 
@@ -103,6 +103,7 @@ def _run(
     values: Any,
     *,
     fetch: bool,
+    owner: Connection | None = None,
 ) -> tuple[int, list[Sequence[Any]]]:
     dialect = engine.dialect
     parameters = statement.parameters(values)
@@ -119,6 +120,8 @@ def _run(
         if lost:
             # As SQLAlchemy does: the pool's other connections are presumed dead too.
             engine.pool._invalidate(connection, orig)
+            if owner is not None and not owner.invalidated:
+                owner.invalidate(orig)
         _close_quietly(cursor)
         raise DBAPIError.instance(
             statement.sql,
@@ -129,9 +132,12 @@ def _run(
             connection_invalidated=lost,
             dialect=dialect,
         ) from orig
-    except BaseException:
+    except BaseException as exc:
         # Interrupted mid-statement: the connection's protocol state is unknown.
-        connection.invalidate()
+        if owner is not None and not owner.invalidated:
+            owner.invalidate(exc if isinstance(exc, Exception) else None)
+        else:
+            connection.invalidate()
         raise
 
 
