@@ -96,7 +96,12 @@ class Cluster:
         return worker
 
     def logs(self) -> str:
+        """The last lines of each worker's log: to print when a test fails."""
         return "\n".join(f"--- {w.name}\n{w.log.read_text()[-4000:]}" for w in self.workers)
+
+    def whole_logs(self) -> str:
+        """Every worker's whole log: to assert on (a line early in a log counts too)."""
+        return "\n".join(f"--- {w.name}\n{w.log.read_text()}" for w in self.workers)
 
     def stop_all(self) -> None:
         # Signal all first: the warm shutdowns run side by side, not one after another.

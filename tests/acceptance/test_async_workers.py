@@ -204,7 +204,9 @@ def test_a_cold_stop_during_a_warm_one_cuts_the_waiting_jobs_off_and_hands_them_
     try:
         wait_until(lambda: run_keys(store) == ["cut:0"], 60, "the job running")
         worker.process.send_signal(signal.SIGTERM)
-        wait_until(lambda: "warm shutdown" in server_cluster.logs().lower(), 30, "the warm stop")
+        wait_until(
+            lambda: "warm shutdown" in server_cluster.whole_logs().lower(), 30, "the warm stop"
+        )
         worker.stop(signal.SIGQUIT, timeout=30)
         assert store.count_by_status().get("RUNNING", 0) == 0
         record = store.result(long.id)

@@ -221,7 +221,7 @@ def test_workers_and_enqueuers_ride_out_a_failover_and_lose_no_committed_job(
     assert not missing, f"committed jobs lost: {sorted(missing)[:20]}"
     assert alive == [None, None], "a worker exited"
     assert result.get(timeout=60) == keys
-    logs = cluster.logs()
+    logs = cluster.whole_logs()
     assert "hear nothing" not in logs, "a LISTEN connection missed its probe"
 
 

@@ -25,8 +25,10 @@ pytestmark = pytest.mark.slow
 
 
 def consumed_queues(flower: FlowerProcess, node: str) -> list[str]:
-    worker = flower.json("GET", f"/api/workers?refresh=1&workername={node}")[node]
-    return [queue["name"] for queue in worker["active_queues"]]
+    """The queues ``node`` consumes, as Flower's inspect sees them; none while a refresh
+    missed the worker's reply (waited on, never a KeyError)."""
+    worker = flower.json("GET", f"/api/workers?refresh=1&workername={node}").get(node)
+    return [queue["name"] for queue in (worker or {}).get("active_queues") or []]
 
 
 @pytest.mark.parametrize("dialect", ["postgresql"], indirect=True)
@@ -43,7 +45,11 @@ def test_flower_api_on_a_ratchet_app(ratchet_app: Celery, cluster: Cluster, tmp_
             seen = flower.json("GET", f"/api/workers?refresh=1&workername={node}")[node]
             assert seen["stats"]["pool"]["max-concurrency"] == 1
             assert "acc.double" in seen["registered"]
-            assert consumed_queues(flower, node) == ["celery"]
+            wait_until(
+                lambda: consumed_queues(flower, node) == ["celery"],
+                PATIENCE,
+                "Flower to list the worker's queue",
+            )
 
             flower.wait_for_events_of(node)
             done = ratchet_app.tasks["acc.double"].delay(21)

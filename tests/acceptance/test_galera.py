@@ -88,6 +88,9 @@ def test_three_galera_nodes_with_a_worker_each_run_every_job_once(
         return "\n".join(c.logs() for c in workers)
 
     try:
+        # Every node's worker registered before anything is sent: a late one would find
+        # the jobs run by the others.
+        wait_until(lambda: len(store.list_nodes()) == len(workers), 120, "three workers registered")
         started = time.monotonic()
         result = group(noted.s(key, 0) for key in keys).apply_async()
         chorded = chord(value.si(i) for i in range(CHORD_CHILDREN))(body.s(chord_key))
@@ -115,7 +118,7 @@ def test_three_galera_nodes_with_a_worker_each_run_every_job_once(
 
     runs = Counter(line.split()[0] for line in run_log.read_text().splitlines())
     again = {key: n for key, n in runs.items() if n > 1}
-    text = logs()
+    text = "\n".join(c.whole_logs() for c in workers)
     print(
         f"\n[galera 3 nodes] {JOBS} jobs drained in {drained - started:.1f}s "
         f"({JOBS / (drained - started):.0f} jobs/s); conflicts retried in completions: "

@@ -21,16 +21,26 @@ pytestmark = pytest.mark.slow
 NO_NODE_REPLIED = 69
 
 
-def celery(app: Celery, *args: str) -> subprocess.CompletedProcess[str]:
+def celery(app: Celery, *args: str, expect_reply: bool = True) -> subprocess.CompletedProcess[str]:
+    """``celery -A tests.acceptance.app *args``. A loaded machine can miss Celery's one-second
+    reply window: a question (``inspect``, ``status``) is asked again when no node replied,
+    and a command, which must not be sent twice, waits longer for its reply."""
     environment = {**os.environ, "RATCHET_URL": app.conf.ratchet_url, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.acceptance.app", *args],
-        cwd=ROOT,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    if args[:1] == ("control",):
+        args = ("control", "--timeout", "5", *args[1:])
+    tries = 3 if expect_reply and args[:1] in {("inspect",), ("status",)} else 1
+    for _ in range(tries):
+        done = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "tests.acceptance.app", *args],
+            cwd=ROOT,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != NO_NODE_REPLIED:
+            break
+    return done
 
 
 def replied(node: str, output: str) -> bool:
@@ -81,7 +91,9 @@ def test_inspect_status_and_control_commands_answer_as_stock(
         assert registered.returncode == 0, registered.stderr
         assert "acc.double" in registered.stdout
 
-        elsewhere = celery(ratchet_app, "inspect", "ping", "-d", "nobody@nowhere")
+        elsewhere = celery(
+            ratchet_app, "inspect", "ping", "-d", "nobody@nowhere", expect_reply=False
+        )
         assert elsewhere.returncode == NO_NODE_REPLIED
         assert "No nodes replied within time constraint" in elsewhere.stderr
 

@@ -224,7 +224,7 @@ def test_a_cold_stop_during_a_warm_one_cuts_it_short_and_hands_every_job_back(
     worker = stop_cluster.start("w1", concurrency=4, **NO_RECOVERY)
     wait_until(lambda: len(side_effects(store)) == 4, HANG, "four jobs to start")
     worker.process.send_signal(signal.SIGTERM)
-    wait_until(lambda: "warm shutdown" in stop_cluster.logs().lower(), 30, "the warm stop")
+    wait_until(lambda: "warm shutdown" in stop_cluster.whole_logs().lower(), 30, "the warm stop")
     worker.process.send_signal(signal.SIGQUIT)
     try:
         worker.process.wait(30)
@@ -242,10 +242,12 @@ def test_a_pool_process_killed_mid_job_during_a_stop_hands_its_job_back_at_once(
 ) -> None:
     app = _app()
     store = ratchet_state(app).store
-    ids = [app.tasks["acc.sleep"].delay(f"k{i}", 4.0).id for i in range(4)]
+    # The victim's job outlasts any delay before the kill: it is still running when killed.
+    ids = [app.tasks["acc.sleep"].delay(f"k{i}", 60.0 if i == 0 else 4.0).id for i in range(4)]
     worker = stop_cluster.start("w1", concurrency=4, **NO_RECOVERY)
     wait_until(lambda: len(side_effects(store)) == 4, HANG, "all four jobs to start")
-    victim_key, victim_pid = sorted(side_effects(store))[0]
+    victim_key = "k0"
+    victim_pid = dict(side_effects(store))[victim_key]
     worker.process.send_signal(signal.SIGTERM)  # docker/Kubernetes: the main process only
     os.kill(victim_pid, signal.SIGKILL)  # and one pool process dies under its job
     assert wait_for_exit(worker, stop_cluster) == 0, stop_cluster.logs()

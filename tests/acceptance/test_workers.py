@@ -21,17 +21,20 @@ def test_two_workers_run_each_of_1000_tasks_exactly_once(
     ratchet_app: Celery, cluster: Cluster
 ) -> None:
     double = ratchet_app.tasks["acc.double"]
-    singles = [double.delay(n) for n in range(TASKS // 2)]
-    batch = group(double.s(n) for n in range(TASKS // 2, TASKS)).apply_async()
+    store = ratchet_state(ratchet_app).store
     cluster.start("w1")
     cluster.start("w2")
     try:
+        # Both registered before anything is sent: else one worker booting late on a loaded
+        # machine finds the other has run everything.
+        wait_until(lambda: len(store.list_nodes()) == 2, 60, "both workers registered")
+        singles = [double.delay(n) for n in range(TASKS // 2)]
+        batch = group(double.s(n) for n in range(TASKS // 2, TASKS)).apply_async()
         results = [r.get(timeout=120) for r in singles] + batch.get(timeout=120)
     except Exception:
         print(cluster.logs())
         raise
     assert results == [2 * n for n in range(TASKS)]
-    store = ratchet_state(ratchet_app).store
     runs = side_effects(store)
     counts = Counter(key for key, _ in runs)
     assert len(counts) == TASKS and set(counts.values()) == {1}, "a task ran twice or never"

@@ -17,6 +17,7 @@ from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.batch import BatchState
 from celery_ratchet.domain.job import JobStatus
 from tests.acceptance.conftest import Cluster, side_effects, wait_until
+from tests.acceptance.test_chaos import held_by
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +58,7 @@ def test_a_chord_over_1000_children_runs_its_body_once(
     server_cluster.start("w1", concurrency=4)
     server_cluster.start("w2", concurrency=4)
     assert result.get(timeout=180) == sum(range(1000))
-    time.sleep(2)  # a second body would have been sent by now
+    _wait_until_settled(server_app)  # a second body would be a row, run by now
     assert runs_of(server_app, key) == 1
 
 
@@ -68,6 +69,10 @@ def test_two_workers_finishing_the_last_children_at_once(
     # Each chord has one child per worker (its own queue); both end at the same instant.
     server_cluster.start("w1", "-Q", "celery,left", concurrency=2)
     server_cluster.start("w2", "-Q", "celery,right", concurrency=2)
+    store = ratchet_state(server_app).store
+    # Both running before the moments are set: else a worker booting late on a loaded
+    # machine runs its children whenever it starts, not at the same instant as the other.
+    wait_until(lambda: len(store.list_nodes()) == 2, 60, "both workers registered")
     keys, results = [], []
     for round_ in range(10):
         key = f"pair-{round_}-{uuid.uuid4().hex[:6]}"
@@ -77,13 +82,23 @@ def test_two_workers_finishing_the_last_children_at_once(
         results.append(chord(header)(body.s(key)))
     for result in results:
         assert result.get(timeout=90) == 3
-    time.sleep(2)
+    _wait_until_settled(server_app)
     assert [runs_of(server_app, k) for k in keys] == [1] * 10
-    store = ratchet_state(server_app).store
     for result in results:
         left, right = (store.result(c.id) for c in result.parent.results)
         assert left is not None and right is not None
         assert left.picked_by != right.picked_by
+
+
+def _wait_until_settled(app: Celery) -> None:
+    """No job left to run or running: whatever the workflow would still send has been sent
+    and has run."""
+    store = ratchet_state(app).store
+    wait_until(
+        lambda: not {"PENDING", "RUNNING", "WAITING"} & set(store.count_by_status()),
+        120,
+        "every job to settle",
+    )
 
 
 def _chains(app: Celery, key: str, count: int, steps: int, pause: float) -> list:  # type: ignore[type-arg]
@@ -169,12 +184,14 @@ def test_a_worker_killed_mid_chord_leaves_the_chord_to_complete_once(
     server_cluster.start("survivor", concurrency=4, **FAST_RECOVERY)
     store = ratchet_state(server_app).store
     wait_until(
-        lambda: store.count_by_status().get("SUCCEEDED", 0) >= 60, 120, "the chord under way"
+        lambda: store.count_by_status().get("SUCCEEDED", 0) >= 60 and held_by(store, victim.pid),
+        120,
+        "the chord under way, the victim holding some of its children",
     )
     victim.kill()
     server_cluster.start("replacement", concurrency=4, **FAST_RECOVERY)
     assert result.get(timeout=180) == sum(range(300))
-    time.sleep(2)
+    _wait_until_settled(server_app)
     assert runs_of(server_app, key) == 1
     summary = ratchet_state(server_app).batches.summaries(batch_id=result.parent.id)[0]
     assert (summary.state, summary.done) == (BatchState.SUCCEEDED, 300)
