@@ -6,7 +6,8 @@ per dialect into the driver's own SQL and parameter order, and each execution is
 driver's ``cursor.execute`` on a connection checked out of the engine's pool. Errors come out
 as SQLAlchemy's would (a :class:`~sqlalchemy.exc.DBAPIError` of the same class, a lost
 connection invalidated with the pool), so the store translates them exactly as it does any
-other statement's.
+other statement's. Such statements pass by SQLAlchemy's engine logging (``echo``) and its
+cursor events: instrumentation hooked there does not see the single-row insert or the claim.
 """
 
 from __future__ import annotations
