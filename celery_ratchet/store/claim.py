@@ -210,6 +210,12 @@ def to_claimed(row: Any, token: str, claims_offset: int = 0) -> ClaimedJob:
             f"its message runs task {_shown(headers.get('task'))}, not the row's "
             f"task_name {_shown(row.task_name)}",
         )
+    if not isinstance(row.scheduled_time, datetime):
+        raise MalformedRow(
+            row.id,
+            row.job_id,
+            f"its scheduled_time {_shown(row.scheduled_time)} is not a timestamp",
+        )
     payload = row.payload
     return ClaimedJob(
         id=row.id,
@@ -315,11 +321,19 @@ class _ClaimedRow(NamedTuple):
 
     @classmethod
     def of(cls, row: Sequence[Any], dialect: Dialect) -> _ClaimedRow:
-        read = _STAMP.process_result_value
         values = list(row)
-        values[_SCHEDULED] = read(values[_SCHEDULED], dialect)
-        values[_CLAIMED_NOW] = read(values[_CLAIMED_NOW], dialect)
+        values[_SCHEDULED] = _stamp(values[_SCHEDULED], dialect)
+        values[_CLAIMED_NOW] = _stamp(values[_CLAIMED_NOW], dialect)
         return cls(*values)
+
+
+def _stamp(value: Any, dialect: Dialect) -> Any:
+    """The value read as a timestamp; as it is when it is none (only SQLite's text column
+    can hold such a value, written by hand): :func:`to_claimed` then fails the row alone."""
+    try:
+        return _STAMP.process_result_value(value, dialect)
+    except (AttributeError, TypeError, ValueError):
+        return value
 
 
 _STAMP = UTCDateTime()

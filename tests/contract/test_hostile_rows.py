@@ -7,6 +7,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import pytest
 from sqlalchemy import update
 
 from celery_ratchet.domain.job import JobStatus, Message
@@ -119,3 +120,21 @@ def test_the_scheduled_listing_leaves_out_a_forged_row_and_lists_the_rest(
     assert [j.job_id for j in store.scheduled_jobs(["celery"], limit=10)] == ["plain"]
     assert store.scheduled_jobs([], limit=10) == []
     assert store.scheduled_jobs(["celery"], limit=0) == []
+
+
+def test_a_due_time_that_is_no_timestamp_fails_its_row_alone(store: JobStore) -> None:
+    """Only SQLite's column can hold one (an integer sorts before any text: always due)."""
+    if store.family != "sqlite":
+        pytest.skip("PostgreSQL's and MySQL's columns hold timestamps only")
+    for i in range(3):
+        store.enqueue(_secret_job(f"t{i}"))
+    with store.engine.connect() as conn:
+        conn.exec_driver_sql("UPDATE scheduler_job SET scheduled_time = 12345 WHERE job_id = 't1'")
+
+    claimed = store.claim("n", ["celery"], 10)
+
+    assert sorted(j.job_id for j in claimed) == ["t0", "t2"]
+    record = store.result("t1")
+    assert record is not None and record.status is JobStatus.FAILED
+    reason = " ".join(json.loads(record.last_error or "{}")["exc_message"])
+    assert "scheduled_time 12345 is not a timestamp" in reason
