@@ -71,26 +71,33 @@ class _FlakyConnection:
         return getattr(self._conn, name)
 
 
-def test_a_claim_whose_reply_was_lost_is_taken_over(store: JobStore) -> None:
+def _claim_two_of_three_through(store: JobStore, flaky: _Flaky, what: str) -> None:
+    """Claim two of three pending jobs with ``flaky`` as the store's engine: the break
+    happened, and the claimer holds exactly the rows left RUNNING."""
     for i in range(3):
         store.enqueue(new_job(f"c{i}"))
     real = store.engine
-    flaky = _Flaky(
-        real,
-        lambda sql: (
-            "scheduler_job SET status = 'RUNNING'" in str(sql)
-            or ("FOR UPDATE SKIP LOCKED" in str(sql) and store.family == "mysql")
-        ),
-    )
     store.engine = flaky  # type: ignore[assignment]
     try:
         claimed = store.claim("n", ["celery"], 2)
     finally:
         store.engine = real
-    assert flaky.broken, "the reply to the claim was never lost"
-    running = [j for j in store.list_jobs(status=JobStatus.RUNNING)]
+    assert flaky.broken, f"{what} was never lost"
+    running = store.list_jobs(status=JobStatus.RUNNING)
     assert sorted(j.job_id for j in claimed) == sorted(j.job_id for j in running)
     assert len(claimed) == 2
+    assert real.pool.checkedout() == 0
+
+
+def test_a_claim_whose_reply_was_lost_is_taken_over(store: JobStore) -> None:
+    flaky = _Flaky(
+        store.engine,
+        lambda sql: (
+            "scheduler_job SET status = 'RUNNING'" in str(sql)
+            or ("FOR UPDATE SKIP LOCKED" in str(sql) and store.family == "mysql")
+        ),
+    )
+    _claim_two_of_three_through(store, flaky, "the reply to the claim")
 
 
 def _driver_disconnect(store: JobStore) -> Exception:
@@ -127,20 +134,8 @@ def test_a_claim_whose_driver_connection_is_lost_after_it_ran_is_taken_over(
     retry claims afresh. Either way no row is left RUNNING without its claimer knowing."""
     if store.family == "mysql":
         pytest.skip("MySQL's claim runs through SQLAlchemy: the test above covers it")
-    for i in range(3):
-        store.enqueue(new_job(f"c{i}"))
-    real = store.engine
     severing = _Severing(store, lambda sql: "scheduler_job SET status = 'RUNNING'" in str(sql))
-    store.engine = severing  # type: ignore[assignment]
-    try:
-        claimed = store.claim("n", ["celery"], 2)
-    finally:
-        store.engine = real
-    assert severing.broken, "the claim's connection was never lost"
-    running = store.list_jobs(status=JobStatus.RUNNING)
-    assert sorted(j.job_id for j in claimed) == sorted(j.job_id for j in running)
-    assert len(claimed) == 2
-    assert real.pool.checkedout() == 0
+    _claim_two_of_three_through(store, severing, "the claim's connection")
 
 
 def test_an_enqueue_whose_reply_was_lost_is_not_a_duplicate(store: JobStore) -> None:
