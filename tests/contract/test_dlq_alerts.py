@@ -205,6 +205,11 @@ def test_no_failure_is_dropped_while_windows_keep_closing(alerting: JobStore, db
         try:
             for i in range(25):
                 fail(store, f"race-{k}-{i}", via="outcome" if i % 2 else "settle")
+                # Each failer goes on only once windows have closed meanwhile, so that some
+                # close while failures keep coming, however the threads are scheduled.
+                if i in (8, 16):
+                    closed = 1 if i == 8 else 2
+                    wait_until(lambda n=closed: len(alerts.sent) >= n, 30, f"{closed} closed")
         except BaseException as exc:
             errors.append(exc)
 
