@@ -97,6 +97,12 @@ def fetch_on(conn: Connection, statement: RawStatement, values: Any) -> list[Seq
     return rows
 
 
+def execute_many_on(conn: Connection, statement: RawStatement, rows: Sequence[Any]) -> None:
+    """Run ``statement`` once for each of ``rows`` in one driver ``executemany`` (psycopg
+    pipelines it) on the driver's connection under ``conn``; errors as :func:`fetch_on`'s."""
+    _run(conn.engine, conn.connection, statement, rows, fetch=False, owner=conn, many=True)
+
+
 def _run(
     engine: Engine,
     connection: PoolProxiedConnection,
@@ -105,13 +111,17 @@ def _run(
     *,
     fetch: bool,
     owner: Connection | None = None,
+    many: bool = False,
 ) -> tuple[int, list[Sequence[Any]]]:
     dialect = engine.dialect
-    parameters = statement.parameters(values)
+    parameters = [statement.parameters(v) for v in values] if many else statement.parameters(values)
     cursor = None
     try:
         cursor = connection.cursor()
-        cursor.execute(statement.sql, parameters)
+        if many:
+            cursor.executemany(statement.sql, parameters)
+        else:
+            cursor.execute(statement.sql, parameters)
         rows: list[Sequence[Any]] = list(cursor.fetchall()) if fetch else []
         count: int = cursor.rowcount
         cursor.close()
