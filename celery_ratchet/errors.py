@@ -37,6 +37,12 @@ class StoreBusy(RatchetError):
     """The database kept refusing a statement for lock conflicts (deadlocks, lock timeouts)."""
 
 
+class StatementCancelled(StoreBusy):
+    """The database ended a statement before it finished: a server limit on statement time
+    (PostgreSQL ``statement_timeout``, MySQL ``max_execution_time``, MariaDB
+    ``max_statement_time``) or an operator's cancel. Nothing of it was committed."""
+
+
 class PayloadTooLarge(RatchetError, ValueError):
     """A job's serialized arguments exceed ``ratchet_max_payload_kb``."""
 

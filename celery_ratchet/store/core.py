@@ -38,9 +38,11 @@ from celery_ratchet.store.db_clock import (
     db_now,
 )
 from celery_ratchet.store.db_errors import (
+    cancelled,
     is_missing_table,
     is_prepared_statement_conflict,
     is_retryable_conflict,
+    is_statement_cancelled,
     is_unavailable,
     prepared_statement_conflict,
     refused,
@@ -311,10 +313,15 @@ class StoreCore:
             except DBAPIError as exc:
                 if is_prepared_statement_conflict(exc):
                     raise prepared_statement_conflict(exc, what) from exc
+                if is_statement_cancelled(exc):
+                    raise cancelled(exc, what) from exc
                 if is_retryable_conflict(exc):
                     if conflicts >= _CONFLICT_RETRIES:
                         raise StoreBusy(
-                            f"the job store kept refusing for lock conflicts ({exc.orig}); {what}"
+                            f"the job store kept refusing for lock conflicts ({exc.orig}), "
+                            f"{_CONFLICT_RETRIES + 1} tries: another client holds locks on "
+                            "the ratchet tables (a long transaction, a schema change); find "
+                            f"it, or raise the server's lock wait limit; {what}"
                         ) from exc
                     conflicts += 1
                     time.sleep(0.005 * conflicts)

@@ -12,6 +12,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from celery_ratchet.errors import (
     PreparedStatementConflict,
+    StatementCancelled,
     StoreUnavailable,
     ValueRefused,
 )
@@ -25,7 +26,11 @@ def is_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, PoolTimeout):
         return True
     if isinstance(exc, DBAPIError):
-        if is_prepared_statement_conflict(exc) or _is_packet_too_large(exc):
+        if (
+            is_prepared_statement_conflict(exc)
+            or _is_packet_too_large(exc)
+            or is_statement_cancelled(exc)
+        ):
             return False
         if exc.connection_invalidated:
             return True
@@ -61,8 +66,40 @@ def is_missing_table(exc: BaseException) -> bool:
 
 
 def _is_lock_error(exc: DBAPIError) -> bool:
+    if getattr(exc.orig, "sqlstate", None) == "55P03":  # PostgreSQL: lock_timeout ran out
+        return True
     text = str(exc.orig).lower()
     return "deadlock" in text or "lock wait timeout" in text or "database is locked" in text
+
+
+#: PostgreSQL's query_canceled: statement_timeout, or pg_cancel_backend by an operator.
+_CANCELLED_STATES = {"57014"}
+#: MySQL's ER_QUERY_TIMEOUT (max_execution_time), MariaDB's ER_STATEMENT_TIMEOUT
+#: (max_statement_time).
+_CANCELLED_CODES = {3024, 1969}
+
+
+def is_statement_cancelled(exc: BaseException) -> bool:
+    """True when the server ended the statement before it finished (a time limit, an
+    operator's cancel): neither an outage nor a bad query."""
+    if not isinstance(exc, DBAPIError) or exc.orig is None:
+        return False
+    if getattr(exc.orig, "sqlstate", None) in _CANCELLED_STATES:
+        return True
+    args = getattr(exc.orig, "args", None) or (None,)
+    return args[0] in _CANCELLED_CODES
+
+
+def cancelled(exc: DBAPIError, what: str) -> StatementCancelled:
+    reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else ""
+    return StatementCancelled(
+        f"the job store ended a statement before it finished ({reason}); nothing of it was "
+        "committed. A limit on statement time for the job store's user (PostgreSQL "
+        "statement_timeout, MySQL max_execution_time, MariaDB max_statement_time) ends "
+        "statements that wait on locks another client holds on the ratchet tables: raise "
+        "or lift it for that user, or find what holds the locks; "
+        f"{what}"
+    )
 
 
 def is_retryable_conflict(exc: BaseException) -> bool:
