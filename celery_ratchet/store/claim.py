@@ -8,7 +8,6 @@ another claimer holds are skipped, never waited for.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -273,19 +272,29 @@ class _UpdateReturning:
 
     def __init__(self, now: str) -> None:
         self.now = now
+        # One strategy per store, a few shapes per worker: compiled once each, kept with the
+        # store (a process-wide cache would be shared by every store the process opens).
+        self._statements: dict[ClaimShape, TextualSelect] = {}
+        self._raw: dict[tuple[ClaimShape, Dialect], RawStatement] = {}
 
-    @functools.lru_cache(maxsize=16)  # noqa: B019 - one strategy per store, a few shapes
     def statement(self, shape: ClaimShape) -> TextualSelect:
-        picked = candidates(self.kind, self.now, shape, "id, priority, scheduled_time", self.lock)
-        return _prepare(
-            f"UPDATE scheduler_job SET {_CLAIMED.format(now=self.now)} "
-            f"WHERE {self.where.format(picked=picked)} "
-            f"RETURNING {RETURNED}, {self.now} AS claimed_now"
-        )
+        found = self._statements.get(shape)
+        if found is None:
+            picked = candidates(
+                self.kind, self.now, shape, "id, priority, scheduled_time", self.lock
+            )
+            found = self._statements[shape] = _prepare(
+                f"UPDATE scheduler_job SET {_CLAIMED.format(now=self.now)} "
+                f"WHERE {self.where.format(picked=picked)} "
+                f"RETURNING {RETURNED}, {self.now} AS claimed_now"
+            )
+        return found
 
-    @functools.lru_cache(maxsize=16)  # noqa: B019 - as statement()
     def raw(self, shape: ClaimShape, dialect: Dialect) -> RawStatement:
-        return raw_statement(self.statement(shape), dialect)
+        found = self._raw.get((shape, dialect))
+        if found is None:
+            found = self._raw[shape, dialect] = raw_statement(self.statement(shape), dialect)
+        return found
 
     def claim(self, conn: Connection, shape: ClaimShape, params: dict[str, Any]) -> Claimed:
         # Through the driver itself (store/raw.py): the claim is on every job's way, and
@@ -366,11 +375,16 @@ class MySQLClaim:
             f"UPDATE scheduler_job SET {_CLAIMED.format(now=now)} "
             "WHERE id IN :ids AND status = 'PENDING'"
         ).bindparams(bindparam("ids", expanding=True))
+        self._selects: dict[ClaimShape, TextualSelect] = {}  # as _UpdateReturning's
 
-    @functools.lru_cache(maxsize=16)  # noqa: B019 - one strategy per store, a few shapes
     def select_locked(self, shape: ClaimShape) -> TextualSelect:
-        columns = f"{RETURNED}, {self.now} AS claimed_now"
-        return _prepare(candidates("mysql", self.now, shape, columns, True))
+        found = self._selects.get(shape)
+        if found is None:
+            columns = f"{RETURNED}, {self.now} AS claimed_now"
+            found = self._selects[shape] = _prepare(
+                candidates("mysql", self.now, shape, columns, True)
+            )
+        return found
 
     def claim(self, conn: Connection, shape: ClaimShape, params: dict[str, Any]) -> Claimed:
         rows = conn.execute(self.select_locked(shape), params).all()
