@@ -300,9 +300,15 @@ class _UpdateReturning:
         # Through the driver itself (store/raw.py): the claim is on every job's way, and
         # SQLAlchemy's execution and result machinery around it cost about as much as the
         # database's executing it.
-        dialect = conn.dialect
-        fetched = fetch_on(conn, self.raw(shape, dialect), params)
-        return decode([_ClaimedRow.of(row, dialect) for row in fetched], params["token"])
+        return fetch_claimed(conn, self.raw(shape, conn.dialect), params)
+
+
+def fetch_claimed(conn: Connection, statement: RawStatement, params: dict[str, Any]) -> Claimed:
+    """Run a claiming ``statement`` (one that returns ``RETURNED``, then ``claimed_now``)
+    through the driver itself; its rows decoded, each on its own."""
+    dialect = conn.dialect
+    fetched = fetch_on(conn, statement, params)
+    return decode([_ClaimedRow.of(row, dialect) for row in fetched], params["token"])
 
 
 class _ClaimedRow(NamedTuple):

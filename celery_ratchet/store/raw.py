@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.engine import Connection, Dialect, Engine
@@ -29,32 +29,44 @@ class RawStatement:
     sql: str
     #: Parameter names in order for a positional paramstyle (qmark), else None (named).
     order: tuple[str, ...] | None
-    #: Every parameter name of a named paramstyle.
+    #: The parameter names a caller gives values for.
     names: tuple[str, ...]
     #: Bind processors of typed parameters (datetimes, binary), as SQLAlchemy applies them.
     processors: Mapping[str, Callable[[Any], Any]]
+    #: Parameters whose value the statement carries (``.values(status="RUNNING")``), ready
+    #: for the driver.
+    fixed: Mapping[str, Any] = field(default_factory=dict)
 
     def parameters(self, values: Mapping[str, Any]) -> Any:
         processors = self.processors
         if self.order is not None:
+            given = {**self.fixed, **values} if self.fixed else values
             return tuple(
-                processors[n](values[n]) if n in processors else values[n] for n in self.order
+                processors[n](given[n]) if n in processors else given[n] for n in self.order
             )
         bound = {n: values[n] for n in self.names}
         for name, process in processors.items():
             bound[name] = process(bound[name])
+        if self.fixed:
+            bound.update(self.fixed)
         return bound
 
 
 def raw_statement(statement: Any, dialect: Dialect) -> RawStatement:
     compiled = statement.compile(dialect=dialect)
-    processors = {}
-    for name, bind in compiled.binds.items():
+    processors: dict[str, Callable[[Any], Any]] = {}
+    fixed: dict[str, Any] = {}
+    for bind, name in compiled.bind_names.items():
         process = bind.type._cached_bind_processor(dialect)
-        if process is not None:
-            processors[name] = process
+        if bind.required:
+            if process is not None:
+                processors[name] = process
+            continue
+        value = bind.effective_value
+        fixed[name] = process(value) if process is not None else value
     order = tuple(compiled.positiontup) if compiled.positional else None
-    return RawStatement(compiled.string, order, tuple(compiled.binds), processors)
+    names = tuple(n for n in dict.fromkeys(compiled.bind_names.values()) if n not in fixed)
+    return RawStatement(compiled.string, order, names, processors, fixed)
 
 
 @contextmanager

@@ -19,10 +19,11 @@ from sqlalchemy import bindparam, type_coerce, update
 from sqlalchemy.engine import Connection
 
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, NewJob
-from celery_ratchet.store.claim import RETURNED, Claimed, decode
+from celery_ratchet.store.claim import RETURNED, Claimed, decode, fetch_claimed
 from celery_ratchet.store.db_clock import db_now
 from celery_ratchet.store.engine import transaction
 from celery_ratchet.store.job_rows import _new_job_values, _params, job
+from celery_ratchet.store.raw import RawStatement, raw_statement
 from celery_ratchet.store.row_writer import RowWriter
 from celery_ratchet.store.schema import UTCDateTime
 from celery_ratchet.store.settle import ClaimOps
@@ -46,9 +47,9 @@ class StepHandoffOps(ClaimOps, RowWriter):
                     if conn.execute(self._handoff_statement, params).rowcount != 1:
                         return Claimed([], [])
                     rows = conn.execute(self._select_claimed, {"token": token}).all()
-            else:
-                rows = conn.execute(self._handoff_returning_statement, params).all()
-            return decode(rows, token)
+                return decode(rows, token)
+            # Through the driver, as the claim: the release is on every chain step's way.
+            return fetch_claimed(conn, self._raw_handoff, params)
 
         # As any claim: a try whose reply was lost is adopted by its token, and a released
         # step that cannot be run is failed.
@@ -85,7 +86,8 @@ class StepHandoffOps(ClaimOps, RowWriter):
         )
 
     @functools.cached_property
-    def _handoff_returning_statement(self) -> Any:
+    def _raw_handoff(self) -> RawStatement:
         returned = [job.c[name.strip()] for name in RETURNED.split(",")]
         claimed_now = type_coerce(db_now(), UTCDateTime()).label("claimed_now")
-        return self._handoff_statement.returning(*returned, claimed_now)
+        statement = self._handoff_statement.returning(*returned, claimed_now)
+        return raw_statement(statement, self.engine.dialect)
