@@ -109,6 +109,13 @@ def fetch_on(conn: Connection, statement: RawStatement, values: Any) -> list[Seq
     return rows
 
 
+def execute_on(conn: Connection, statement: RawStatement, values: Any) -> int:
+    """Run ``statement`` once on the driver's connection under ``conn``; its row count.
+    Errors as :func:`fetch_on`'s."""
+    count, _ = _run(conn.engine, conn.connection, statement, values, fetch=False, owner=conn)
+    return count
+
+
 def execute_many_on(conn: Connection, statement: RawStatement, rows: Sequence[Any]) -> None:
     """Run ``statement`` once for each of ``rows`` in one driver ``executemany`` (psycopg
     pipelines it) on the driver's connection under ``conn``; errors as :func:`fetch_on`'s."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections import defaultdict
@@ -59,6 +60,7 @@ from celery_ratchet.store.job_rows import (
     job,
     storable,
 )
+from celery_ratchet.store.raw import RawStatement, execute_on, raw_statement
 from celery_ratchet.store.schema import (
     UTCDateTime,
     scheduler_resource,
@@ -382,7 +384,8 @@ class ClaimOps(StoreCore):
 
         def work(conn: Connection) -> bool:
             if part is None and not cancels:
-                return bool(conn.execute(self._store_outcome, params).rowcount == 1)
+                # Through the driver (store/raw.py): every stored result takes this way.
+                return execute_on(conn, self._raw_store_outcome, params) == 1
             with transaction(conn):
                 if conn.execute(self._store_outcome, params).rowcount != 1:
                     return False
@@ -395,6 +398,10 @@ class ClaimOps(StoreCore):
                 return True
 
         return self._run(work, "the result was not stored")
+
+    @functools.cached_property
+    def _raw_store_outcome(self) -> RawStatement:
+        return raw_statement(self._store_outcome, self.engine.dialect)
 
     def holds(self, job_id: str, token: str) -> bool:
         """Whether this claim still owns the job (it is RUNNING under it)."""
