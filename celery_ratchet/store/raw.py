@@ -34,13 +34,13 @@ class RawStatement:
     #: Bind processors of typed parameters (datetimes, binary), as SQLAlchemy applies them.
     processors: Mapping[str, Callable[[Any], Any]]
     #: Parameters whose value the statement carries (``.values(status="RUNNING")``), ready
-    #: for the driver.
+    #: for the driver; a caller's value of the same name never replaces one.
     fixed: Mapping[str, Any] = field(default_factory=dict)
 
     def parameters(self, values: Mapping[str, Any]) -> Any:
         processors = self.processors
         if self.order is not None:
-            given = {**self.fixed, **values} if self.fixed else values
+            given = {**values, **self.fixed} if self.fixed else values
             return tuple(
                 processors[n](given[n]) if n in processors else given[n] for n in self.order
             )
@@ -57,6 +57,8 @@ def raw_statement(statement: Any, dialect: Dialect) -> RawStatement:
     processors: dict[str, Callable[[Any], Any]] = {}
     fixed: dict[str, Any] = {}
     for bind, name in compiled.bind_names.items():
+        if bind.expanding:  # SQLAlchemy renders IN lists at execution: no fixed SQL here
+            raise ValueError(f"{name}: an IN list cannot run through the driver directly")
         process = bind.type._cached_bind_processor(dialect)
         if bind.required:
             if process is not None:

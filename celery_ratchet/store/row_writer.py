@@ -73,15 +73,21 @@ class RowWriter(StoreCore):
         # Measured per 1,000 rows: psycopg and sqlite3 pipeline executemany (25k and 60k
         # rows/s); PyMySQL sends it row by row (4.5k/s) but multi-row VALUES reach 15k/s.
         if self.family != "mysql":
-            if ignore_existing:
-                statement = _insert_statement(conn.dialect, 1, True, self.notify)
+            if conn.dialect is self.engine.dialect and not ignore_existing:
+                # Through the driver itself, as the single-row insert: SQLAlchemy's parameter
+                # building per row was a tenth of a 1,000-row write. Only on the store's own
+                # connections: a caller's (enqueue_within) may be of another driver
+                # (psycopg2), which the statement was not compiled for.
                 for rows in pipeline_chunks(params):
-                    conn.execute(statement, rows)
+                    execute_many_on(conn, self._raw_insert, rows)
                 return
-            # Through the driver itself, as the single-row insert: SQLAlchemy's parameter
-            # building per row was a third of a 1,000-row write.
+            statement = (
+                _insert_statement(conn.dialect, 1, True, self.notify)
+                if ignore_existing
+                else self._insert
+            )
             for rows in pipeline_chunks(params):
-                execute_many_on(conn, self._raw_insert, rows)
+                conn.execute(statement, rows)
             return
         for chunk in self._statements_of(conn, params):
             statement = _insert_statement(conn.dialect, len(chunk), ignore_existing)

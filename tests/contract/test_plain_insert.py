@@ -8,13 +8,14 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import create_engine, select
 
 from celery_ratchet.domain.job import JobStatus, Message, NewJob, Settlement
 from celery_ratchet.errors import DuplicateJob, StoreUnavailable
-from celery_ratchet.store import enqueue
+from celery_ratchet.store import enqueue, row_writer
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.store.schema import scheduler_job
+from celery_ratchet.store.units import unit_of
 from tests.conftest import Servers
 from tests.helpers import BODY, listening, new_job, wait_until
 
@@ -114,3 +115,23 @@ def test_the_driver_path_notifies_listening_workers(
         wait_until(lambda: "wake-me" in heard, 30, "the insert's notification")
     assert raw_inserts == ["wakes"]
     store.engine.dispose()
+
+
+def test_jobs_written_on_a_callers_connection_use_statements_of_its_own_driver(
+    store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's statements compiled for its own driver run only on its own connections:
+    a caller's may be of another driver (psycopg2 beside the store's psycopg), whose
+    parameters the store's compiled statement does not fit."""
+
+    def driver_path(*_: Any) -> None:
+        raise AssertionError("the store's driver statement ran on a caller's connection")
+
+    monkeypatch.setattr(row_writer, "execute_many_on", driver_path)
+    caller = create_engine(store.engine.url)  # another engine: its own dialect
+    try:
+        with caller.begin() as conn:
+            store.enqueue_within(unit_of(conn), [new_job("mine-1"), new_job("mine-2")])
+    finally:
+        caller.dispose()
+    assert {j.job_id for j in store.list_jobs(status=JobStatus.PENDING)} == {"mine-1", "mine-2"}

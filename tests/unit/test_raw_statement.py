@@ -42,3 +42,18 @@ def test_values_the_statement_carries_are_bound_beside_the_callers(name: str) ->
     # A typed parameter is processed as SQLAlchemy would (SQLite stores text).
     expires = next(v for k, v in values.items() if k == "p_expires")
     assert (expires == due) if name == "postgresql" else isinstance(expires, str)
+
+
+@pytest.mark.parametrize("name", sorted(_DIALECTS))
+def test_a_value_the_statement_carries_is_never_replaced_by_a_callers(name: str) -> None:
+    raw = raw_statement(_released(), _DIALECTS[name])
+    bound = raw.parameters({"p_job_id": "j1", "p_expires": None, "status": "CALLER"})
+    values = bound.values() if raw.order is None else bound
+    assert "CALLER" not in values and "RUNNING" in values
+
+
+@pytest.mark.parametrize("name", sorted(_DIALECTS))
+def test_an_in_list_is_refused_when_compiled_not_when_run(name: str) -> None:
+    listed = update(scheduler_job).where(scheduler_job.c.status.in_(["A", "B"])).values(claims=0)
+    with pytest.raises(ValueError, match="IN list"):
+        raw_statement(listed, _DIALECTS[name])
