@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import pytest
 from sqlalchemy import create_engine, text
 
+from celery_ratchet.domain.job import NewJob
 from celery_ratchet.errors import StatementCancelled, StoreBusy, StoreUnavailable
 from celery_ratchet.store.jobstore import JobStore
 from tests.conftest import Servers, empty_store
@@ -49,16 +50,23 @@ def _table_locked(store: JobStore, dialect: str) -> Iterator[None]:
 
 def _limited(servers: Servers, dialect: str, query: str) -> tuple[JobStore, JobStore]:
     """A store with its schema in place, and a second on the same database whose
-    connections carry ``query``."""
+    connections carry ``query`` (its schema checked before any lock is taken)."""
     plain = empty_store(servers.url(dialect))
-    return plain, JobStore(_with_query(servers.url(dialect), query))
+    limited = JobStore(_with_query(servers.url(dialect), query))
+    limited.ensure_schema()
+    return plain, limited
+
+
+def _sent_again_is_stored_once(plain: JobStore, limited: JobStore, job: NewJob) -> None:
+    """Nothing half-written: sent again once the lock is gone, the job is there once."""
+    limited.enqueue_many([job])
+    assert [j.job_id for j in plain.claim("n", ["celery"], 10)] == [job.job_id]
 
 
 def test_a_send_past_the_servers_time_limit_is_cancelled_not_an_outage_and_loses_nothing(
     servers: Servers, server_dialect: str
 ) -> None:
     plain, limited = _limited(servers, server_dialect, _TIME_LIMIT[server_dialect])
-    limited.ensure_schema()
     job = new_job()
     with _table_locked(plain, server_dialect), pytest.raises(StatementCancelled) as refused:
         limited.enqueue_many([job])
@@ -69,16 +77,13 @@ def test_a_send_past_the_servers_time_limit_is_cancelled_not_an_outage_and_loses
     assert setting in message
     assert "SELECT" not in message and "INSERT" not in message and job.job_id not in message
     assert not limited.reachability.down
-    # Nothing half-written: sent again once the lock is gone, the job is there once.
-    limited.enqueue_many([job])
-    assert [j.job_id for j in plain.claim("n", ["celery"], 10)] == [job.job_id]
+    _sent_again_is_stored_once(plain, limited, job)
 
 
 def test_a_claim_past_the_servers_time_limit_is_cancelled_and_the_job_stays_claimable(
     servers: Servers, server_dialect: str
 ) -> None:
     plain, limited = _limited(servers, server_dialect, _TIME_LIMIT[server_dialect])
-    limited.ensure_schema()
     job = new_job()
     plain.enqueue_many([job])
     with _table_locked(plain, server_dialect), pytest.raises(StatementCancelled):
@@ -90,11 +95,9 @@ def test_a_lock_timeout_on_postgresql_is_a_lock_conflict_retried_then_store_busy
     servers: Servers,
 ) -> None:
     plain, limited = _limited(servers, "postgresql", "options=-c%20lock_timeout%3D100")
-    limited.ensure_schema()
     job = new_job()
     with _table_locked(plain, "postgresql"), pytest.raises(StoreBusy) as busy:
         limited.enqueue_many([job])
     assert not isinstance(busy.value, StatementCancelled)
     assert "lock" in str(busy.value) and "no job was enqueued" in str(busy.value)
-    limited.enqueue_many([job])
-    assert [j.job_id for j in plain.claim("n", ["celery"], 10)] == [job.job_id]
+    _sent_again_is_stored_once(plain, limited, job)
