@@ -21,6 +21,12 @@ from celery_ratchet.store.redact import mask_secrets_of, mask_url
 logger = logging.getLogger(__name__)
 
 
+def sqlstate_of(orig: object) -> str | None:
+    """The SQLSTATE of a PostgreSQL driver's error: psycopg 3 names it ``sqlstate``, psycopg2
+    (a connection lent by Django) ``pgcode``; ``None`` for other drivers."""
+    return getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+
+
 def is_unavailable(exc: BaseException) -> bool:
     """True when ``exc`` means the database could not be reached (as opposed to a bad query)."""
     if isinstance(exc, PoolTimeout):
@@ -57,7 +63,7 @@ def is_missing_table(exc: BaseException) -> bool:
     if not isinstance(exc, DBAPIError) or exc.orig is None:
         return False
     orig = exc.orig
-    if getattr(orig, "sqlstate", None) == "42P01":  # PostgreSQL: undefined_table
+    if sqlstate_of(orig) == "42P01":  # PostgreSQL: undefined_table
         return True
     args = getattr(orig, "args", ())
     if args and args[0] == 1146:  # MySQL / MariaDB: ER_NO_SUCH_TABLE
@@ -66,7 +72,7 @@ def is_missing_table(exc: BaseException) -> bool:
 
 
 def _is_lock_error(exc: DBAPIError) -> bool:
-    if getattr(exc.orig, "sqlstate", None) == "55P03":  # PostgreSQL: lock_timeout ran out
+    if sqlstate_of(exc.orig) == "55P03":  # PostgreSQL: lock_timeout ran out
         return True
     text = str(exc.orig).lower()
     return "deadlock" in text or "lock wait timeout" in text or "database is locked" in text
@@ -84,7 +90,7 @@ def is_statement_cancelled(exc: BaseException) -> bool:
     operator's cancel): neither an outage nor a bad query."""
     if not isinstance(exc, DBAPIError) or exc.orig is None:
         return False
-    if getattr(exc.orig, "sqlstate", None) in _CANCELLED_STATES:
+    if sqlstate_of(exc.orig) in _CANCELLED_STATES:
         return True
     args = getattr(exc.orig, "args", None) or (None,)
     return args[0] in _CANCELLED_CODES
@@ -108,7 +114,7 @@ def is_retryable_conflict(exc: BaseException) -> bool:
         return False
     if _is_lock_error(exc):
         return True
-    code = getattr(exc.orig, "sqlstate", None)
+    code = sqlstate_of(exc.orig)
     return code in {"40001", "40P01"}
 
 
@@ -154,13 +160,13 @@ def is_prepared_statement_conflict(exc: BaseException) -> bool:
     """True when PostgreSQL refused a server-side prepared statement of psycopg (``_pg3_*``)."""
     if not isinstance(exc, DBAPIError) or exc.orig is None:
         return False
-    code = getattr(exc.orig, "sqlstate", None)
+    code = sqlstate_of(exc.orig)
     return code in _PREPARED_STATEMENT_STATES and "prepared statement" in str(exc.orig)
 
 
 def prepared_statement_conflict(exc: BaseException, what: str) -> PreparedStatementConflict:
     orig = getattr(exc, "orig", None)
-    code = getattr(orig, "sqlstate", None)
+    code = sqlstate_of(orig)
     return PreparedStatementConflict(
         f"PostgreSQL refused a prepared statement (SQLSTATE {code}, {type(orig).__name__}): the "
         "job store's URL goes through a pooler in transaction mode (PgBouncer), which cannot "

@@ -17,6 +17,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable
 
 from celery_ratchet.errors import SchemaNotCreated, SchemaOutdated, StoreBusy
+from celery_ratchet.store.db_errors import sqlstate_of
 from celery_ratchet.store.engine import family, transaction
 from celery_ratchet.store.schema import (
     ACTIVE_KEY_INDEX,
@@ -307,7 +308,7 @@ def schema_lock(conn: Connection) -> Iterator[None]:
 
 def _permission_denied(exc: DBAPIError) -> bool:
     orig = exc.orig
-    if getattr(orig, "sqlstate", None) == "42501":  # PostgreSQL insufficient_privilege
+    if sqlstate_of(orig) == "42501":  # PostgreSQL insufficient_privilege
         return True
     code = orig.args[0] if orig is not None and orig.args else None
     # MySQL/MariaDB: table access denied, database access denied, privilege missing.
@@ -329,7 +330,7 @@ def bring_up_to_date(conn: Connection, *, wait_for_unique_keys: bool = False) ->
             created = create_missing_tables(conn, set(inspect(conn).get_table_names()))
             return created + add_missing_columns(conn, wait_for_unique_keys=wait_for_unique_keys)
     except DBAPIError as exc:
-        if getattr(exc.orig, "sqlstate", None) == "55P03":  # PostgreSQL lock_timeout
+        if sqlstate_of(exc.orig) == "55P03":  # PostgreSQL lock_timeout
             raise StoreBusy(
                 f"another process held the schema lock for {SCHEMA_LOCK_TIMEOUT} s; the "
                 "schema was not created (look for a stuck `ratchet schema apply`)"

@@ -28,6 +28,7 @@ from celery_ratchet.errors import (
     SchemaOutdated,
     StoreBusy,
 )
+from celery_ratchet.store.db_errors import sqlstate_of
 from celery_ratchet.store.engine import (
     insert_ignoring_conflicts,
     same_database,
@@ -275,7 +276,7 @@ class EnqueueOps(RowWriter):
                     return self._reuse_or_refuse(conn, params, retried, guard)
                 inserted = False
             except DBAPIError as exc:
-                if within and getattr(exc.orig, "sqlstate", None) == "40001":
+                if within and sqlstate_of(exc.orig) == "40001":
                     # PostgreSQL, a REPEATABLE READ or SERIALIZABLE caller: the holder was
                     # committed after the caller's snapshot, which cannot see it.
                     holder = self._committed_holder(params)

@@ -37,6 +37,7 @@ from celery_ratchet.errors import (
 from celery_ratchet.store.db_clock import (
     db_now,
 )
+from celery_ratchet.store.db_errors import sqlstate_of
 from celery_ratchet.store.engine import (
     insert_ignoring_conflicts,
 )
@@ -242,7 +243,7 @@ def _is_active_key_conflict(exc: IntegrityError) -> bool:
 
 def _lacks_active_key_index(exc: DBAPIError) -> bool:
     """PostgreSQL and SQLite refuse an ON CONFLICT target that no unique index matches."""
-    if getattr(exc.orig, "sqlstate", None) == "42P10":  # invalid_column_reference
+    if sqlstate_of(exc.orig) == "42P10":  # invalid_column_reference
         return True
     return "does not match any PRIMARY KEY or UNIQUE constraint" in str(exc.orig)
 

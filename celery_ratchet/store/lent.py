@@ -17,6 +17,8 @@ from contextvars import ContextVar
 from typing import Any
 
 from sqlalchemy import create_engine
+from sqlalchemy.dialects import registry
+from sqlalchemy.dialects.postgresql.psycopg2 import PGDialect_psycopg2
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.pool import NullPool
 
@@ -27,11 +29,26 @@ from celery_ratchet.store.units import AfterCommit, Unit
 #: The SQLAlchemy driver for each DB-API module a framework may hand over.
 _DRIVERS = {
     "psycopg": "postgresql+psycopg",
-    "psycopg2": "postgresql+psycopg2",
+    "psycopg2": "postgresql+ratchet_lent_psycopg2",
     "MySQLdb": "mysql+mysqldb",
     "pymysql": "mysql+pymysql",
     "sqlite3": "sqlite+pysqlite",
 }
+
+
+class LentPsycopg2Dialect(PGDialect_psycopg2):
+    """psycopg2 on a lent connection. The stock dialect registers psycopg2's UUID adapter on
+    each new connection, and psycopg2 accepts only its own connection class there, which the
+    lent wrapper is not. The owner's connection keeps the adapters its owner gave it; the job
+    store binds no UUID values."""
+
+    supports_statement_cache = True
+
+    def on_connect(self) -> None:
+        return None
+
+
+registry.register("postgresql.ratchet_lent_psycopg2", __name__, "LentPsycopg2Dialect")
 
 
 class _Lent:

@@ -10,20 +10,28 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import make_url
 
-from celery_ratchet.errors import ConfigurationError
+from celery_ratchet.errors import ConfigurationError, DuplicateJob
 from celery_ratchet.store.jobstore import JobStore
 from tests.conftest import Servers, empty_store
 from tests.helpers import new_job
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "postgresql-psycopg2"])
 def owned(request: pytest.FixtureRequest, servers: Servers) -> Iterator[tuple[JobStore, Any]]:
-    url = servers.url(request.param)
+    dialect, _, driver = request.param.partition("-")
+    url = servers.url(dialect)
     store = empty_store(url)
     parsed = make_url(url)
-    if request.param == "sqlite":
-        raw: Any = sqlite3.connect(parsed.database, isolation_level=None)
+    raw: Any
+    if dialect == "sqlite":
+        raw = sqlite3.connect(parsed.database, isolation_level=None)
         raw.execute("BEGIN")
+    elif driver == "psycopg2":  # Django's connection, where Django runs on psycopg2
+        import psycopg2
+
+        raw = psycopg2.connect(
+            host=parsed.host, port=parsed.port, dbname=parsed.database, user=parsed.username
+        )
     else:
         import psycopg
 
@@ -78,3 +86,19 @@ def test_a_lent_connection_to_another_database_is_refused_with_its_owners_words(
         store.enqueue_within(conn, [new_job()])
     raw.rollback()
     assert _job_ids(store) == []
+
+
+def test_a_taken_id_on_a_lent_connection_raises_duplicate_job_and_spares_the_owners_work(
+    owned: tuple[JobStore, Any],
+) -> None:
+    from celery_ratchet.store.lent import lend
+
+    store, raw = owned
+    where = dict(_where(store), described_as="the owner's", remedy="fix it")
+    with lend(raw, **where) as conn:
+        store.enqueue_within(conn, [new_job("first")])
+        with pytest.raises(DuplicateJob, match="first"):
+            store.enqueue_within(conn, [new_job("first")])
+        store.enqueue_within(conn, [new_job("second")])
+    raw.commit()
+    assert sorted(_job_ids(store)) == ["first", "second"]
