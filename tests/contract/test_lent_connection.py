@@ -45,6 +45,11 @@ def _where(store: JobStore) -> dict[str, Any]:
     return {"host": url.host, "port": url.port, "database": url.database}
 
 
+def _owners(store: JobStore) -> dict[str, Any]:
+    """What lend() is told of the owner's connection to the store's own database."""
+    return dict(_where(store), described_as="the owner's", remedy="fix it")
+
+
 def _job_ids(store: JobStore) -> list[str]:
     with store.engine.connect() as conn:
         return [r[0] for r in conn.exec_driver_sql("SELECT job_id FROM scheduler_job")]
@@ -56,7 +61,7 @@ def test_jobs_written_on_a_lent_connection_commit_and_roll_back_with_its_owner(
     from celery_ratchet.store.lent import lend
 
     store, raw = owned
-    where = dict(_where(store), described_as="the owner's", remedy="fix it")
+    where = _owners(store)
     with lend(raw, **where) as conn:
         store.enqueue_within(conn, [new_job("rolled-back")])
     assert _job_ids(store) == []  # closing the lent connection committed nothing
@@ -94,8 +99,7 @@ def test_a_taken_id_on_a_lent_connection_raises_duplicate_job_and_spares_the_own
     from celery_ratchet.store.lent import lend
 
     store, raw = owned
-    where = dict(_where(store), described_as="the owner's", remedy="fix it")
-    with lend(raw, **where) as conn:
+    with lend(raw, **_owners(store)) as conn:
         store.enqueue_within(conn, [new_job("first")])
         with pytest.raises(DuplicateJob, match="first"):
             store.enqueue_within(conn, [new_job("first")])
