@@ -53,7 +53,7 @@ def run(label: str, env: dict[str, str], jobs: int, workers: int) -> None:
         noop.delay(i)
     enqueue_rate = jobs / (time.perf_counter() - started)
     started = time.perf_counter()
-    procs = [start_worker("ratchet_app", "ratchet", env=env) for _ in range(workers)]
+    procs = [start_worker("ratchet_app", "ratchet", env=env, alone=i == 0) for i in range(workers)]
     try:
         while int(_redis.get("ratchet:done") or 0) < jobs:
             if time.perf_counter() - started > 600:

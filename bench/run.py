@@ -215,9 +215,39 @@ def bench_bulk(rounds: int) -> None:
 # -- workers -----------------------------------------------------------------------------
 
 
+def bench_workers() -> list[int]:
+    """Pids of workers of the bench's apps running now (this bench's or any other's)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"worker" in argv and any(a.startswith(b"bench.apps:") for a in argv):
+                found.append(int(entry.name))
+    return found
+
+
 def start_worker(
-    app_name: str, pool: str, *extra: str, env: dict[str, str] | None = None
+    app_name: str,
+    pool: str,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    alone: bool = True,
 ) -> subprocess.Popen[bytes]:
+    """Start a bench worker; ``alone``: refuse while another bench worker runs."""
+    # A worker left over from an interrupted run drains the same queue and bumps the same
+    # counter: every rate would count two workers' jobs. (A stopped worker's pool processes
+    # may outlive it by a moment.)
+    deadline = time.monotonic() + 10
+    while alone and (strays := bench_workers()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if alone and strays:
+        raise RuntimeError(
+            f"bench workers already running (pids {', '.join(map(str, strays))}): stop them "
+            "first, or their jobs are counted in these figures"
+        )
     command = [
         sys.executable,
         "-m",
