@@ -95,6 +95,9 @@ def measure(
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("DELETE FROM scheduler_node")
     logs = [Path(tempfile.gettempdir()) / f"{dbname}-idle{i}.log" for i in range(workers)]
+    from bench.strays import refuse_strays  # after main() put the root on the path
+
+    refuse_strays()
     procs = [start_worker(url, f"idle{i}", env, log) for i, log in enumerate(logs)]
     try:
         deadline = time.monotonic() + 120
@@ -130,6 +133,9 @@ def tick_lag(dbname: str, env: dict[str, str], seconds: float, warmup: float) ->
     was claimed (milliseconds, by the database's clock), over ``seconds``."""
     url = f"postgresql://postgres@127.0.0.1/{dbname}"
     log = Path(tempfile.gettempdir()) / f"{dbname}-tick.log"
+    from bench.strays import refuse_strays  # after main() put the root on the path
+
+    refuse_strays()
     worker = start_worker(url, "tick", {**env, "BENCH_TICK": "1"}, log)
     try:
         time.sleep(warmup + seconds)

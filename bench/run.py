@@ -42,6 +42,7 @@ import celery_ratchet  # noqa: E402
 from bench.apps import REDIS_URL, ratchet_app, redis_app  # noqa: E402
 from bench.claim import bench_claim  # noqa: E402
 from bench.idle import bench_idle  # noqa: E402
+from bench.strays import refuse_strays  # noqa: E402
 from celery_ratchet.celery.install import ratchet_state  # noqa: E402
 
 RESULTS: list[dict[str, Any]] = []
@@ -215,20 +216,6 @@ def bench_bulk(rounds: int) -> None:
 # -- workers -----------------------------------------------------------------------------
 
 
-def bench_workers() -> list[int]:
-    """Pids of workers of the bench's apps running now (this bench's or any other's)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"worker" in argv and any(a.startswith(b"bench.apps:") for a in argv):
-                found.append(int(entry.name))
-    return found
-
-
 def start_worker(
     app_name: str,
     pool: str,
@@ -237,17 +224,8 @@ def start_worker(
     alone: bool = True,
 ) -> subprocess.Popen[bytes]:
     """Start a bench worker; ``alone``: refuse while another bench worker runs."""
-    # A worker left over from an interrupted run drains the same queue and bumps the same
-    # counter: every rate would count two workers' jobs. (A stopped worker's pool processes
-    # may outlive it by a moment.)
-    deadline = time.monotonic() + 10
-    while alone and (strays := bench_workers()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if alone and strays:
-        raise RuntimeError(
-            f"bench workers already running (pids {', '.join(map(str, strays))}): stop them "
-            "first, or their jobs are counted in these figures"
-        )
+    if alone:
+        refuse_strays()
     command = [
         sys.executable,
         "-m",

@@ -176,6 +176,9 @@ def run_once(
         register(url, count, every, aligned)
         logs = [Path(tempfile.gettempdir()) / f"ratchet-sched-{os.getpid()}-{i}.log"
                 for i in range(workers)]  # fmt: skip
+        from bench.strays import refuse_strays  # after main() put the root on the path
+
+        refuse_strays()
         procs = [start_worker(url, f"sched{i}", pool, log) for i, log in enumerate(logs)]
         try:
             deadline = time.monotonic() + 120
