@@ -32,7 +32,7 @@ class RedisWakeups(ListenerThread):
 
     def listen(self, wake: Wake) -> None:
         client = redis.Redis.from_url(self.url, socket_connect_timeout=10)
-        pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
         try:
             pubsub.subscribe(CHANNEL)
             self.live = True
