@@ -110,6 +110,55 @@ def test_settlement_is_a_compare_and_swap_on_the_claim(store: JobStore) -> None:
     assert status_of(store, "ok") is JobStatus.SUCCEEDED
 
 
+def test_one_settle_of_many_outcomes_writes_each_as_alone(store: JobStore) -> None:
+    """A batch as the settler writes it: successes, failures, a hand-back, a stale claim and
+    an execution reported twice, each row written as a settle of its own would write it."""
+    for name in ("s1", "s2", "f1", "f2", "back", "stale"):
+        store.enqueue(new_job(name))
+    claimed = {j.job_id: j for j in store.claim("n", ["celery"], 10)}
+    # f2 failed before (a retry kept the reason); this failure brings no error of its own.
+    with store.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE scheduler_job SET last_error = :e WHERE job_id = 'f2'"),
+            {"e": '{"exc_type": "Before"}'},
+        )
+
+    def ended(job_id: str, status: JobStatus, **kw: str) -> Settlement:
+        return Settlement(job_id, claimed[job_id].token, status, **kw)
+
+    changed = store.settle(
+        [
+            ended("s1", JobStatus.SUCCEEDED),
+            ended("f1", JobStatus.FAILED, error='{"exc_type": "E"}', traceback="tb"),
+            ended("back", JobStatus.PENDING),
+            Settlement("stale", "not-its-claim", JobStatus.FAILED, error='"x"'),
+            ended("s2", JobStatus.SUCCEEDED),
+            ended("s2", JobStatus.FAILED, error='"second report"'),
+            ended("f2", JobStatus.FAILED),
+        ]
+    )
+    assert changed == 5
+    statuses = {name: status_of(store, name) for name in claimed}
+    assert statuses == {
+        "s1": JobStatus.SUCCEEDED,
+        "s2": JobStatus.SUCCEEDED,
+        "f1": JobStatus.FAILED,
+        "f2": JobStatus.FAILED,
+        "back": JobStatus.PENDING,
+        "stale": JobStatus.RUNNING,
+    }
+    f1 = store.result("f1")
+    assert f1 is not None
+    assert (f1.last_error, f1.error_traceback) == ('{"exc_type": "E"}', "tb")
+    assert f1.finished_at is not None
+    f2 = store.result("f2")
+    assert f2 is not None and f2.last_error == '{"exc_type": "Before"}'
+    back = store.result("back")
+    assert back is not None and back.finished_at is None
+    [again] = store.claim("m", ["celery"], 1)
+    assert (again.job_id, again.claims) == ("back", 2)
+
+
 def test_result_is_stored_only_by_the_claim_holder(store: JobStore) -> None:
     store.enqueue(new_job("r"))
     [job] = store.claim("n", ["celery"], 1)
