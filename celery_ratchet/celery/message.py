@@ -315,6 +315,19 @@ def retry_of(job: ClaimedJob, delay: float) -> NewJob:
     )
 
 
+def _decoded(claimed: dict[str, Any] | None, text: str) -> dict[str, Any]:
+    """A header or property object as kombu decodes it; the claim's plain JSON decoding (a
+    copy) where kombu's would be the same, that is where no value of a type kombu marks
+    (``{"__type__": ..., "__value__": ...}``) is in it."""
+    if claimed is None or _KOMBU_TYPE_MARK in text:
+        decoded: dict[str, Any] = kjson.loads(text)
+        return decoded
+    return dict(claimed)
+
+
+_KOMBU_TYPE_MARK = '"__type__"'
+
+
 class JobMessage(KombuMessage):
     """A claimed job dressed as a delivered message.
 
@@ -325,11 +338,11 @@ class JobMessage(KombuMessage):
     def __init__(
         self, job: ClaimedJob, *, accept: Collection[str] | None, on_end: EndCallback
     ) -> None:
-        headers = kjson.loads(job.message.headers)
+        headers = _decoded(job.decoded_headers, job.message.headers)
         headers[CLAIM_HEADER] = job.token
         if job.fence is not None:
             headers[FENCE_HEADER] = job.fence
-        properties = kjson.loads(job.message.properties)
+        properties = _decoded(job.decoded_properties, job.message.properties)
         #: What the sender's message carried, as stock reports it (a transport's 0 when
         #: the sender set none); Celery's request keeps the row's, which retries and
         #: inheriting children copy, so their claim order stays the row's.

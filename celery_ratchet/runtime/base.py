@@ -11,7 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
@@ -335,7 +335,7 @@ class RuntimeBase:
         if self.fence is None:
             return claimed
         fence = stamp(self._fence_tag, epoch)
-        return [replace(job, fence=fence) for job in claimed]
+        return [job.with_fence(fence) for job in claimed]
 
     def _heartbeat_stale(self) -> bool:
         """No heartbeat written for so long that the cluster may have declared us dead and

@@ -191,7 +191,7 @@ def to_claimed(row: Any, token: str, claims_offset: int = 0) -> ClaimedJob:
         ) from None
     try:
         headers = _json_object(row.headers, "headers")
-        _json_object(row.properties, "properties")
+        properties = _json_object(row.properties, "properties")
     except ValueError as exc:
         raise MalformedRow(row.id, row.job_id, str(exc)) from None
     # A recurring master's message is a template: its occurrences get their own ids.
@@ -238,6 +238,8 @@ def to_claimed(row: Any, token: str, claims_offset: int = 0) -> ClaimedJob:
         claimed_now=getattr(row, "claimed_now", None),
         resource=row.resource,
         revoke_requested=row.revoke_requested,
+        decoded_headers=headers,
+        decoded_properties=properties,
     )
 
 

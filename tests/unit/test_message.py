@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
@@ -217,6 +218,25 @@ def test_a_claimed_row_becomes_a_delivered_message() -> None:
     message.end(JobStatus.SUCCEEDED)  # a second report of the same execution is ignored
     assert ends == [("abc", JobStatus.PENDING)]
     assert kjson.loads(message.body) == [[1, "a"], {"k": "v"}, {"callbacks": None}]
+
+
+def test_the_claims_decoding_is_kombus_where_no_typed_value_is_in_it() -> None:
+    """The message reuses what the claim decoded, but never where kombu's decoder would
+    give something else (a value kombu marks with its type), and never shares the dict."""
+    job = _job(headers={"id": "abc", "task": "shop.charge", "stamp": "plain"})
+    decoded = json.loads(job.message.headers)
+    claimed = replace(_claimed(job), decoded_headers=decoded, decoded_properties={"x": 1})
+    message = JobMessage(claimed, accept={"application/json"}, on_end=lambda *a: None)
+    assert message.headers == {**decoded, CLAIM_HEADER: "tok"}
+    assert CLAIM_HEADER not in decoded
+    assert message.properties == {"x": 1, "priority": 4}
+    assert claimed.decoded_properties == {"x": 1}
+
+    moment = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    typed = _job(headers={"id": "abc", "task": "shop.charge", "stamp": moment})
+    claimed = replace(_claimed(typed), decoded_headers=json.loads(typed.message.headers))
+    message = JobMessage(claimed, accept={"application/json"}, on_end=lambda *a: None)
+    assert message.headers["stamp"] == moment
 
 
 def test_code_running_serializers_are_taken_out_of_accept_lists() -> None:
