@@ -11,6 +11,7 @@ from celery.app.amqp import AMQP
 from kombu.common import Broadcast
 from kombu.connection import Connection
 
+from celery_ratchet.celery import alike_groups
 from celery_ratchet.celery import options as options_
 from celery_ratchet.celery.chain_handoff import handed_to_this_worker
 from celery_ratchet.celery.compat import cache_producer_pool, cached_producer_pool
@@ -84,6 +85,14 @@ class RatchetAMQP(AMQP):
             confirm_timeout: float | None = None,
             **kwargs: Any,
         ) -> None:
+            alike_groups.offer(name, message, {
+                "exchange": exchange, "routing_key": routing_key, "queue": queue,
+                "event_dispatcher": event_dispatcher, "retry": retry,
+                "retry_policy": retry_policy, "serializer": serializer,
+                "delivery_mode": delivery_mode, "compression": compression, "declare": declare,
+                "headers": headers, "exchange_type": exchange_type, "timeout": timeout,
+                "confirm_timeout": confirm_timeout, **kwargs,
+            })  # fmt: skip
             headers2, properties, body, sent_event = message
             if headers:
                 headers2.update(headers)
@@ -156,6 +165,7 @@ class RatchetAMQP(AMQP):
             point_at_holders(held, [])
             published()
 
+        send_task_message.ratchet_writes_rows = True  # type: ignore[attr-defined]
         return send_task_message
 
 

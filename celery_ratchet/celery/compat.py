@@ -460,3 +460,103 @@ def continues_chain_of(request: Any, job_id: str, embedded_chain: Any) -> bool:
         if options.get("task_id") == job_id:
             return True
     return embedded_chain is chain
+
+
+# -- groups sent from one message (celery_ratchet.celery.alike_groups) ------------------------
+
+
+def freeze_group_id(group: Any, options: dict[str, Any]) -> tuple[dict[str, Any], str, Any]:
+    """The options a group's members are sent with, its group id and root id, as Celery's
+    ``group.apply_async`` fixes them (``group._freeze_gid``)."""
+    merged, group_id, root_id = group._freeze_gid(options)
+    return merged, group_id, root_id
+
+
+def argument_reprs(app: Celery, args: Any, kwargs: Any) -> tuple[str, str]:
+    """``argsrepr`` and ``kwargsrepr`` as Celery's ``AMQP.as_task_v2`` writes them (5.7 reads
+    ``task_repr_maxlevels``; 5.5 has saferepr's own default, the same 3)."""
+    from celery.utils.saferepr import saferepr
+
+    amqp = app.amqp
+    limits = amqp.argsrepr_maxsize, amqp.kwargsrepr_maxsize
+    reprs = _flat_repr(args, limits[0]), _flat_repr(kwargs, limits[1])
+    if reprs[0] is not None and reprs[1] is not None:
+        return reprs[0], reprs[1]
+    levels = app.conf.get("task_repr_maxlevels", 3)
+    return (
+        reprs[0] if reprs[0] is not None else saferepr(args, limits[0], maxlevels=levels),
+        reprs[1] if reprs[1] is not None else saferepr(kwargs, limits[1], maxlevels=levels),
+    )
+
+
+def _flat_repr(value: Any, limit: int | None) -> str | None:
+    """What Celery's ``saferepr(value, limit)`` gives, for the arguments most tasks take: a
+    tuple, list or dict (string keys) of ints and plain printable ASCII strings, shorter
+    than ``limit``; None for anything else (saferepr itself then). saferepr writes such a
+    value as repr() does, but for strings, which it quotes with single quotes always."""
+    kind = type(value)
+    if kind is dict:
+        parts = []
+        for key, item in value.items():
+            shown_key, shown = _scalar_repr(key), _scalar_repr(item)
+            if shown_key is None or shown is None or type(key) is not str:
+                return None
+            parts.append(f"{shown_key}: {shown}")
+        text = "{" + ", ".join(parts) + "}"
+    elif kind is tuple or kind is list:
+        parts = []
+        for item in value:
+            shown = _scalar_repr(item)
+            if shown is None:
+                return None
+            parts.append(shown)
+        inner = ", ".join(parts)
+        closing = ",)" if kind is tuple and len(parts) == 1 else ")"
+        text = f"[{inner}]" if kind is list else f"({inner}{closing}"
+    else:
+        return None
+    return text if limit is None or len(text) < limit else None
+
+
+def _scalar_repr(value: Any) -> str | None:
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is str and value.isascii() and value.isprintable() and "'" not in value:
+        return "'" + value + "'" if "\\" not in value else None
+    return None
+
+
+def sends_as_celery(app: Celery, task: Any) -> bool:
+    """Whether a send of ``task`` is Celery's own from end to end, so that one member's
+    message can stand for another's: the task class's ``apply_async`` and ``shadow_name``,
+    the app's ``send_task``, protocol 2, no router (one may route by arguments), no pydantic
+    argument dumping, and the app's ``send_task_message`` that writes rows."""
+    from celery.app.task import Task
+
+    if not issubclass(type(task), Task) or getattr(task, "__v2_compat__", False):
+        return False
+    if getattr(task, "_dump_pydantic_arguments", None) is not None:
+        return False
+    if not (
+        _is_celerys(type(task).apply_async, ("celery", "app", "task.py"))
+        and _is_celerys(type(task).shadow_name, ("celery", "app", "task.py"))
+        and _is_celerys(type(app).send_task, ("celery", "app", "base.py"))
+    ):
+        return False
+    if not getattr(app.send_task, _WRAPPED_MARK, False):  # ours, around Celery's
+        return False
+    amqp = app.amqp
+    if not getattr(amqp.send_task_message, "ratchet_writes_rows", False):
+        return False
+    return app.conf.task_protocol == 2 and not getattr(amqp.router, "routes", None)
+
+
+def _is_celerys(function: Any, where: tuple[str, ...]) -> bool:
+    """``function`` is Celery's own, as its source defines it (not a wrapper of it)."""
+    import os
+
+    code = getattr(function, "__code__", None)
+    if code is None or getattr(function, "__wrapped__", None) is not None:
+        return False
+    return bool(code.co_filename.endswith(os.path.join(*where)))

@@ -12,6 +12,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from celery_ratchet.celery import alike_groups
 from celery_ratchet.celery.compat import group_tasks_are_lazy, wrap_group_apply_async
 from celery_ratchet.celery.state import is_ratchet_app
 
@@ -20,6 +21,10 @@ def _one_by_one_when_lazy(apply_async: Callable[..., Any]) -> Callable[..., Any]
     @functools.wraps(apply_async)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not group_tasks_are_lazy(self):
+            if is_ratchet_app(self.app):
+                sent = _send_alike(self, *args, **kwargs)
+                if sent is not None:
+                    return sent
             return apply_async(self, *args, **kwargs)
         app = self.app
         if kwargs.get("producer") is not None or not is_ratchet_app(app):
@@ -31,6 +36,22 @@ def _one_by_one_when_lazy(apply_async: Callable[..., Any]) -> Callable[..., Any]
             return apply_async(self, *args, producer=producer, **kwargs)
 
     return wrapper
+
+
+def _send_alike(
+    group: Any,
+    args: Any = None,
+    kwargs: Any = None,
+    add_to_parent: bool = True,
+    producer: Any = None,
+    link: Any = None,
+    link_error: Any = None,
+    **options: Any,
+) -> Any | None:
+    """``group.apply_async``'s arguments, for :func:`alike_groups.send_alike`."""
+    if link is not None or link_error is not None:  # Celery's own refusal
+        return None
+    return alike_groups.send_alike(group, args, kwargs, add_to_parent, producer, options)
 
 
 def connect() -> None:

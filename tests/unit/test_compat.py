@@ -15,9 +15,13 @@ from typing import Any
 import click
 import pytest
 from billiard.pool import CLOSE, RUN, TERMINATE
-from celery import Celery, Signature
+from celery import Celery, Signature, group
 from celery.local import Proxy
+from celery.utils.saferepr import saferepr
+from hypothesis import given
+from hypothesis import strategies as st
 
+from celery_ratchet.celery.application import Celery as RatchetCelery
 from celery_ratchet.celery.compat import (
     AMQP_CREATE_TASK_SENDER_METHOD,
     BACKEND_RETRY_SLEEP_METHOD,
@@ -28,6 +32,7 @@ from celery_ratchet.celery.compat import (
     DJANGO_TASK_METHODS,
     POOL_HELP_STUFF_FINISH_METHOD,
     REQUEST_ANNOUNCE_REVOKED_METHOD,
+    argument_reprs,
     billiard_pool_of,
     cache_producer_pool,
     cached_producer_pool,
@@ -39,6 +44,7 @@ from celery_ratchet.celery.compat import (
     ensure_not_eager,
     forget_billiard_pool,
     forget_cached_backend,
+    freeze_group_id,
     in_stop_signal_handler,
     input_waiting,
     is_composite_signature,
@@ -55,6 +61,7 @@ from celery_ratchet.celery.compat import (
     request_already_cancelled,
     request_already_revoked,
     request_terminates_on_ack,
+    sends_as_celery,
     serializer_decoders,
     set_message_state,
     set_task_tracer,
@@ -65,6 +72,7 @@ from celery_ratchet.celery.compat import (
     unproxied,
     wrap_settings_censor,
 )
+from celery_ratchet.celery.task import RatchetTask
 from celery_ratchet.errors import ConfigurationError
 
 
@@ -766,3 +774,60 @@ def test_in_stop_signal_handler_is_true_beneath_the_workers_stop_handler_only() 
         set_in_sighandler(False)
         state.should_terminate = None
         signal.signal(signal.SIGUSR2, previous)
+
+
+def test_freeze_group_id_is_celerys_group_underscore_freeze_gid() -> None:
+    app = Celery("t", set_as_current=False)
+    members = group([Signature("t.x", app=app)], app=app, queue="q")
+    merged, group_id, root_id = freeze_group_id(members, {"task_id": "gid", "priority": 3})
+    assert (merged, group_id, root_id) == (
+        {"queue": "q", "priority": 3, "group_id": "gid"},
+        "gid",
+        None,
+    )
+
+
+_scalars = st.one_of(
+    st.integers(),
+    st.text(st.characters(codec="utf-8"), max_size=12),
+    st.text("ab'\\\" c", max_size=6),
+)
+
+
+@given(
+    st.one_of(
+        st.lists(_scalars, max_size=6).map(tuple),
+        st.lists(_scalars, max_size=6),
+        st.dictionaries(st.text("abcxyz_'", max_size=5), _scalars, max_size=5),
+    ),
+    st.sampled_from([8, 40, 1024]),
+)
+def test_argument_reprs_are_what_as_task_v2_writes(value: Any, limit: int) -> None:
+    app = Celery("t", set_as_current=False)
+    app.amqp.argsrepr_maxsize = app.amqp.kwargsrepr_maxsize = limit
+    expected = saferepr(value, limit, maxlevels=app.conf.get("task_repr_maxlevels", 3))
+    assert argument_reprs(app, value, value) == (expected, expected)
+
+
+def test_sends_as_celery_only_for_celerys_own_send_of_a_plain_task() -> None:
+    app = RatchetCelery("t", set_as_current=False)
+    app.conf.ratchet_url = "sqlite://"
+    routed = RatchetCelery("routed", set_as_current=False)
+    routed.conf.update(ratchet_url="sqlite://", task_routes={"t.plain": {"queue": "elsewhere"}})
+
+    @routed.task(name="t.plain", shared=False)
+    def routed_plain() -> None: ...
+
+    @app.task(name="t.plain", shared=False)
+    def plain() -> None: ...
+
+    class Wrapped(RatchetTask):
+        def apply_async(self, *args: Any, **kwargs: Any) -> Any:  # a send of its own
+            return super().apply_async(*args, **kwargs)
+
+    @app.task(name="t.wrapped", base=Wrapped, shared=False)
+    def wrapped() -> None: ...
+
+    assert sends_as_celery(app, app.tasks["t.plain"])
+    assert not sends_as_celery(app, app.tasks["t.wrapped"])
+    assert not sends_as_celery(routed, routed.tasks["t.plain"])
