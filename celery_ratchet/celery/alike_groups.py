@@ -7,10 +7,11 @@ member's message from the same options every time, which is most of the cost of 
 Here the first member is sent exactly so, and its message, as it reached the app's
 ``send_task_message``, becomes the others' template: each member gets its own id, arguments,
 their representations and its place in the group written in, and goes through the same
-``send_task_message`` (signals, ratchet options, the job row). Any group this module cannot
-vouch for is sent as Celery sends it: members with options of their own, of several tasks,
-nested canvas, times computed at each send (countdown, eta, expires), routers, a task class
-that sends in its own way, or a template that does not read as expected.
+``send_task_message`` (signals, ratchet options, the job row). A chord's header is such a
+group too (its members carry the chord's body alike). Any group this module cannot vouch for
+is sent as Celery sends it: members with options of their own, of several tasks, nested
+canvas, times computed at each send (countdown, eta, expires), routers, a task class that
+sends in its own way, or a template that does not read as expected.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ MIN_MEMBERS = 8
 
 #: Options whose value Celery turns into something of each send (a time), or that make a
 #: member more than a plain task message.
-_PER_SEND = frozenset(
-    {"countdown", "eta", "expires", "link", "link_error", "chord", "chain", "group_index"}
-)
+_PER_SEND = frozenset({"countdown", "eta", "expires", "link", "link_error", "chain"})
+#: Options a member has of its own once its group is frozen (a chord's header is).
+_OWN = frozenset({"task_id", "group_index"})
 
 
 @dataclass
@@ -177,15 +178,15 @@ def _alike(tasks: Any) -> tuple[str, dict[str, Any]] | None:
     first = tasks[0]
     if type(first) is not Signature or first.subtask_type is not None:
         return None
-    name, options = first.task, _without_id(first.options)
-    if _PER_SEND & options.keys() or "group_id" in options:
+    name, options = first.task, _shared(first.options)
+    if _PER_SEND & options.keys():
         return None
     for sig in tasks[1:]:
         if (
             type(sig) is not Signature
             or sig.task != name
             or sig.subtask_type is not None
-            or _without_id(sig.options) != options
+            or _shared(sig.options) != options
             or not isinstance(sig.args, (tuple, list))
             or not isinstance(sig.kwargs, dict)
         ):
@@ -193,10 +194,11 @@ def _alike(tasks: Any) -> tuple[str, dict[str, Any]] | None:
     return name, options
 
 
-def _without_id(options: dict[str, Any]) -> dict[str, Any]:
-    if "task_id" not in options:
+def _shared(options: dict[str, Any]) -> dict[str, Any]:
+    """A member's options but those each member has of its own."""
+    if _OWN.isdisjoint(options):
         return options
-    return {k: v for k, v in options.items() if k != "task_id"}
+    return {k: v for k, v in options.items() if k not in _OWN}
 
 
 def send_alike(
@@ -225,14 +227,21 @@ def send_alike(
     merged, group_id, root_id = freeze_group_id(group, options)
     if _PER_SEND & merged.keys():
         return None
+    # As group._apply_tasks takes them: a chord's header carries its body as ``chord``.
+    chord = merged.pop("chord", None)
+    merged.pop("group_index", None)
     tasks = group.tasks
+    if chord is None:
+        chord = tasks[0].options.get("chord")  # the members' own, alike in each
 
     def celery_send(sig: Signature, index: int, target: Any) -> Any:
         # As Celery's group sends a member (group._prepared, then group._apply_tasks).
         member = sig.clone()
         result = member.freeze(group_id=group_id, root_id=root_id, group_index=index)
+        if chord is not None and index == len(tasks) - 1:
+            app.backend.set_chord_size(group_id, len(tasks))  # each plain member counts one
         member.apply_async(
-            producer=target, add_to_parent=False, chord=None, args=(), kwargs=None, **merged
+            producer=target, add_to_parent=False, chord=chord, args=(), kwargs=None, **merged
         )
         return result
 
@@ -258,6 +267,8 @@ def send_alike(
         else:
             send_member = _member_sender(app, task, template, batch)
             for index, sig in enumerate(tasks[1:], start=1):
+                if chord is not None and index == len(tasks) - 1:
+                    app.backend.set_chord_size(group_id, len(tasks))
                 gathered(send_member(sig, index))
     result = app.GroupResult(group_id, results, ready_barrier=ready)
     ready.finalize()

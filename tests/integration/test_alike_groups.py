@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from celery import Celery, group, signals
+from celery import Celery, chord, group, signals
 from sqlalchemy import text
 
 from celery_ratchet.celery import alike_groups
@@ -41,6 +41,10 @@ def client_app(servers: Servers, dialect: str, broker_trap: BrokerTrap) -> Celer
     @app.task(name="t.kept", shared=False, ignore_result=False, priority=3)
     def kept(n: int) -> int:
         return n
+
+    @app.task(name="t.count", shared=False)
+    def count(values: list[Any]) -> int:
+        return len(values)
 
     return app
 
@@ -162,6 +166,32 @@ def test_alike_members_are_written_as_celery_writes_each(
     lean, stock, taken = both_ways(client_app, monkeypatch, send)
     assert taken == [True]
     assert lean == stock
+
+
+def test_a_chords_header_is_written_as_celery_writes_it_and_sized_once(
+    client_app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pair, count = client_app.tasks["t.pair"], client_app.tasks["t.count"]
+    sized: list[tuple[str, int]] = []
+    backend = client_app.backend
+    real = backend.set_chord_size
+
+    def set_chord_size(group_id: str, size: int) -> None:
+        sized.append((group_id, size))
+        real(group_id, size)
+
+    monkeypatch.setattr(backend, "set_chord_size", set_chord_size)
+
+    def send() -> Any:
+        body = chord([pair.s("h", i) for i in range(MEMBERS)], count.s()).apply_async(queue=PARKED)
+        return body.parent
+
+    lean, stock, taken = both_ways(client_app, monkeypatch, send)
+    assert taken == [True]
+    for row in lean + stock:  # each chord has a body of its own
+        row["payload"][2]["chord"]["options"]["task_id"] = "B"
+    assert lean == stock
+    assert [size for _, size in sized] == [MEMBERS, MEMBERS]
 
 
 def test_signals_and_sent_events_come_once_a_member_with_its_own_message(
