@@ -280,8 +280,15 @@ def _queue_of(queue: Any) -> str:
     return str(queue if isinstance(queue, str) else getattr(queue, "name", "") or "")
 
 
+#: kombu's JSON encoder, made once: ``kjson.dumps`` makes one per call, twice a send here.
+_KOMBU_JSON = kjson.JSONEncoder()
+_KOMBU_DUMPS = kjson.dumps
+
+
 def _to_json(value: dict[str, Any], task_name: str, what: str) -> str:
     try:
+        if kjson.dumps is _KOMBU_DUMPS:  # not replaced since (by a test, an app)
+            return str(_KOMBU_JSON.encode(value))
         return str(kjson.dumps(value))
     except TypeError as exc:
         raise ValueError(

@@ -262,3 +262,19 @@ def test_yaml_with_a_decoder_other_than_kombus_safe_one_is_refused() -> None:
     finally:
         register_yaml()
     assert safe_accept(["yaml"], allow_pickle=False)[1] == []
+
+
+def test_headers_are_written_as_kombus_json_writes_them() -> None:
+    from decimal import Decimal
+    from uuid import UUID
+
+    headers = {
+        "when": datetime(2026, 12, 4, 1, 2, 3, tzinfo=UTC),
+        "id": UUID(int=7),
+        "amount": Decimal("1.50"),
+        "raw": b"\x00\xff",
+        "nested": {"list": [1, "two", None]},
+    }
+    assert message_module._to_json(headers, "t", "headers") == kjson.dumps(headers)
+    with pytest.raises(ValueError, match="cannot be stored as JSON"):
+        message_module._to_json({"x": object()}, "t", "headers")
