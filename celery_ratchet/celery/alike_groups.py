@@ -16,7 +16,6 @@ sends in its own way, or a template that does not read as expected.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -60,20 +59,11 @@ def offer(name: str, message: Any, options: dict[str, Any]) -> None:
     taken = _capture.get()
     if taken is None or taken:
         return
-    # The send changes its headers and properties in place (top-level keys only).
-    headers, properties, body, sent_event = message
-    taken.append(
-        _Offered(
-            name,
-            (
-                dict(headers),
-                dict(properties),
-                body,
-                None if sent_event is None else dict(sent_event),
-            ),
-            dict(options),
-        )
-    )
+    # The send (and its before_task_publish receivers) may change the message in place,
+    # at any depth: the template keeps a copy of what Celery made.
+    headers, properties, body, event = message
+    copied = (_fresh(headers), _fresh(properties), _fresh(body), _fresh(event))
+    taken.append(_Offered(name, copied, dict(options)))
 
 
 @contextmanager
@@ -101,7 +91,7 @@ class _Template:
     repr_kwargs: bool
 
     def message(self, app: Celery, task_id: str, args: Any, kwargs: Any, index: int) -> Any:
-        headers = dict(self.headers)
+        headers = _fresh(self.headers)
         headers["id"] = task_id
         if self.root_is_id:
             headers["root_id"] = task_id
@@ -112,7 +102,7 @@ class _Template:
                 headers["argsrepr"] = argsrepr
             if self.repr_kwargs:
                 headers["kwargsrepr"] = kwargsrepr
-        properties = dict(self.properties)
+        properties = _fresh(self.properties)
         properties["correlation_id"] = task_id
         sent_event = self.sent_event
         if sent_event is not None:
@@ -123,11 +113,16 @@ class _Template:
                 "args": headers["argsrepr"],
                 "kwargs": headers["kwargsrepr"],
             }
-        return headers, properties, (args, kwargs, copy.copy(self.embed)), sent_event
+        return headers, properties, (args, kwargs, _fresh(self.embed)), sent_event
 
 
 def _template_of(
-    app: Celery, offered: list[_Offered], first: Signature, task_id: str, merged: dict[str, Any]
+    app: Celery,
+    offered: list[_Offered],
+    first: Signature,
+    task_id: str,
+    merged: dict[str, Any],
+    root_given: bool,
 ) -> _Template | None:
     """The first member's send as a template, if it reads as this module expects: a
     protocol-2 message of this member, with nothing in it that differs by send but the id,
@@ -164,7 +159,8 @@ def _template_of(
         embed=embed,
         sent_event=sent_event,
         options=offered[0].options,
-        root_is_id=headers.get("root_id") == task_id,
+        # Celery makes a member its own root when none was given (as_task_v2).
+        root_is_id=not root_given and headers.get("root_id") == task_id,
         repr_args=repr_args,
         repr_kwargs=repr_kwargs,
     )
@@ -181,17 +177,47 @@ def _alike(tasks: Any) -> tuple[str, dict[str, Any]] | None:
     name, options = first.task, _shared(first.options)
     if _PER_SEND & options.keys():
         return None
-    for sig in tasks[1:]:
+    for sig in tasks:
         if (
             type(sig) is not Signature
             or sig.task != name
             or sig.subtask_type is not None
-            or _shared(sig.options) != options
-            or not isinstance(sig.args, (tuple, list))
-            or not isinstance(sig.kwargs, dict)
+            or not _same(_shared(sig.options), options)
+            or type(sig.args) not in (tuple, list)
+            or type(sig.kwargs) is not dict
         ):
             return None
+        given = sig.options.get("task_id", _NO_ID)
+        if given is not _NO_ID and not (isinstance(given, str) and given):
+            return None  # Celery's freeze() refuses it: let it
     return name, options
+
+
+_NO_ID = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as the message will be written: of the same types, dicts with their keys in
+    the same order (``1 == True == 1.0`` would put member 0's value in every message)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _fresh(value: Any) -> Any:
+    """A copy of the plain dicts, lists and tuples in ``value``, however deep; anything else
+    (a chord's body signature, say) is the same object, as Celery shares it among members."""
+    if type(value) is dict:
+        return {k: _fresh(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_fresh(v) for v in value]
+    if type(value) is tuple:
+        return tuple(_fresh(v) for v in value)
+    return value
 
 
 def _shared(options: dict[str, Any]) -> dict[str, Any]:
@@ -227,10 +253,14 @@ def send_alike(
     merged, group_id, root_id = freeze_group_id(group, options)
     if _PER_SEND & merged.keys():
         return None
+    if "group_index" in merged:  # 5.5 and 5.7 send it differently: Celery's own way
+        return None
     # As group._apply_tasks takes them: a chord's header carries its body as ``chord``.
     chord = merged.pop("chord", None)
-    merged.pop("group_index", None)
     tasks = group.tasks
+    root_given = bool(
+        root_id or tasks[0].options.get("root_id") or app.current_worker_task is not None
+    )
     if chord is None:
         chord = tasks[0].options.get("chord")  # the members' own, alike in each
 
@@ -260,7 +290,7 @@ def send_alike(
         gathered(first)
         template = None
         if isinstance(batch, JobBatch) and batch.jobs and batch.jobs[-1].job_id == first.id:
-            template = _template_of(app, offered, tasks[0], first.id, merged)
+            template = _template_of(app, offered, tasks[0], first.id, merged, root_given)
         if template is None:
             for index, sig in enumerate(tasks[1:], start=1):
                 gathered(celery_send(sig, index, batch))

@@ -529,25 +529,39 @@ def _scalar_repr(value: Any) -> str | None:
 
 def sends_as_celery(app: Celery, task: Any) -> bool:
     """Whether a send of ``task`` is Celery's own from end to end, so that one member's
-    message can stand for another's: the task class's ``apply_async`` and ``shadow_name``,
-    the app's ``send_task``, protocol 2, no router (one may route by arguments), no pydantic
-    argument dumping, and the app's ``send_task_message`` that writes rows."""
+    message can stand for another's: the task's ``apply_async`` and ``shadow_name`` (of its
+    class, none set on the task itself), the app's ``send_task`` (ratchet's, around
+    Celery's), its ``create_task_message`` (``as_task_v2``: protocol 2), no router (one
+    may route by arguments), no pydantic argument dumping, and the app's
+    ``send_task_message`` that writes rows."""
     from celery.app.task import Task
 
+    task_py, base_py, amqp_py = (
+        ("celery", "app", "task.py"),
+        ("celery", "app", "base.py"),
+        ("celery", "app", "amqp.py"),
+    )
     if not issubclass(type(task), Task) or getattr(task, "__v2_compat__", False):
         return False
     if getattr(task, "_dump_pydantic_arguments", None) is not None:
         return False
+    if {"apply_async", "shadow_name"} & vars(task).keys():
+        return False
     if not (
-        _is_celerys(type(task).apply_async, ("celery", "app", "task.py"))
-        and _is_celerys(type(task).shadow_name, ("celery", "app", "task.py"))
-        and _is_celerys(type(app).send_task, ("celery", "app", "base.py"))
+        _is_celerys(type(task).apply_async, task_py)
+        and _is_celerys(type(task).shadow_name, task_py)
     ):
         return False
-    if not getattr(app.send_task, _WRAPPED_MARK, False):  # ours, around Celery's
+    ours, wrapped = getattr(app, "ratchet_send_task", (None, None))
+    if app.send_task is not ours or not _is_celerys(getattr(wrapped, "__func__", None), base_py):
         return False
     amqp = app.amqp
-    if not getattr(amqp.send_task_message, "ratchet_writes_rows", False):
+    if amqp.send_task_message is not getattr(amqp, "ratchet_sender", None):
+        return False
+    create = amqp.create_task_message
+    if getattr(create, "__name__", None) != "as_task_v2" or not _is_celerys(
+        getattr(create, "__func__", None), amqp_py
+    ):
         return False
     return app.conf.task_protocol == 2 and not getattr(amqp.router, "routes", None)
 

@@ -378,6 +378,9 @@ def follow_held_keys(app: Celery) -> None:
 
     send_following_held_keys._ratchet = True  # type: ignore[attr-defined]
     app.send_task = send_following_held_keys
+    # Known by identity (a caller's functools.wraps wrapper copies the mark), with what it
+    # wraps: see compat.sends_as_celery.
+    app.ratchet_send_task = (send_following_held_keys, send_task)
 
 
 @contextmanager

@@ -3,6 +3,8 @@ the rows Celery's own member-by-member send writes, field by field, but for the 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import json
 from collections.abc import Callable, Iterator
@@ -15,6 +17,7 @@ from sqlalchemy import text
 
 from celery_ratchet.celery import alike_groups
 from celery_ratchet.celery.state import ratchet_state
+from celery_ratchet.errors import InvalidJob
 from tests.conftest import Servers, empty_store
 from tests.integration.conftest import BrokerTrap, make_app
 
@@ -251,3 +254,95 @@ def test_a_task_that_checks_its_arguments_refuses_a_bad_member_and_nothing_is_wr
     with pytest.raises(TypeError):
         group(members).apply_async(queue=PARKED)
     assert ratchet_state(client_app).store.count_by_status() == {}
+
+
+# -- what an adversarial reading found, each now sent as Celery sends it ---------------------
+
+
+@pytest.mark.parametrize(
+    "differ",
+    [
+        lambda sig, i: sig.set(priority=True if i % 2 else 1),  # 1 == True
+        lambda sig, i: sig.set(time_limit=30.0 if i % 2 else 30),  # 30 == 30.0
+        lambda sig, i: sig.set(headers={"a": 1, "b": 2} if i % 2 else {"b": 2, "a": 1}),
+    ],
+    ids=["bool for int", "float for int", "key order"],
+)
+def test_members_whose_options_are_equal_but_not_alike_are_sent_by_celery(
+    client_app: Celery, differ: Callable[[Any, int], Any]
+) -> None:
+    pair = client_app.tasks["t.pair"]
+    members = [differ(pair.s("i", i), i) for i in range(MEMBERS)]
+    # Celery's own send refuses priority True
+    with template_taken() as taken, contextlib.suppress(InvalidJob):
+        group(members).apply_async(queue=PARKED)
+    assert taken == []
+
+
+def test_a_member_given_no_id_is_refused_as_celery_refuses_it(client_app: Celery) -> None:
+    pair = client_app.tasks["t.pair"]
+    members = [pair.s("j", i) for i in range(MEMBERS)]
+    members[3] = members[3].set(task_id=None)
+    with template_taken() as taken, pytest.raises(ValueError, match="valid id"):
+        group(members).apply_async(queue=PARKED)
+    assert taken == []
+    assert ratchet_state(client_app).store.count_by_status() == {}
+
+
+def test_a_send_wrapped_on_the_task_or_app_itself_sees_every_member(
+    client_app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pair = client_app.tasks["t.pair"]
+    calls: list[str] = []
+    on_task, on_app = pair.apply_async, client_app.send_task
+
+    @functools.wraps(on_task)
+    def apply_async(*args: Any, **kwargs: Any) -> Any:
+        calls.append("task")
+        return on_task(*args, **kwargs)
+
+    @functools.wraps(on_app)  # copies ratchet's mark: known by identity, not by the mark
+    def send_task(*args: Any, **kwargs: Any) -> Any:
+        calls.append("app")
+        return on_app(*args, **kwargs)
+
+    for target, name, wrapper in ((pair, "apply_async", apply_async),
+                                  (client_app, "send_task", send_task)):  # fmt: skip
+        with monkeypatch.context() as m:
+            m.setattr(target, name, wrapper)
+            calls.clear()
+            with template_taken() as taken:
+                group([pair.s("k", i) for i in range(MEMBERS)]).apply_async(queue=PARKED)
+            assert taken == []
+            assert len(calls) == MEMBERS
+
+
+def test_a_receiver_changing_nested_headers_in_place_changes_its_own_member_only(
+    client_app: Celery,
+) -> None:
+    pair = client_app.tasks["t.pair"]
+
+    def first_seen(headers: dict[str, Any], body: Any, **_: Any) -> None:
+        headers["stamps"].setdefault("first_seen", headers["id"])
+        body[2]["errbacks"] = [*(body[2]["errbacks"] or []), headers["id"]]
+
+    signals.before_task_publish.connect(first_seen, weak=False)
+    try:
+        with template_taken() as taken:
+            result = group([pair.s("l", i) for i in range(MEMBERS)]).apply_async(queue=PARKED)
+    finally:
+        signals.before_task_publish.disconnect(first_seen)
+    assert taken == [True]
+    ids = [child.id for child in result.results]
+    rows = _raw_headers(client_app, result.id)
+    assert [json.loads(r.headers)["stamps"]["first_seen"] for r in rows] == ids
+
+
+def test_a_root_given_is_every_members_root_even_when_it_is_the_first_members_id(
+    client_app: Celery,
+) -> None:
+    pair = client_app.tasks["t.pair"]
+    members = [pair.s("m", i).set(task_id=f"root-case-{i}") for i in range(MEMBERS)]
+    result = group(members).apply_async(queue=PARKED, root_id="root-case-0")
+    rows = _raw_headers(client_app, result.id)
+    assert {json.loads(r.headers)["root_id"] for r in rows} == {"root-case-0"}
