@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -150,6 +150,27 @@ def pipeline_chunks(params: Sequence[dict[str, Any]]) -> Iterator[Sequence[dict[
         carried += size
     if start < len(params):
         yield params[start:]
+
+
+#: The enqueue INSERT's rows as PostgreSQL's COPY takes them (psycopg 3): a 1,000-row write
+#: in about half the time of the pipelined INSERTs, in the same transaction.
+COPY_JOBS = f"COPY scheduler_job ({_INSERTED}) FROM STDIN"
+
+
+def copied_row(bound: Mapping[str, Any], now: datetime) -> tuple[Any, ...]:
+    """One row of COPY_JOBS from the values the INSERT binds (``bound``, as the driver takes
+    them), with what the INSERT computes given as it computes it: the status, the due time's
+    default and ``created_at`` (``now``: the transaction's ``now()``), no claims yet."""
+    due = bound["p_due"]
+    return (
+        bound["p_job_id"], bound["p_task_name"], bound["p_queue"], "PENDING",
+        bound["p_job_type"], bound["p_priority"], now if due is None else due, now,
+        bound["p_expires_at"], bound["p_attempts"], 0, bound["p_root_id"],
+        bound["p_parent_id"], bound["p_group_id"], bound["p_payload"],
+        bound["p_content_type"], bound["p_content_encoding"], bound["p_headers"],
+        bound["p_properties"], bound["p_business_key"], bound["p_schedule_spec"],
+        bound["p_resource"], bound["p_tags"],
+    )  # fmt: skip
 
 
 #: The due time of a chain step still waiting for the step before it (as in the seeds: a

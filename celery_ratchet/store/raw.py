@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.engine import Connection, Dialect, Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.pool import PoolProxiedConnection
 
 
@@ -124,6 +124,25 @@ def execute_many_on(conn: Connection, statement: RawStatement, rows: Sequence[An
     _run(conn.engine, conn.connection, statement, rows, fetch=False, owner=conn, many=True)
 
 
+def copy_in_on(conn: Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    """Stream ``rows`` (values in the columns' order) into a ``COPY … FROM STDIN`` on the
+    driver's connection under ``conn``: psycopg 3's copy, in the connection's transaction.
+    Errors as :func:`fetch_on`'s (a duplicate key is SQLAlchemy's IntegrityError)."""
+    engine, connection = conn.engine, conn.connection
+    cursor = None
+    try:
+        cursor = connection.cursor()
+        with cursor.copy(sql) as copy:
+            for row in rows:
+                copy.write_row(row)
+        cursor.close()
+    except engine.dialect.loaded_dbapi.Error as orig:
+        raise _translated(engine, connection, cursor, sql, None, orig, conn) from orig
+    except BaseException as exc:
+        _lose(connection, conn, exc)
+        raise
+
+
 def _run(
     engine: Engine,
     connection: PoolProxiedConnection,
@@ -148,29 +167,49 @@ def _run(
         cursor.close()
         return count, rows
     except dialect.loaded_dbapi.Error as orig:
-        lost = bool(dialect.is_disconnect(orig, connection, cursor))
-        if lost:
-            # As SQLAlchemy does: the pool's other connections are presumed dead too.
-            engine.pool._invalidate(connection, orig)
-            if owner is not None and not owner.invalidated:
-                owner.invalidate(orig)
-        _close_quietly(cursor)
-        raise DBAPIError.instance(
-            statement.sql,
-            parameters,
-            orig,
-            dialect.loaded_dbapi.Error,
-            hide_parameters=True,
-            connection_invalidated=lost,
-            dialect=dialect,
-        ) from orig
+        sql = statement.sql
+        raise _translated(engine, connection, cursor, sql, parameters, orig, owner) from orig
     except BaseException as exc:
-        # Interrupted mid-statement: the connection's protocol state is unknown.
-        if owner is not None and not owner.invalidated:
-            owner.invalidate(exc if isinstance(exc, Exception) else None)
-        else:
-            connection.invalidate()
+        _lose(connection, owner, exc)
         raise
+
+
+def _translated(
+    engine: Engine,
+    connection: PoolProxiedConnection,
+    cursor: Any,
+    sql: str,
+    parameters: Any,
+    orig: Any,
+    owner: Connection | None,
+) -> StatementError:
+    """A driver error as SQLAlchemy's own execution raises it (parameters hidden); a lost
+    connection is invalidated with the pool's others, as SQLAlchemy does."""
+    dialect = engine.dialect
+    lost = bool(dialect.is_disconnect(orig, connection, cursor))
+    if lost:
+        engine.pool._invalidate(connection, orig)
+        if owner is not None and not owner.invalidated:
+            owner.invalidate(orig)
+    _close_quietly(cursor)
+    error: StatementError = DBAPIError.instance(
+        sql,
+        parameters,
+        orig,
+        dialect.loaded_dbapi.Error,
+        hide_parameters=True,
+        connection_invalidated=lost,
+        dialect=dialect,
+    )
+    return error
+
+
+def _lose(connection: PoolProxiedConnection, owner: Connection | None, exc: BaseException) -> None:
+    """Interrupted mid-statement: the connection's protocol state is unknown."""
+    if owner is not None and not owner.invalidated:
+        owner.invalidate(exc if isinstance(exc, Exception) else None)
+    else:
+        connection.invalidate()
 
 
 def _close_quietly(cursor: Any) -> None:

@@ -59,30 +59,38 @@ def test_a_group_of_a_generator_records_its_group_once_however_many_members(
     assert _pending(client_app) == 30
 
 
-def test_a_group_of_a_list_is_written_in_pipelined_chunks(
+def test_a_group_of_a_list_is_written_in_one_copy_or_pipelined_chunks(
     client_app: Celery, dialect: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     add = client_app.tasks["t.add"]
-    # PostgreSQL's and SQLite's chunks go through the driver's executemany (store/raw.py),
-    # past SQLAlchemy's cursor events: they are seen where the store hands them over.
+    # PostgreSQL's rows go in one COPY, SQLite's in chunks through the driver's executemany
+    # (store/raw.py): past SQLAlchemy's cursor events, they are seen where the store hands
+    # them over.
     driven: list[tuple[str, int]] = []
-    real = row_writer.execute_many_on
+    real_many, real_copy = row_writer.execute_many_on, row_writer.copy_in_on
 
     def execute_many_on(conn: Any, statement: Any, rows: Any) -> None:
         driven.append((statement.sql, len(rows)))
-        real(conn, statement, rows)
+        real_many(conn, statement, rows)
+
+    def copy_in_on(conn: Any, sql: str, rows: Any) -> None:
+        driven.append((sql, len(rows)))
+        real_copy(conn, sql, rows)
 
     monkeypatch.setattr(row_writer, "execute_many_on", execute_many_on)
+    monkeypatch.setattr(row_writer, "copy_in_on", copy_in_on)
     with statements(client_app) as seen:
         group([add.s(i, i).set(queue=PARKED) for i in range(250)]).apply_async()
     inserts = [(many, n) for sql, many, n in seen if sql.startswith("INSERT INTO scheduler_job")]
-    if dialect != "mysql":  # MySQL writes multi-row VALUES statements instead
-        assert [(sql.startswith("INSERT INTO scheduler_job"), n) for sql, n in driven] == [
-            (True, 100),
-            (True, 100),
-            (True, 50),
-        ]
+    written = [(sql.split(" (")[0], n) for sql, n in driven]
+    if dialect == "postgresql":
+        assert written == [("COPY scheduler_job", 250)]
         assert inserts == []
+    elif dialect == "sqlite":
+        assert written == [("INSERT INTO scheduler_job", n) for n in (100, 100, 50)]
+        assert inserts == []
+    else:  # MySQL writes multi-row VALUES statements instead
+        assert written == []
     assert _pending(client_app) == 250
 
 
