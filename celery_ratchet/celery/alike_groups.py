@@ -27,6 +27,7 @@ from celery.canvas import Signature
 from celery.utils import uuid
 from vine import barrier
 
+from celery_ratchet.celery.collector import paused_collection
 from celery_ratchet.celery.compat import argument_reprs, freeze_group_id, sends_as_celery
 from celery_ratchet.celery.sender import JobBatch
 
@@ -284,7 +285,7 @@ def send_alike(
             ready.size += 1
             result.then(ready, weak=True)
 
-    with app.producer_or_acquire(producer) as batch:
+    with paused_collection(), app.producer_or_acquire(producer) as batch:
         with _capturing() as offered:
             first = celery_send(tasks[0], 0, batch)
         gathered(first)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import itertools
 import json
 from collections.abc import Callable, Iterator
@@ -222,6 +223,31 @@ def test_signals_and_sent_events_come_once_a_member_with_its_own_message(
     assert after == ids
     rows = _raw_headers(client_app, result.id)
     assert [json.loads(r.headers)["stamped_by_receiver"] for r in rows] == [f"for-{i}" for i in ids]
+
+
+def test_members_are_built_with_the_collector_held_off_and_it_is_on_again_after(
+    client_app: Celery,
+) -> None:
+    pair = client_app.tasks["t.pair"]
+    collecting: list[bool] = []
+
+    def seen(**_: Any) -> None:
+        collecting.append(gc.isenabled())
+
+    signals.before_task_publish.connect(seen, weak=False)
+    try:
+        assert gc.isenabled()
+        with template_taken() as taken:
+            group([pair.s("g", i) for i in range(MEMBERS)]).apply_async(queue=PARKED)
+        with pytest.raises(InvalidJob), template_taken():
+            group([pair.s("g", i) for i in range(MEMBERS)]).apply_async(
+                queue=PARKED, ratchet={"priority": "no such level"}
+            )
+    finally:
+        signals.before_task_publish.receivers = []
+    assert taken == [True]
+    assert collecting[:MEMBERS] == [False] * MEMBERS
+    assert gc.isenabled()
 
 
 @pytest.mark.parametrize("scenario", ["two tasks", "member options", "countdown", "few"])
