@@ -16,7 +16,12 @@ from celery_ratchet.celery import options as options_
 from celery_ratchet.celery.chain_handoff import handed_to_this_worker
 from celery_ratchet.celery.compat import cache_producer_pool, cached_producer_pool
 from celery_ratchet.celery.events import send_task_sent
-from celery_ratchet.celery.message import CLAIM_HEADER, job_from_message, waiting_steps
+from celery_ratchet.celery.message import (
+    CLAIM_HEADER,
+    check_protocol,
+    job_from_message,
+    waiting_steps,
+)
 from celery_ratchet.celery.sender import (
     JobBatch,
     JobBatchPool,
@@ -94,6 +99,8 @@ class RatchetAMQP(AMQP):
                 "confirm_timeout": confirm_timeout, **kwargs,
             })  # fmt: skip
             headers2, properties, body, sent_event = message
+            if type(body) is not tuple:  # protocol 1's body is a dict: set after configuring
+                check_protocol(app.conf.task_protocol)
             if headers:
                 headers2.update(headers)
             given = kwargs.pop("ratchet", None)

@@ -12,7 +12,7 @@ from celery import Celery, signals
 from celery_ratchet.celery import batches, flower, housekeeping, lazy_groups, retry, workflows
 from celery_ratchet.celery.compat import SettingsFilter, forget_cached_backend, wrap_settings_censor
 from celery_ratchet.celery.consumer import JobConsumer
-from celery_ratchet.celery.message import safe_accept
+from celery_ratchet.celery.message import check_protocol, safe_accept
 from celery_ratchet.celery.sender import follow_held_keys
 from celery_ratchet.celery.state import (
     INSTALL_LOCK,
@@ -96,6 +96,7 @@ def apply_defaults(app: Celery) -> None:
             "result_backend 'rpc://' sends results over the broker, and a ratchet app has none; "
             "remove result_backend to store results in the job store (the default)"
         )
+    check_protocol(conf.task_protocol)
     if "result_backend_always_retry" not in conf.changes:
         # A result written while the database is briefly away waits for it (Celery's own
         # retry, StoreUnavailable being safe to retry) instead of failing a job that ran.

@@ -29,6 +29,7 @@ from celery_ratchet.domain.job import (
 )
 from celery_ratchet.domain.priority import to_numeric
 from celery_ratchet.errors import (
+    ConfigurationError,
     InvalidJob,
     MessageTooLarge,
     PayloadTooLarge,
@@ -406,3 +407,12 @@ class JobMessage(KombuMessage):
 REJECTED = error_record(
     "Reject", ["the task rejected its message without requeue"], "celery.exceptions"
 )
+
+
+def check_protocol(protocol: Any) -> None:
+    """A ratchet app writes Celery's task message protocol 2 (the default since Celery 4)."""
+    if protocol != 2:
+        raise ConfigurationError(
+            f"task_protocol = {protocol!r}: a ratchet app stores task messages of protocol 2 "
+            "only (Celery's default since 4.0); remove task_protocol or set it to 2"
+        )

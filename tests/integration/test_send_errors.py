@@ -88,6 +88,27 @@ def test_rpc_results_are_refused(broker_trap: BrokerTrap, tmp_path: Path) -> Non
         app.tasks["t.add"].delay(1, 2)
 
 
+def test_message_protocol_1_is_refused_naming_the_setting(
+    broker_trap: BrokerTrap, tmp_path: Path
+) -> None:
+    app = make_app(f"sqlite:///{tmp_path / 'r.db'}", broker_trap.url, task_protocol=1)
+    with pytest.raises(ConfigurationError, match=r"task_protocol = 1.*set it to 2"):
+        app.tasks["t.add"].delay(1, 2)
+
+
+def test_message_protocol_1_set_after_configuring_is_refused_and_nothing_is_written(
+    client_app: Celery,
+) -> None:
+    add = client_app.tasks["t.add"]
+    assert client_app.conf.task_protocol == 2  # configured: the ratchet defaults are applied
+    client_app.conf.task_protocol = 1  # then changed, before Celery builds its messages
+    with pytest.raises(ConfigurationError, match=r"task_protocol = 1"):
+        add.delay(1, 2)
+    with pytest.raises(ConfigurationError, match=r"task_protocol = 1"):
+        group(add.s(i, i) for i in range(3)).apply_async()
+    assert pending(client_app) == 0
+
+
 def test_the_client_never_contacts_the_broker(client_app: Celery, broker_trap: BrokerTrap) -> None:
     before = broker_trap.connections
     add = client_app.tasks["t.add"]
