@@ -7,6 +7,7 @@ strategy and request classes accept as if a broker had delivered it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone, tzinfo
@@ -325,15 +326,24 @@ def retry_of(job: ClaimedJob, delay: float) -> NewJob:
 
 def _decoded(claimed: dict[str, Any] | None, text: str) -> dict[str, Any]:
     """A header or property object as kombu decodes it; the claim's plain JSON decoding (a
-    copy) where kombu's would be the same, that is where no value of a type kombu marks
-    (``{"__type__": ..., "__value__": ...}``) is in it."""
-    if claimed is None or _KOMBU_TYPE_MARK in text:
+    copy) where kombu's would be the same (:func:`decodes_plainly`)."""
+    if claimed is None or not decodes_plainly(text):
         decoded: dict[str, Any] = kjson.loads(text)
         return decoded
     return dict(claimed)
 
 
-_KOMBU_TYPE_MARK = '"__type__"'
+def decodes_plainly(text: str | bytes) -> bool:
+    """Whether kombu's JSON decoding of ``text`` is plain JSON decoding: no value of a type
+    kombu marks (``{"__type__": ..., "__value__": ...}``) is in it, nor a ``\\u`` escape,
+    which could spell that mark. kombu decodes every object through a Python hook for it."""
+    if isinstance(text, bytes):
+        return b"__type__" not in text and b"\\u" not in text
+    return "__type__" not in text and "\\u" not in text
+
+
+#: kombu's own JSON decoder, registered for application/json unless an app replaced it.
+_KOMBU_DECODER = kjson.loads
 
 
 class JobMessage(KombuMessage):
@@ -374,6 +384,26 @@ class JobMessage(KombuMessage):
         self.job = job
         self._on_end = on_end
         self._ended = False
+
+    def _decode(self) -> Any:
+        """The body as kombu decodes it: with the C decoder alone where kombu's JSON decoding
+        would give the same (accepted JSON in UTF-8, kombu's own decoder, nothing typed in
+        it); kombu's Python hook on every object was a tenth of the claim loop's time."""
+        body, accept = self.body, self.accept
+        if (
+            type(body) is bytes
+            and self.content_type == "application/json"
+            and self.content_encoding == "utf-8"
+            and accept is not None
+            and "application/json" in accept
+            and _json_decoder() is _KOMBU_DECODER
+            and decodes_plainly(body)
+        ):
+            try:
+                return json.loads(body)
+            except ValueError:
+                pass  # kombu's decoding raises what it raises for it
+        return super()._decode()
 
     def end(
         self,
@@ -416,3 +446,7 @@ def check_protocol(protocol: Any) -> None:
             f"task_protocol = {protocol!r}: a ratchet app stores task messages of protocol 2 "
             "only (Celery's default since 4.0); remove task_protocol or set it to 2"
         )
+
+
+def _json_decoder() -> Any:
+    return getattr(registry, "_decoders", {}).get("application/json")

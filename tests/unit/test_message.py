@@ -9,6 +9,9 @@ from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kombu.message import Message as KombuMessage
 from kombu.serialization import register, register_yaml
 from kombu.utils import json as kjson
 
@@ -278,3 +281,68 @@ def test_headers_are_written_as_kombus_json_writes_them() -> None:
     assert message_module._to_json(headers, "t", "headers") == kjson.dumps(headers)
     with pytest.raises(ValueError, match="cannot be stored as JSON"):
         message_module._to_json({"x": object()}, "t", "headers")
+
+
+def _message_of(body: bytes, content_type: str = "application/json") -> JobMessage:
+    job = _claimed(_job())
+    job = replace(job, message=replace(job.message, payload=body, content_type=content_type))
+    return JobMessage(job, accept={"application/json"}, on_end=lambda *a: None)
+
+
+_MOMENT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        ((1, "a"), {"k": "v"}, {"callbacks": None}),
+        (("caf\u00e9", "\u4e2d"), {"emoji": "\U0001f600"}, {}),
+        ((_MOMENT,), {"when": _MOMENT}, {"chain": None}),  # typed: kombu's hook decodes it
+        ((), {"__type__": "not a mark", "x": 1}, {}),
+        ((1.5, 10**30, -0.0, None, True), {}, {}),
+    ],
+)
+def test_a_body_decodes_as_kombu_decodes_it(body: object) -> None:
+    encoded = kjson.dumps(body).encode()
+    assert _message_of(encoded).payload == kjson.loads(encoded)
+
+
+def test_a_type_mark_spelt_with_escapes_is_decoded_as_kombu_decodes_it() -> None:
+    spelt = b'[[{"\\u005f_type__": "datetime", "__value__": "2026-01-02T03:04:05+00:00"}], {}, {}]'
+    assert _message_of(spelt).payload == [[_MOMENT], {}, {}]
+
+
+def test_a_body_kombu_cannot_decode_fails_as_kombus_decoding_fails() -> None:
+    with pytest.raises(Exception) as ours:
+        _ = _message_of(b"[1, 2").payload
+    with pytest.raises(Exception) as kombus:
+        KombuMessage(b"[1, 2", content_type="application/json", content_encoding="utf-8").decode()
+    assert type(ours.value) is type(kombus.value)
+
+
+def test_a_json_decoder_an_app_registered_is_the_one_used() -> None:
+    decoded: list[bytes] = []
+
+    def loads(data: bytes) -> object:
+        decoded.append(data)
+        return ["custom"]
+
+    register("json", kjson.dumps, loads, "application/json", "utf-8")
+    try:
+        assert _message_of(b"[[1], {}, {}]").payload == ["custom"]
+    finally:
+        register("json", kjson.dumps, kjson.loads, "application/json", "utf-8")
+    assert decoded == [b"[[1], {}, {}]"]
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(args=st.lists(_JSON_VALUES, max_size=4), kwargs=st.dictionaries(st.text(), _JSON_VALUES))
+def test_any_json_body_decodes_as_kombu_decodes_it(args: list[object], kwargs: dict) -> None:  # type: ignore[type-arg]
+    encoded = kjson.dumps((args, kwargs, {"callbacks": None})).encode()
+    assert _message_of(encoded).payload == kjson.loads(encoded)
