@@ -120,7 +120,7 @@ def job_from_message(
     tags: Sequence[str] = (),
 ) -> NewJob:
     check_serializer(serializer, allow_pickle)
-    content_type, content_encoding, data = dumps(body, serializer=serializer)
+    content_type, content_encoding, data = _dumps(body, serializer)
     payload = data.encode(content_encoding) if isinstance(data, str) else data
     if compression:
         payload, headers["compression"] = compress(payload, compression)
@@ -285,6 +285,19 @@ def _queue_of(queue: Any) -> str:
 #: kombu's JSON encoder, made once: ``kjson.dumps`` makes one per call, twice a send here.
 _KOMBU_JSON = kjson.JSONEncoder()
 _KOMBU_DUMPS = kjson.dumps
+
+
+def _dumps(body: Any, serializer: str) -> tuple[str, str, Any]:
+    """``dumps(body, serializer=serializer)`` of kombu's registry; for its own JSON
+    serializer, with the encoder made once (what it returns is the same)."""
+    if serializer == "json":
+        codec = registry._encoders.get("json")
+        if codec is not None and codec.encoder is _KOMBU_DUMPS and kjson.dumps is _KOMBU_DUMPS:
+            try:
+                return codec.content_type, codec.content_encoding, _KOMBU_JSON.encode(body)
+            except Exception:
+                pass  # kombu's own encoding raises what it raises for it
+    return dumps(body, serializer=serializer)
 
 
 def _to_json(value: dict[str, Any], task_name: str, what: str) -> str:

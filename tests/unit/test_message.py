@@ -11,8 +11,9 @@ from zoneinfo import ZoneInfo
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kombu.exceptions import EncodeError
 from kombu.message import Message as KombuMessage
-from kombu.serialization import register, register_yaml
+from kombu.serialization import dumps, register, register_yaml
 from kombu.utils import json as kjson
 
 from celery_ratchet.celery import message as message_module
@@ -346,3 +347,30 @@ _JSON_VALUES = st.recursive(
 def test_any_json_body_decodes_as_kombu_decodes_it(args: list[object], kwargs: dict) -> None:  # type: ignore[type-arg]
     encoded = kjson.dumps((args, kwargs, {"callbacks": None})).encode()
     assert _message_of(encoded).payload == kjson.loads(encoded)
+
+
+@given(args=st.lists(_JSON_VALUES, max_size=4), kwargs=st.dictionaries(st.text(), _JSON_VALUES))
+def test_a_body_is_encoded_as_kombus_json_encodes_it(args: list[object], kwargs: dict) -> None:  # type: ignore[type-arg]
+    body = (args, kwargs, {"callbacks": None, "chain": None})
+    content_type, encoding, data = dumps(body, serializer="json")
+    job = _job(body=body)
+    assert (job.message.content_type, job.message.content_encoding) == (content_type, encoding)
+    assert job.message.payload == data.encode(encoding)
+
+
+def test_a_body_kombu_cannot_encode_fails_as_kombus_encoding_fails() -> None:
+    with pytest.raises(EncodeError):
+        _job(body=((object(),), {}, {}))
+    with pytest.raises(EncodeError):
+        _job(body=((float("nan"), {1, 2}), {}, {}))
+
+
+def test_a_json_encoder_an_app_registered_is_the_one_used() -> None:
+    register("json", lambda value: '["custom"]', kjson.loads, "application/json", "utf-8")
+    try:
+        assert _job().message.payload == b'["custom"]'
+    finally:
+        register("json", kjson.dumps, kjson.loads, "application/json", "utf-8")
+    assert (
+        _job().message.payload == kjson.dumps(((1, "a"), {"k": "v"}, {"callbacks": None})).encode()
+    )
