@@ -91,8 +91,13 @@ class _Template:
     repr_args: bool
     repr_kwargs: bool
 
+    def __post_init__(self) -> None:
+        self._headers = copier(self.headers)
+        self._properties = copier(self.properties)
+        self._embed = copier(self.embed)
+
     def message(self, app: Celery, task_id: str, args: Any, kwargs: Any, index: int) -> Any:
-        headers = _fresh(self.headers)
+        headers = self._headers()
         headers["id"] = task_id
         if self.root_is_id:
             headers["root_id"] = task_id
@@ -103,7 +108,7 @@ class _Template:
                 headers["argsrepr"] = argsrepr
             if self.repr_kwargs:
                 headers["kwargsrepr"] = kwargsrepr
-        properties = _fresh(self.properties)
+        properties = self._properties()
         properties["correlation_id"] = task_id
         sent_event = self.sent_event
         if sent_event is not None:
@@ -114,7 +119,7 @@ class _Template:
                 "args": headers["argsrepr"],
                 "kwargs": headers["kwargsrepr"],
             }
-        return headers, properties, (args, kwargs, _fresh(self.embed)), sent_event
+        return headers, properties, (args, kwargs, self._embed()), sent_event
 
 
 def _template_of(
@@ -219,6 +224,35 @@ def _fresh(value: Any) -> Any:
     if type(value) is tuple:
         return tuple(_fresh(v) for v in value)
     return value
+
+
+_CONTAINERS = (dict, list, tuple)
+
+
+def copier(value: Any) -> Callable[[], Any]:
+    """What makes :func:`_fresh` copies of ``value``, a value copied for every member: its
+    shape is read once, and each copy walks only the containers in it."""
+    kind = type(value)
+    if kind is dict:
+        nested = {k: copier(v) for k, v in value.items() if type(v) in _CONTAINERS}
+        if not nested:
+            return value.copy
+
+        def copy_dict() -> dict[Any, Any]:
+            copied = value.copy()
+            for key, make in nested.items():
+                copied[key] = make()
+            return copied
+
+        return copy_dict
+    if kind is list or kind is tuple:
+        if not any(type(v) in _CONTAINERS for v in value):
+            return value.copy if kind is list else lambda: value  # a tuple of these: as good
+        makers = [copier(v) for v in value]
+        if kind is list:
+            return lambda: [make() for make in makers]
+        return lambda: tuple(make() for make in makers)
+    return lambda: value
 
 
 def _shared(options: dict[str, Any]) -> dict[str, Any]:
