@@ -7,7 +7,8 @@ driver's ``cursor.execute`` on a connection checked out of the engine's pool. Er
 as SQLAlchemy's would (a :class:`~sqlalchemy.exc.DBAPIError` of the same class, a lost
 connection invalidated with the pool), so the store translates them exactly as it does any
 other statement's. Such statements pass by SQLAlchemy's engine logging (``echo``) and its
-cursor events: instrumentation hooked there does not see the single-row insert or the claim.
+cursor events: instrumentation hooked there does not see the single-row insert, the claim or
+a COPY of many rows.
 """
 
 from __future__ import annotations
