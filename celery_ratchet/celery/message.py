@@ -413,9 +413,9 @@ class JobMessage(KombuMessage):
             and decodes_plainly(body)
         ):
             try:
-                return json.loads(body)
-            except ValueError:
-                pass  # kombu's decoding raises what it raises for it
+                return json.loads(body.decode("utf-8"))  # strictly UTF-8, as kombu decodes
+            except Exception:
+                pass  # kombu's decoding raises what it raises for it (a DecodeError)
         return super()._decode()
 
     def end(

@@ -81,7 +81,7 @@ class RowWriter(StoreCore):
         # rows/s); PyMySQL sends it row by row (4.5k/s) but multi-row VALUES reach 15k/s.
         if self.family != "mysql":
             if conn.dialect is self.engine.dialect and not ignore_existing:
-                if conn.dialect.driver == "psycopg" and len(params) >= _COPIED_ROWS:
+                if len(params) >= _COPIED_ROWS and _copies_bytea(conn):
                     self._copy_in(conn, params)
                     return
                 # Through the driver itself, as the single-row insert: SQLAlchemy's parameter
@@ -136,3 +136,13 @@ class RowWriter(StoreCore):
             carried += size
         if chunk:
             yield chunk
+
+
+def _copies_bytea(conn: Connection) -> bool:
+    """Whether COPY writes a payload as given on ``conn``: psycopg 3, and a session with
+    ``standard_conforming_strings`` on (off, psycopg's text escaping of bytes doubles the
+    backslash of its hex form, and COPY would store that text instead of the payload)."""
+    if conn.dialect.driver != "psycopg":
+        return False
+    info = getattr(conn.connection.dbapi_connection, "info", None)
+    return info is not None and info.parameter_status("standard_conforming_strings") == "on"

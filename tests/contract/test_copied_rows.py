@@ -142,3 +142,17 @@ def test_a_finished_id_in_a_copy_is_sent_again_with_the_rest(
     store.enqueue_many([new_job() for _ in range(ROWS)] + [new_job("done-before")])
     assert copies == [ROWS + 1]
     assert store.count_by_status() == {"PENDING": ROWS + 1}
+
+
+def test_a_session_without_standard_conforming_strings_writes_with_inserts(
+    servers: Servers, copies: list[int]
+) -> None:
+    url = servers.url("postgresql")
+    empty_store(url).engine.dispose()
+    store = JobStore(f"{url}?options=-c%20standard_conforming_strings%3Doff")
+    try:
+        store.enqueue_many([_job(f"legacy-{i}", i) for i in range(ROWS)])
+        assert copies == []
+        assert _rows(store, "legacy-")[0]["payload"] == bytes(range(256)) + AWKWARD.encode()
+    finally:
+        store.engine.dispose()

@@ -39,3 +39,26 @@ def test_a_caller_that_turned_collection_off_keeps_it_off() -> None:
     with paused_collection():
         assert not gc.isenabled()
     assert not gc.isenabled()
+
+
+def test_overlapping_pauses_turn_collection_on_once_the_last_ends() -> None:
+    gc.enable()
+    outer = paused_collection()
+    outer.__enter__()
+    with paused_collection():
+        assert not gc.isenabled()
+    assert not gc.isenabled()
+    outer.__exit__(None, None, None)
+    assert gc.isenabled()
+
+
+def test_a_child_forked_during_a_pause_collects() -> None:
+    import os
+
+    gc.enable()
+    with paused_collection():
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if gc.isenabled() else 1)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

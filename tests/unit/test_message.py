@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kombu.exceptions import EncodeError
+from kombu.exceptions import DecodeError, EncodeError
 from kombu.message import Message as KombuMessage
 from kombu.serialization import dumps, register, register_yaml
 from kombu.utils import json as kjson
@@ -374,3 +374,17 @@ def test_a_json_encoder_an_app_registered_is_the_one_used() -> None:
     assert (
         _job().message.payload == kjson.dumps(((1, "a"), {"k": "v"}, {"callbacks": None})).encode()
     )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\xef\xbb\xbf[[1], {}, {}]",
+        "[[1], {}, {}]".encode("utf-16"),
+        b'[["\xed\xa0\x80"], {}, {}]',
+        b"[" * 5000 + b"]" * 5000,
+    ],
+)
+def test_a_body_kombu_refuses_is_refused_as_kombu_refuses_it(body: bytes) -> None:
+    with pytest.raises(DecodeError):
+        _ = _message_of(body).payload
