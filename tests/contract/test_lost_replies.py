@@ -12,6 +12,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 
 from celery_ratchet.domain.job import JobStatus, JobType, Settlement
+from celery_ratchet.store import enqueue
 from celery_ratchet.store.jobstore import JobStore
 from tests.helpers import new_job
 
@@ -228,3 +229,27 @@ def test_a_chain_step_handed_over_whose_reply_was_lost_is_read_back_as_claimed(
     assert running.picked_by == "n"
     # The claim returned is the row's own: it settles.
     assert store.settle([Settlement("step-2", claimed.token, JobStatus.SUCCEEDED)]) == 1
+
+
+def test_a_group_write_whose_commit_reply_was_lost_is_not_a_duplicate(
+    store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many rows (a COPY on PostgreSQL): the write committed, its reply was lost, the try
+    again finds its own rows instead of refusing them as taken ids."""
+    real = enqueue.transaction
+    lost: list[bool] = []
+
+    @contextmanager
+    def losing_the_reply(conn: Any) -> Iterator[None]:
+        with real(conn):
+            yield
+        if not lost:
+            lost.append(True)
+            raise OperationalError(
+                "COMMIT", {}, Exception("server closed the connection"), connection_invalidated=True
+            )
+
+    monkeypatch.setattr(enqueue, "transaction", losing_the_reply)
+    store.enqueue_many([new_job(f"many-{i}") for i in range(25)])
+    assert lost, "the reply to the write was never lost"
+    assert store.count_by_status() == {"PENDING": 25}
