@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from kombu.exceptions import DecodeError, EncodeError
 from kombu.message import Message as KombuMessage
 from kombu.serialization import dumps, register, register_yaml
+from kombu.serialization import loads as kombu_loads
 from kombu.utils import json as kjson
 
 from celery_ratchet.celery import message as message_module
@@ -385,6 +386,13 @@ def test_a_json_encoder_an_app_registered_is_the_one_used() -> None:
         b"[" * 5000 + b"]" * 5000,
     ],
 )
-def test_a_body_kombu_refuses_is_refused_as_kombu_refuses_it(body: bytes) -> None:
-    with pytest.raises(DecodeError):
-        _ = _message_of(body).payload
+def test_a_body_the_plain_decoder_refuses_is_decoded_as_kombu_decodes_it(body: bytes) -> None:
+    # What kombu does with these depends on the Python (3.13's decoder takes 5,000-deep
+    # nesting that 3.12's refuses): the decoding must be kombu's, whichever it is.
+    try:
+        expected = kombu_loads(body, "application/json", "utf-8", accept={"application/json"})
+    except DecodeError:
+        with pytest.raises(DecodeError):
+            _ = _message_of(body).payload
+    else:
+        assert _message_of(body).payload == expected
