@@ -122,11 +122,11 @@ CREATE TABLE scheduler_job (
 	PRIMARY KEY (id)
 );
 
-CREATE INDEX ix_scheduler_job_depends_on ON scheduler_job (depends_on);
+CREATE INDEX ix_scheduler_job_depends_on ON scheduler_job (depends_on) WHERE depends_on IS NOT NULL;
 
-CREATE INDEX ix_scheduler_job_finished ON scheduler_job (status, finished_at);
+CREATE INDEX ix_scheduler_job_finished ON scheduler_job (status, finished_at) WHERE finished_at IS NOT NULL;
 
-CREATE INDEX ix_scheduler_job_group ON scheduler_job (group_id, status);
+CREATE INDEX ix_scheduler_job_group ON scheduler_job (group_id, status) WHERE group_id IS NOT NULL;
 
 CREATE INDEX ix_scheduler_job_owner ON scheduler_job (status, picked_by);
 

@@ -202,10 +202,33 @@ Index(
     scheduler_job.c.status,
     scheduler_job.c.picked_by,
 )
-Index("ix_scheduler_job_finished", scheduler_job.c.status, scheduler_job.c.finished_at)
+
+
+def _index_where(name: str, where: str, *columns: Any) -> Index:
+    """An index of the rows ``where`` holds, where the dialect has partial indexes; of every
+    row on MySQL/MariaDB. Every index of a row is written again at each status change (the
+    status is indexed, so no update is a heap-only one): rows that no query of this index
+    can ask for are left out of it. Each query it serves compares its columns with an
+    operator that is false for NULL, which is how PostgreSQL and SQLite know the index holds
+    every row the query can match, bound parameters included."""
+    return Index(name, *columns, postgresql_where=text(where), sqlite_where=text(where))
+
+
+# Purges, the dashboard's throughput and dead-letter alerts look up finished rows by time.
+_index_where(
+    "ix_scheduler_job_finished",
+    "finished_at IS NOT NULL",
+    scheduler_job.c.status,
+    scheduler_job.c.finished_at,
+)
 # A failed chain step cancels the steps waiting on it; batch listings count their children.
-Index("ix_scheduler_job_depends_on", scheduler_job.c.depends_on)
-Index("ix_scheduler_job_group", scheduler_job.c.group_id, scheduler_job.c.status)
+_index_where("ix_scheduler_job_depends_on", "depends_on IS NOT NULL", scheduler_job.c.depends_on)
+_index_where(
+    "ix_scheduler_job_group",
+    "group_id IS NOT NULL",
+    scheduler_job.c.group_id,
+    scheduler_job.c.status,
+)
 
 # Business keys are unique among active jobs: one PENDING, WAITING or RUNNING job per key,
 # held by the database so that concurrent sends of a key make one job. Recurring masters
