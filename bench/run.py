@@ -2,7 +2,7 @@
 
     ./dev bench [--jobs 10000] [--quick]
     ./dev bench schedules [--schedules 2000] [--every 10] [--workers 3]   (bench/schedules.py)
-    ./dev bench backlog [--sizes 10000,1000000] [--claims 5000]            (bench/backlog.py)
+    ./dev bench backlog [--sizes 10000,1000000] [--claims 2000] [--rounds 12] (bench/backlog.py)
 
 Measures on PostgreSQL: enqueue rate (``.delay()`` in a loop), bulk enqueue (a group of
 1,000), drain rate (N queued no-op tasks, one worker, ``-c 4``, timed from worker start,
