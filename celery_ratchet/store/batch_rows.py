@@ -15,6 +15,7 @@ from celery_ratchet.domain.batch import (
     BatchState,
     expected_children,
 )
+from celery_ratchet.store.db_errors import in_callers_transaction
 from celery_ratchet.store.schema import (
     scheduler_batch,
 )
@@ -76,7 +77,7 @@ class BatchRows:
         if unit is None:
             return self._run(work, what)
         conn = connection_of(unit)
-        with conn.begin_nested():
+        with in_callers_transaction(conn, what), conn.begin_nested():
             return work(conn)
 
     def _get(self, conn: Connection, batch_id: str) -> BatchRecord | None:

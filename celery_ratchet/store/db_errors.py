@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DataError, DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from celery_ratchet.errors import (
     PreparedStatementConflict,
     StatementCancelled,
+    StoreBusy,
     StoreUnavailable,
     ValueRefused,
 )
@@ -174,3 +178,35 @@ def prepared_statement_conflict(exc: BaseException, what: str) -> PreparedStatem
         "another's statement; set ratchet_pgbouncer = True (environment RATCHET_PGBOUNCER=true) "
         f"on every process, or add ?prepare_threshold=none to the URL; {what}"
     )
+
+
+@contextmanager
+def in_callers_transaction(conn: Connection, what: str) -> Iterator[None]:
+    """Statements on a caller's connection, inside its transaction (a savepoint each): a
+    driver error leaves as the store's error for it. No retry is possible there, and the
+    caller's engine may show a statement's parameters (job arguments, business keys) in its
+    errors: they are hidden, in the error raised and in the driver's error chained to it."""
+    try:
+        yield
+    except DBAPIError as exc:
+        exc.hide_parameters = True
+        if is_prepared_statement_conflict(exc):
+            raise prepared_statement_conflict(exc, what) from exc
+        if is_statement_cancelled(exc):
+            raise cancelled(exc, what) from exc
+        if is_retryable_conflict(exc):
+            raise StoreBusy(
+                "the job store waited on a lock another transaction holds (an uncommitted send "
+                "of the same business key, a long transaction on the ratchet tables) until the "
+                "database's lock wait limit (PostgreSQL lock_timeout, MySQL/MariaDB "
+                "innodb_lock_wait_timeout), or was chosen to end a deadlock; nothing of this "
+                "send was written, and your transaction goes on without it (after a deadlock "
+                "MySQL/MariaDB roll your transaction back). Send again once the other "
+                f"transaction has ended, or raise the limit; {what}"
+            ) from exc
+        if is_unavailable(exc):
+            url = conn.engine.url.render_as_string(hide_password=False)
+            raise unavailable(url, exc, what, sent=True) from exc
+        if isinstance(exc, DataError):
+            raise refused(exc, what) from exc
+        raise

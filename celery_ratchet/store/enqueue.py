@@ -28,7 +28,7 @@ from celery_ratchet.errors import (
     SchemaOutdated,
     StoreBusy,
 )
-from celery_ratchet.store.db_errors import sqlstate_of
+from celery_ratchet.store.db_errors import in_callers_transaction, sqlstate_of
 from celery_ratchet.store.engine import (
     insert_ignoring_conflicts,
     same_database,
@@ -360,7 +360,7 @@ class EnqueueOps(RowWriter):
         self._check_packet(jobs, waiting)
         params = [_params(j) for j in jobs]
         keyed = any(j.business_key is not None for j in jobs)
-        with conn.begin_nested():
+        with in_callers_transaction(conn, "the jobs were not sent"), conn.begin_nested():
             self._insert_waiting(conn, waiting)
             if not keyed:
                 try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import traceback
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -15,7 +16,7 @@ from sqlalchemy import bindparam, create_engine, inspect, text
 
 from celery_ratchet.domain.job import JobStatus, NewJob, OnDuplicate, Settlement
 from celery_ratchet.domain.schedule import MasterSpec
-from celery_ratchet.errors import DuplicateJob, SchemaOutdated
+from celery_ratchet.errors import DuplicateJob, SchemaOutdated, StoreBusy
 from celery_ratchet.runtime import recurring
 from celery_ratchet.store.ddl import bring_up_to_date
 from celery_ratchet.store.jobstore import JobStore
@@ -316,3 +317,33 @@ def test_a_key_held_since_a_repeatable_read_callers_snapshot_names_the_holder(
             conn.execute(text("INSERT INTO bk_orders (id) VALUES (1)"))
         assert conn.execute(text("SELECT COUNT(*) FROM bk_orders")).scalar() == 1
     assert rows_with_key(store, "order-42") == [("first", "PENDING")]
+
+
+def test_a_key_an_open_transaction_holds_past_the_lock_wait_is_store_busy_not_a_driver_error(
+    store: JobStore, own_engine: object
+) -> None:
+    """Two callers' transactions send the same key: the second waits for the first's
+    uncommitted row. Past its lock wait limit it gets StoreBusy, which says what happened and
+    what to do, and its own transaction goes on without the send."""
+    if store.family == "sqlite":
+        pytest.skip("SQLite has one writer: the second transaction cannot even begin its write")
+    engine = own_engine  # type: Any
+    key = f"order-{uuid.uuid4().hex}"
+    with engine.connect() as first, engine.connect() as second, first.begin():
+        store.enqueue_within(Unit(first), [keyed(key, "first")])
+        with second.begin():
+            if store.family == "mysql":
+                second.execute(text("SET SESSION innodb_lock_wait_timeout = 1"))
+            else:
+                second.execute(text("SET LOCAL lock_timeout = '200ms'"))
+            with pytest.raises(StoreBusy) as raised:
+                store.enqueue_within(Unit(second), [keyed(key, "second")])
+            message = str(raised.value)
+            assert "lock" in message and "your transaction" in message
+            # Neither the error nor the driver's error chained to it shows the key.
+            shown = "".join(traceback.format_exception(raised.value))
+            assert key not in shown and "parameters hidden" in shown
+            second.execute(text("INSERT INTO bk_orders (id) VALUES (7)"))
+    with engine.connect() as conn:  # the second caller's own write committed
+        assert conn.execute(text("SELECT COUNT(*) FROM bk_orders")).scalar() == 1
+    assert rows_with_key(store, key) == [("first", "PENDING")]
