@@ -43,6 +43,12 @@ class StatementCancelled(StoreBusy):
     ``max_statement_time``) or an operator's cancel. Nothing of it was committed."""
 
 
+class TransactionRolledBack(StoreBusy):
+    """A send in the caller's own transaction (``celery_ratchet.transaction()``, a Django
+    ``atomic()`` block) made the database roll that whole transaction back (MySQL/MariaDB do
+    so to end a deadlock): nothing written in it stands; run the transaction again."""
+
+
 class PayloadTooLarge(RatchetError, ValueError):
     """A job's serialized arguments exceed ``ratchet_max_payload_kb``."""
 

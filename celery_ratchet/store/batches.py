@@ -35,6 +35,7 @@ from celery_ratchet.store.db_clock import (
     db_now,
     db_now_minus,
 )
+from celery_ratchet.store.db_errors import in_callers_transaction
 from celery_ratchet.store.engine import (
     insert_ignoring_conflicts,
     transaction,
@@ -182,7 +183,9 @@ class BatchStore(StreamOps, ConditionOps, BatchRows):
     def get(self, batch_id: str, unit: Unit | None = None) -> BatchRecord | None:
         """The batch, or None; read in ``unit`` (a caller's transaction) when given."""
         if unit is not None:
-            return self._get(connection_of(unit), batch_id)
+            conn = connection_of(unit)
+            with in_callers_transaction(conn, "the batch was not read"):
+                return self._get(conn, batch_id)
         found: BatchRecord | None = self._run(
             lambda c: self._get(c, batch_id), "the batch was not read"
         )

@@ -18,6 +18,7 @@ from celery_ratchet.errors import (
     StatementCancelled,
     StoreBusy,
     StoreUnavailable,
+    TransactionRolledBack,
     ValueRefused,
 )
 from celery_ratchet.store.redact import mask_secrets_of, mask_url
@@ -180,33 +181,92 @@ def prepared_statement_conflict(exc: BaseException, what: str) -> PreparedStatem
     )
 
 
+#: The savepoint a rollback went back to is gone: the database ended the whole transaction
+#: first (MySQL/MariaDB's 1305; PostgreSQL's invalid savepoint specification).
+_NO_SAVEPOINT_CODES = {1305}
+_NO_SAVEPOINT_STATES = {"3B001"}
+
+
+def _hidden(exc: BaseException | None) -> None:
+    """Hide the parameters of every statement error in ``exc``'s chain: a traceback prints
+    each one, and the caller's engine may not hide them."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DBAPIError):
+            exc.hide_parameters = True
+        exc = exc.__cause__ or exc.__context__
+
+
+def _next_statement_error(exc: BaseException) -> DBAPIError | None:
+    """The statement error ``exc`` was raised while handling (the driver's own error sits
+    between the two)."""
+    seen: set[int] = {id(exc)}
+    found = exc.__context__
+    while found is not None and id(found) not in seen:
+        if isinstance(found, DBAPIError):
+            return found
+        seen.add(id(found))
+        found = found.__context__
+    return None
+
+
+def _savepoint_lost(exc: DBAPIError) -> bool:
+    args = getattr(exc.orig, "args", None) or (None,)
+    return sqlstate_of(exc.orig) in _NO_SAVEPOINT_STATES or args[0] in _NO_SAVEPOINT_CODES
+
+
+_ROLLED_BACK = (
+    "the database rolled your whole transaction back ({reason}): nothing written in it "
+    "stands, this send included; run the transaction again"
+)
+
+
 @contextmanager
 def in_callers_transaction(conn: Connection, what: str) -> Iterator[None]:
     """Statements on a caller's connection, inside its transaction (a savepoint each): a
     driver error leaves as the store's error for it. No retry is possible there, and the
     caller's engine may show a statement's parameters (job arguments, business keys) in its
-    errors: they are hidden, in the error raised and in the driver's error chained to it."""
+    errors: they are hidden, in the error raised and in every error chained to it."""
     try:
         yield
-    except DBAPIError as exc:
-        exc.hide_parameters = True
+    except DBAPIError as raised:
+        _hidden(raised)
+        exc = raised
+        rolled_back = False
+        # Going back to a savepoint failed (each nested one in turn): the transaction had
+        # ended, and the error that ended it is the one to tell.
+        while _savepoint_lost(exc) and (ended := _next_statement_error(exc)) is not None:
+            exc, rolled_back = ended, True
         if is_prepared_statement_conflict(exc):
             raise prepared_statement_conflict(exc, what) from exc
         if is_statement_cancelled(exc):
             raise cancelled(exc, what) from exc
         if is_retryable_conflict(exc):
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else ""
+            if rolled_back:
+                raise TransactionRolledBack(
+                    f"{_ROLLED_BACK.format(reason=reason)}; {what}"
+                ) from exc
             raise StoreBusy(
                 "the job store waited on a lock another transaction holds (an uncommitted send "
                 "of the same business key, a long transaction on the ratchet tables) until the "
                 "database's lock wait limit (PostgreSQL lock_timeout, MySQL/MariaDB "
                 "innodb_lock_wait_timeout), or was chosen to end a deadlock; nothing of this "
-                "send was written, and your transaction goes on without it (after a deadlock "
-                "MySQL/MariaDB roll your transaction back). Send again once the other "
-                f"transaction has ended, or raise the limit; {what}"
+                "send was written, and your transaction goes on without it. Send again once "
+                f"the other transaction has ended, or raise the limit; {what}"
             ) from exc
         if is_unavailable(exc):
             url = conn.engine.url.render_as_string(hide_password=False)
-            raise unavailable(url, exc, what, sent=True) from exc
+            raise unavailable(
+                url,
+                exc,
+                f"{what}: your transaction was on that connection, and the database ended it "
+                "with the connection, so nothing written in it was committed",
+            ) from exc
         if isinstance(exc, DataError):
             raise refused(exc, what) from exc
+        if rolled_back:
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else ""
+            raise TransactionRolledBack(f"{_ROLLED_BACK.format(reason=reason)}; {what}") from exc
         raise

@@ -349,7 +349,8 @@ class EnqueueOps(RowWriter):
         if not self._schema_ready:
             # DDL cannot run inside the caller's transaction (MySQL would commit it, SQLite
             # would wait on its own lock): the tables must exist already.
-            missing = set(metadata.tables) - set(inspect(conn).get_table_names())
+            with in_callers_transaction(conn, "the jobs were not sent"):
+                missing = set(metadata.tables) - set(inspect(conn).get_table_names())
             if missing:
                 raise ConfigurationError(
                     f"the job store's tables do not exist yet ({', '.join(sorted(missing))}); "

@@ -6,23 +6,25 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import traceback
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from sqlalchemy import bindparam, create_engine, inspect, text
 
 from celery_ratchet.domain.job import JobStatus, NewJob, OnDuplicate, Settlement
 from celery_ratchet.domain.schedule import MasterSpec
-from celery_ratchet.errors import DuplicateJob, SchemaOutdated, StoreBusy
+from celery_ratchet.errors import DuplicateJob, SchemaOutdated, StoreBusy, TransactionRolledBack
 from celery_ratchet.runtime import recurring
 from celery_ratchet.store.ddl import bring_up_to_date
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.store.schema import ACTIVE_KEY_INDEX, MYSQL_ACTIVE_KEY_COLUMN
 from celery_ratchet.store.units import Unit
-from tests.helpers import new_job
+from tests.helpers import new_job, wait_until
 
 
 def keyed(key: str, job_id: str | None = None, **changes: object) -> NewJob:
@@ -347,3 +349,78 @@ def test_a_key_an_open_transaction_holds_past_the_lock_wait_is_store_busy_not_a_
     with engine.connect() as conn:  # the second caller's own write committed
         assert conn.execute(text("SELECT COUNT(*) FROM bk_orders")).scalar() == 1
     assert rows_with_key(store, key) == [("first", "PENDING")]
+
+
+def _waiting_on_a_lock(engine: Any, family: str) -> bool:
+    with engine.connect() as conn:
+        if family == "mysql":
+            sql = "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+        else:
+            sql = "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        return bool(conn.execute(text(sql)).scalar())
+
+
+def test_a_deadlock_between_two_callers_transactions_is_the_stores_error(
+    store: JobStore, own_engine: object
+) -> None:
+    """Two callers' transactions send two keys in opposite order: one of them is chosen to
+    end the deadlock. On PostgreSQL only its send is undone (a savepoint holds it), and it
+    gets StoreBusy; MySQL/MariaDB roll its whole transaction back, and it gets
+    TransactionRolledBack, which says so. Neither shows the keys or the job's data."""
+    if store.family == "sqlite":
+        pytest.skip("SQLite has one writer: two transactions never hold locks at once")
+    engine = own_engine  # type: Any
+    one, two = f"key-{uuid.uuid4().hex}", f"key-{uuid.uuid4().hex}"
+    outcomes: dict[str, object] = {}
+    with engine.connect() as first, engine.connect() as second:
+        first.begin()
+        second.begin()
+        store.enqueue_within(Unit(first), [keyed(one, "first-a")])
+        store.enqueue_within(Unit(second), [keyed(two, "second-b")])
+
+        def send(name: str, conn: Any, key: str, job_id: str) -> None:
+            try:
+                outcomes[name] = store.enqueue_within(Unit(conn), [keyed(key, job_id)])
+            except Exception as exc:
+                outcomes[name] = exc
+
+        senders = {
+            "first": threading.Thread(target=send, args=("first", first, two, "first-b")),
+            "second": threading.Thread(target=send, args=("second", second, one, "second-a")),
+        }
+        senders["first"].start()
+        wait_until(lambda: _waiting_on_a_lock(engine, store.family), 30, "a send waiting")
+        senders["second"].start()
+        # The victim's error comes first; the other send waits until the victim's
+        # transaction ends (on PostgreSQL it holds what it sent before).
+        wait_until(
+            lambda: any(isinstance(o, Exception) for o in outcomes.values()), 60, "a deadlock"
+        )
+        [victim_name] = [n for n, o in outcomes.items() if isinstance(o, Exception)]
+        survivor_name = "second" if victim_name == "first" else "first"
+        victim = first if victim_name == "first" else second
+        senders[victim_name].join(60)
+        _end_victim(victim, store.family)
+        senders[survivor_name].join(60)
+        (second if victim is first else first).commit()
+    error = outcomes[victim_name]
+    assert not isinstance(outcomes[survivor_name], Exception), outcomes
+    expected = TransactionRolledBack if store.family == "mysql" else StoreBusy
+    assert type(error) is expected, repr(error)
+    shown = "".join(traceback.format_exception(error))  # type: ignore[arg-type]
+    assert one not in shown and two not in shown and "parameters hidden" in shown
+    kept = {job for key in (one, two) for job, _ in rows_with_key(store, key)}
+    if store.family == "mysql":  # the victim's transaction is gone; the other's sends stand
+        assert kept == (
+            {"first-a", "first-b"} if victim_name == "second" else {"second-b", "second-a"}
+        )
+    else:  # the victim's transaction went on and committed what it sent before
+        assert kept == {"first-a", "second-b"}
+
+
+def _end_victim(conn: Any, family: str) -> None:
+    """MySQL/MariaDB rolled the victim's transaction back; on PostgreSQL it goes on."""
+    if family == "mysql":
+        conn.rollback()
+    else:
+        conn.commit()
