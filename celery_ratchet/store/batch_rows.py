@@ -19,7 +19,7 @@ from celery_ratchet.store.db_errors import in_callers_transaction
 from celery_ratchet.store.schema import (
     scheduler_batch,
 )
-from celery_ratchet.store.units import Unit, connection_of
+from celery_ratchet.store.units import Unit, connection_of, is_callers
 
 batch = scheduler_batch
 
@@ -77,7 +77,7 @@ class BatchRows:
         if unit is None:
             return self._run(work, what)
         conn = connection_of(unit)
-        with in_callers_transaction(conn, what), conn.begin_nested():
+        with in_callers_transaction(conn, what, callers=is_callers(unit)), conn.begin_nested():
             return work(conn)
 
     def _get(self, conn: Connection, batch_id: str) -> BatchRecord | None:

@@ -50,7 +50,7 @@ from celery_ratchet.store.step_rows import (
     COUNTED_KINDS,
     record_part,
 )
-from celery_ratchet.store.units import Unit, connection_of
+from celery_ratchet.store.units import Unit, connection_of, is_callers
 from celery_ratchet.store.workflow_conditions import ConditionOps
 
 logger = logging.getLogger(__name__)
@@ -184,7 +184,7 @@ class BatchStore(StreamOps, ConditionOps, BatchRows):
         """The batch, or None; read in ``unit`` (a caller's transaction) when given."""
         if unit is not None:
             conn = connection_of(unit)
-            with in_callers_transaction(conn, "the batch was not read"):
+            with in_callers_transaction(conn, "the batch was not read", callers=is_callers(unit)):
                 return self._get(conn, batch_id)
         found: BatchRecord | None = self._run(
             lambda c: self._get(c, batch_id), "the batch was not read"
@@ -230,7 +230,7 @@ class BatchStore(StreamOps, ConditionOps, BatchRows):
                 yield None
                 return
             try:
-                yield Unit(conn)
+                yield Unit(conn, store_owned=True)
             except BaseException:
                 if conn.dialect.name == "sqlite":  # committed already: undo by hand
                     conn.execute(reopen)

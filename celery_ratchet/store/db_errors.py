@@ -223,11 +223,16 @@ _ROLLED_BACK = (
 
 
 @contextmanager
-def in_callers_transaction(conn: Connection, what: str) -> Iterator[None]:
+def in_callers_transaction(conn: Connection, what: str, *, callers: bool = True) -> Iterator[None]:
     """Statements on a caller's connection, inside its transaction (a savepoint each): a
     driver error leaves as the store's error for it. No retry is possible there, and the
     caller's engine may show a statement's parameters (job arguments, business keys) in its
-    errors: they are hidden, in the error raised and in every error chained to it."""
+    errors: they are hidden, in the error raised and in every error chained to it.
+    ``callers`` False: the store's own transaction, whose errors reach its own retry as
+    they are (its engine hides parameters)."""
+    if not callers:
+        yield
+        return
     try:
         yield
     except DBAPIError as raised:

@@ -55,7 +55,7 @@ from celery_ratchet.store.schema import (
     metadata,
     scheduler_resource_permit,
 )
-from celery_ratchet.store.units import Unit, connection_of
+from celery_ratchet.store.units import Unit, connection_of, is_callers
 
 logger = logging.getLogger(__name__)
 
@@ -349,7 +349,7 @@ class EnqueueOps(RowWriter):
         if not self._schema_ready:
             # DDL cannot run inside the caller's transaction (MySQL would commit it, SQLite
             # would wait on its own lock): the tables must exist already.
-            with in_callers_transaction(conn, "the jobs were not sent"):
+            with in_callers_transaction(conn, "the jobs were not sent", callers=is_callers(unit)):
                 missing = set(metadata.tables) - set(inspect(conn).get_table_names())
             if missing:
                 raise ConfigurationError(
@@ -361,7 +361,10 @@ class EnqueueOps(RowWriter):
         self._check_packet(jobs, waiting)
         params = [_params(j) for j in jobs]
         keyed = any(j.business_key is not None for j in jobs)
-        with in_callers_transaction(conn, "the jobs were not sent"), conn.begin_nested():
+        with (
+            in_callers_transaction(conn, "the jobs were not sent", callers=is_callers(unit)),
+            conn.begin_nested(),
+        ):
             self._insert_waiting(conn, waiting)
             if not keyed:
                 try:

@@ -23,10 +23,19 @@ AfterCommit = Callable[[Callable[[], None]], None]
 
 
 class Unit:
-    __slots__ = ("_connection", "after_commit")
+    __slots__ = ("_connection", "_store_owned", "after_commit")
 
-    def __init__(self, connection: Connection, after_commit: AfterCommit | None = None) -> None:
+    def __init__(
+        self,
+        connection: Connection,
+        after_commit: AfterCommit | None = None,
+        *,
+        store_owned: bool = False,
+    ) -> None:
         self._connection = connection
+        #: The store's own transaction (a batch's end, a workflow's decision): its lock
+        #: conflicts are the store's to retry, raised as the driver's errors to its retry.
+        self._store_owned = store_owned
         #: Set when the transaction is Django's: what must wait for its commit (a Redis
         #: wake-up) is handed to it. PostgreSQL's NOTIFY waits for the commit by itself.
         self.after_commit = after_commit
@@ -46,6 +55,11 @@ class Unit:
 def connection_of(unit: Unit) -> Connection:
     """The connection a unit writes on; for store modules only."""
     return unit._connection
+
+
+def is_callers(unit: Unit) -> bool:
+    """Whether the unit is a caller's own transaction, not one the store opened."""
+    return not unit._store_owned
 
 
 def unit_of(target: Any) -> Unit:

@@ -73,7 +73,8 @@ class ConditionOps(BatchRows):
             .with_for_update()
         )
         with self._unit_of_work() as conn:
-            yield Unit(conn) if conn.execute(lock).first() is not None else None
+            found = conn.execute(lock).first() is not None
+            yield Unit(conn, store_owned=True) if found else None
 
     def decide(self, unit: Unit, parent_id: str, states: Mapping[int, str]) -> set[int]:
         """Move each branch at a position of ``states`` from WAITING to its state (FIRED,
