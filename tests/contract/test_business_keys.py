@@ -18,7 +18,13 @@ from sqlalchemy import bindparam, create_engine, inspect, text
 
 from celery_ratchet.domain.job import JobStatus, NewJob, OnDuplicate, Settlement
 from celery_ratchet.domain.schedule import MasterSpec
-from celery_ratchet.errors import DuplicateJob, SchemaOutdated, StoreBusy, TransactionRolledBack
+from celery_ratchet.errors import (
+    DuplicateJob,
+    SchemaOutdated,
+    StoreBusy,
+    StoreUnavailable,
+    TransactionRolledBack,
+)
 from celery_ratchet.runtime import recurring
 from celery_ratchet.store.ddl import bring_up_to_date
 from celery_ratchet.store.jobstore import JobStore
@@ -424,3 +430,28 @@ def _end_victim(conn: Any, family: str) -> None:
         conn.rollback()
     else:
         conn.commit()
+
+
+def test_a_callers_connection_lost_in_its_transaction_says_the_transaction_ended(
+    store: JobStore, own_engine: object
+) -> None:
+    """The server ends the caller's session inside its transaction: the send raises
+    StoreUnavailable saying nothing of that transaction was committed (not "may have been"),
+    and shows neither the key nor the job's data."""
+    if store.family != "postgresql":
+        pytest.skip("ends another session with pg_terminate_backend")
+    engine = own_engine  # type: Any
+    key = f"key-{uuid.uuid4().hex}"
+    with engine.connect() as conn:
+        conn.begin()
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+        with engine.connect() as admin:
+            admin.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+            admin.commit()
+        with pytest.raises(StoreUnavailable) as raised:
+            store.enqueue_within(Unit(conn), [keyed(key, "lost")])
+    message = str(raised.value)
+    assert "nothing written in it was committed" in message and "may have been" not in message
+    assert raised.value.outcome_unknown is False
+    assert key not in "".join(traceback.format_exception(raised.value))
+    assert rows_with_key(store, key) == []
