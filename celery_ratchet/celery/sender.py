@@ -153,7 +153,7 @@ class JobBatch:
     def __exit__(self, exc_type: Any, exc: BaseException | None, *_: Any) -> None:
         if exc_type is not None:  # the sending code failed part-way: store none of it
             self.jobs, self._on_stored, self._results = [], [], {}
-            discard_refused_chords(self.app, exc)
+            discard_unsent_chords(self.app)
         self.release()
 
     @property
@@ -293,11 +293,13 @@ def _discarded_if_refused(state: Any, opened: Sequence[str], unit: Unit | None) 
         raise
 
 
-def discard_refused_chords(app: Celery, exc: BaseException | None) -> None:
+def discard_unsent_chords(app: Celery) -> None:
     """The sending code failed before its jobs were written (a payload too large, a held
-    key): the chords whose header it was sending go, when it was refused."""
+    key, a member whose arguments Celery's check refused): the chords whose header it was
+    sending go. A write takes the chords it is the header of as it starts, so a chord
+    still noted here has no member written."""
     opened = _take_chords_opened()
-    if opened and isinstance(exc, _REFUSALS):
+    if opened:
         with joined(app) as within:
             _discard(ratchet_state(app), opened, within)
 

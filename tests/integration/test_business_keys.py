@@ -184,3 +184,18 @@ def test_a_chord_whose_header_cannot_be_built_leaves_no_open_chord(worker_app: C
     with pytest.raises(PayloadTooLarge):
         chord([add.s(1, 1).set(queue=PARKED), add.s(too_large, "")])(worker_app.tasks["t.tsum"].s())
     assert _rows(worker_app) == before
+
+
+@pytest.mark.parametrize("members", [2, 12])  # 12: sent from the first one's message
+def test_a_chord_whose_member_fails_its_argument_check_leaves_no_open_chord(
+    worker_app: Celery, members: int
+) -> None:
+    """Celery checks each member's arguments against the task's signature as it sends it:
+    a member that does not fit raises TypeError, and nothing of the chord is written."""
+    add = worker_app.tasks["t.add"]
+    header = [add.s(i, i).set(queue=PARKED) for i in range(members)]
+    header[members // 2] = add.s(1).set(queue=PARKED)
+    before = _rows(worker_app)
+    with pytest.raises(TypeError):
+        chord(header)(worker_app.tasks["t.tsum"].s())
+    assert _rows(worker_app) == before
