@@ -253,10 +253,15 @@ def schema_apply(cli: CliContext) -> None:
 @schema.command("check")
 @pass_cli
 def schema_check(cli: CliContext) -> None:
-    """Exit 1 when the live database lacks a table, column or index of the schema."""
+    """Exit 1 when the live database lacks a table, column or index of the schema, or has
+    one of its indexes invalid; an index an earlier version made is a note."""
     problems = cli.store.schema_differences()
+    invalid, notes = cli.store.index_shapes()
+    problems += invalid
     for problem in problems:
         click.echo(problem)
+    for note in notes:
+        click.echo(f"note: {note}")
     if problems:
         sys.exit(1)
     click.echo("schema matches")

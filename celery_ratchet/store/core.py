@@ -48,7 +48,7 @@ from celery_ratchet.store.db_errors import (
     refused,
     unavailable,
 )
-from celery_ratchet.store.ddl import bring_up_to_date, schema_differences
+from celery_ratchet.store.ddl import bring_up_to_date, index_shapes, schema_differences
 from celery_ratchet.store.engine import (
     EngineOptions,
     engine_for,
@@ -366,6 +366,10 @@ class StoreCore:
     def schema_differences(self) -> list[str]:
         """What the live database lacks of the schema: tables, columns, indexes."""
         return self._attempt(schema_differences, "the schema was not checked")
+
+    def index_shapes(self) -> tuple[list[str], list[str]]:
+        """Indexes of the schema's names not as this version makes them: (problems, notes)."""
+        return self._attempt(index_shapes, "the indexes were not checked")
 
     def _create_tables(self, conn: Connection) -> list[str]:
         # Serialized by the database's schema lock: processes starting together on an empty

@@ -271,6 +271,56 @@ def schema_differences(conn: Connection) -> list[str]:
     return problems
 
 
+def index_shapes(conn: Connection) -> tuple[list[str], list[str]]:
+    """Indexes found under the schema's names but not as this version makes them: problems
+    (an invalid index, which the planner never uses: a ``CREATE INDEX CONCURRENTLY`` that
+    failed) and notes (an index of every row where this version's is partial: a database
+    made by an earlier version, which works as it is). PostgreSQL and SQLite; MySQL and
+    MariaDB have neither partial nor invalid indexes."""
+    kind = family(conn.dialect.name)
+    if kind == "mysql":
+        return [], []
+    expected: dict[str, tuple[str, bool]] = {
+        str(ix.name): (table.name, ix.dialect_options[kind].get("where") is not None)
+        for table in metadata.sorted_tables
+        for ix in table.indexes
+        if index_applies(ix, kind)
+    }
+    problems, notes = [], []
+    for name, table, valid, partial in _live_indexes(conn, kind):
+        if name not in expected or expected[name][0] != table:
+            continue
+        if not valid:
+            problems.append(
+                f"invalid index {name} on {table}: queries do not use it (a CREATE INDEX "
+                f"CONCURRENTLY that failed); drop it and create it again"
+            )
+        elif expected[name][1] and not partial:
+            notes.append(
+                f"index {name} on {table} holds every row; this version's holds only the "
+                "rows its lookups ask for (smaller, cheaper to write): the README's upgrade "
+                "steps swap it without a lock"
+            )
+    return problems, notes
+
+
+def _live_indexes(conn: Connection, kind: str) -> list[tuple[str, str, bool, bool]]:
+    """(index, table, valid, partial) of every index in the connection's schema."""
+    if kind == "postgresql":
+        rows = conn.exec_driver_sql(
+            "SELECT c.relname, t.relname, i.indisvalid, i.indpred IS NOT NULL "
+            "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "JOIN pg_class t ON t.oid = i.indrelid "
+            "WHERE t.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = "
+            "current_schema())"
+        ).all()
+        return [(n, t, bool(v), bool(p)) for n, t, v, p in rows]
+    rows = conn.exec_driver_sql(
+        "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+    ).all()
+    return [(n, t, True, " WHERE " in " ".join(str(sql).upper().split())) for n, t, sql in rows]
+
+
 #: PostgreSQL advisory lock key of schema changes ("ratchet" in ASCII); advisory locks are
 #: per database, so two databases on one server never wait for each other.
 _PG_SCHEMA_LOCK = 0x72617463686574
