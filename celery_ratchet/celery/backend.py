@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import states
 from celery.backends.base import BaseBackend
@@ -33,11 +33,25 @@ from celery_ratchet.celery.pool import RUNNING, stop_mode
 from celery_ratchet.celery.sender import note_chord_opened
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.celery.transactions import joined
-from celery_ratchet.domain.job import JobStatus, ResultRecord, error_record
+from celery_ratchet.domain.job import (
+    JobStatus,
+    ResultRecord,
+    Settlement,
+    StoredResult,
+    error_record,
+)
 from celery_ratchet.errors import StoreUnavailable
 from celery_ratchet.store.jobstore import JobStore
 
+if TYPE_CHECKING:
+    from celery_ratchet.runtime.worker import WorkerRuntime
+
 logger = logging.getLogger(__name__)
+
+#: Results up to this many characters (encoded) are handed to the worker's settler, written
+#: with its next batch; a larger one is written by its thread at once, where a refusal (too
+#: large for the column) fails the task as Celery's backends do.
+HANDED_OVER_RESULT_MAX = 256 * 1024
 
 
 class _QuietStoreRetries(logging.Filter):
@@ -173,6 +187,8 @@ class RatchetBackend(BaseBackend):
             values["traceback"] = traceback
         if token is not None:
             part = batches.part_of(self, request, state, result)
+            if self._handed_to_settler(task_id, token, state, status, part, values):
+                return result
             if not self.store.store_outcome(task_id, token, status, part=part, **values):
                 logger.warning(
                     "ratchet: result of job %s not stored: the job is no longer held by this "
@@ -183,6 +199,46 @@ class RatchetBackend(BaseBackend):
             name = getattr(request, "task", None) or ""
             self.store.store_untracked_result(task_id, name, status, **values)
         return result
+
+    def _handed_to_settler(
+        self,
+        task_id: str,
+        token: str,
+        state: str,
+        status: JobStatus,
+        part: Any,
+        values: dict[str, Any],
+    ) -> bool:
+        """In the worker's own process (``-P threads``, ``solo``, ``gevent``), a plain
+        success goes to the worker's settler, written with its next batch of outcomes as an
+        ignored result's success is: one statement for the successes of all its threads.
+        True when nothing is left for this thread to write."""
+        runtime = self._runtime_here()
+        if runtime is None:
+            return False
+        if runtime.unwritten(task_id, token):  # the first outcome of an execution wins
+            logger.warning(
+                "ratchet: state %s of job %s not stored: an earlier outcome of this "
+                "execution was reported first",
+                state,
+                task_id,
+            )
+            return True
+        if (
+            status is not JobStatus.SUCCEEDED
+            or part is not None
+            or len(values["job_result"] or "") > HANDED_OVER_RESULT_MAX
+        ):
+            return False
+        stored = StoredResult(values["job_result"], values["result_type"], values["result_meta"])
+        runtime.report_result(Settlement(task_id, token, status, result=stored))
+        return True
+
+    def _runtime_here(self) -> WorkerRuntime | None:
+        """The worker's runtime where outcomes reported here reach its settler: this is
+        the worker's own process (``-P threads``, ``solo``, ``gevent``), not a pool process."""
+        runtime = ratchet_state(self.app).runtime
+        return runtime if runtime is not None and runtime.keeps_outcomes_here() else None
 
     def mark_as_failure(
         self,

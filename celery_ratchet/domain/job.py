@@ -180,6 +180,17 @@ class ClaimedJob:
 
 
 @dataclass(frozen=True)
+class StoredResult:
+    """What the result backend keeps of a success: the value as its serializer encoded it
+    (None when there is none, or it could not be encoded), its type's name, and the meta
+    (the children a task sent) as JSON."""
+
+    value: str | None
+    type_name: str | None
+    meta: str | None
+
+
+@dataclass(frozen=True)
 class Settlement:
     """The end of one claimed execution, as the worker saw it."""
 
@@ -190,6 +201,9 @@ class Settlement:
     traceback: str | None = None
     #: The resource permit the execution held, released with this write.
     resource: str | None = None
+    #: A success whose result the backend keeps: written with the status, as the backend's
+    #: own write would (error and traceback cleared).
+    result: StoredResult | None = None
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import time
 from dataclasses import replace
@@ -10,6 +11,7 @@ from dataclasses import replace
 from celery_ratchet.domain.job import (
     JobStatus,
     Settlement,
+    error_record,
 )
 from celery_ratchet.errors import StoreBusy, StoreUnavailable
 from celery_ratchet.runtime.base import (
@@ -31,6 +33,22 @@ class Outcomes(RuntimeBase):
         # so the claim check (_reconcile) never takes it for a claim this node lost.
         self._report(settlement)
         self._free(settlement.job_id, settlement.token)
+
+    def report_result(self, settlement: Settlement) -> None:
+        """Record a success with its result (thread-safe, never blocks on the database),
+        written with the settler's next batch. The slot stays taken until the execution's
+        end is reported (:meth:`release`), which also counts it in its circuit breaker."""
+        self._report(self._with_permit(settlement))
+
+    def keeps_outcomes_here(self) -> bool:
+        """Whether an outcome reported from this process reaches this node's settler: the
+        worker's own process (not a pool process's copy of the runtime), before it closed."""
+        return os.getpid() == self._pid and not self._closed.is_set()
+
+    def unwritten(self, job_id: str, token: str) -> bool:
+        """Whether an outcome of this execution was reported and is not written yet."""
+        with self._lock:
+            return (job_id, token) in self._unwritten
 
     def _with_permit(self, settlement: Settlement) -> Settlement:
         with self._lock:
@@ -132,12 +150,13 @@ class Outcomes(RuntimeBase):
             return True
         except (StoreUnavailable, StoreBusy):
             return False
-        except Exception:
+        except Exception as exc:
             logger.exception(
                 "ratchet: outcome of job %s refused; writing its status alone", settlement.job_id
             )
+            refused = exc
         try:
-            self.store.settle([replace(settlement, error=None, traceback=None)])
+            self.store.settle([_status_alone(settlement, refused)])
         except (StoreUnavailable, StoreBusy):
             return False
         except Exception:
@@ -147,3 +166,14 @@ class Outcomes(RuntimeBase):
                 settlement.job_id,
             )
         return True
+
+
+def _status_alone(settlement: Settlement, refused: Exception) -> Settlement:
+    """What is left to write of an outcome the store refused: its status without its error
+    and traceback; a success whose result was refused fails with the refusal, as a result
+    backend's refused write fails a task in Celery, rather than succeed with no value."""
+    if settlement.result is None:
+        return replace(settlement, error=None, traceback=None)
+    kind = type(refused)
+    error = error_record(kind.__name__, [f"its result was not stored: {refused}"], kind.__module__)
+    return replace(settlement, status=JobStatus.FAILED, error=error, traceback=None, result=None)

@@ -61,7 +61,7 @@ from celery_ratchet.store.job_rows import (
     job,
     storable,
 )
-from celery_ratchet.store.raw import RawStatement, execute_on, raw_statement
+from celery_ratchet.store.raw import RawStatement, execute_on, fetch_on, raw_statement
 from celery_ratchet.store.schema import (
     UTCDateTime,
     scheduler_resource,
@@ -217,12 +217,13 @@ class ClaimOps(StoreCore):
         for s in settlements:
             first.setdefault((s.job_id, s.token), s)
         settlements = list(first.values())
+        results = [s for s in settlements if s.result is not None]
         params = [
             {"p_job_id": s.job_id, "p_token": s.token, "p_status": s.status.value,
              "p_error": storable(s.error), "p_traceback": storable(s.traceback)}
-            for s in settlements
+            for s in settlements if s.result is None
         ]  # fmt: skip
-        if not params:
+        if not settlements:
             return 0
         held: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for s in settlements:
@@ -253,7 +254,9 @@ class ClaimOps(StoreCore):
             # been retried from the dead-letter queue since; an old settle arriving then
             # must not revoke the chain steps the retry restored, nor recount the batch.
             ended = self._still_held(conn, ending)
-            changed = self._settle_counting_dead_letters(conn, params)
+            changed = self._settle_counting_dead_letters(conn, params) if params else 0
+            if results:
+                changed += self._store_results(conn, results)
             if handed_back:  # due again at once, for any node: wake the idle ones
                 self._announce_queues_of(conn, handed_back)
             for release in releases:  # one statement per resource, not per job
@@ -270,6 +273,33 @@ class ClaimOps(StoreCore):
             return changed
 
         return self._run(work, "job outcomes were not recorded")
+
+    def _store_results(self, conn: Connection, results: list[Settlement]) -> int:
+        """Successes with their results (handed over by the result backend instead of written
+        by it), as :meth:`store_outcome` writes each; the number of rows changed."""
+        rows = [_result_params(s) for s in results]
+        if self.family == "postgresql":
+            returned = fetch_on(conn, self._raw_store_results_pg, _result_arrays(rows))
+            stored = {(job_id, token) for job_id, token in returned}
+        else:
+            stored = {
+                (p["p_job_id"], p["p_token"])
+                for p in rows
+                if conn.execute(self._store_outcome, p).rowcount == 1
+            }
+        for s in results:
+            if (s.job_id, s.token) not in stored:
+                logger.warning(
+                    "ratchet: result of job %s not written by this execution: its row was no "
+                    "longer running under its claim (finished already, or recovered from a "
+                    "node presumed dead)",
+                    s.job_id,
+                )
+        return len(stored)
+
+    @functools.cached_property
+    def _raw_store_results_pg(self) -> RawStatement:
+        return raw_statement(_STORE_RESULTS_PG, self.engine.dialect)
 
     def _still_held(self, conn: Connection, settlements: list[Settlement]) -> list[Settlement]:
         """Those of ``settlements`` whose claim still holds its job (RUNNING under it)."""
@@ -485,3 +515,40 @@ def _as_arrays(params: list[dict[str, Any]]) -> dict[str, list[Any]]:
         arrays["errors"].append(p["p_error"])
         arrays["tracebacks"].append(p["p_traceback"])
     return arrays
+
+
+#: PostgreSQL: successes with their results in one UPDATE, as parallel arrays; each row as
+#: ``_store_outcome`` writes it. Returns the executions whose claim still held their row.
+_STORE_RESULTS_PG = text(
+    "UPDATE scheduler_job AS j SET status = o.status, finished_at = now(), "
+    "job_result = o.job_result, result_type = o.result_type, result_meta = o.result_meta, "
+    "last_error = NULL, error_traceback = NULL "
+    "FROM unnest(CAST(:ids AS TEXT[]), CAST(:tokens AS TEXT[]), CAST(:statuses AS TEXT[]), "
+    "CAST(:results AS TEXT[]), CAST(:types AS TEXT[]), CAST(:metas AS TEXT[])) "
+    "AS o(job_id, token, status, job_result, result_type, result_meta) "
+    "WHERE j.job_id = o.job_id AND j.claim_token = o.token AND j.status = 'RUNNING' "
+    "RETURNING j.job_id, j.claim_token"
+)
+
+_RESULT_ARRAYS = {
+    "ids": "p_job_id", "tokens": "p_token", "statuses": "p_status", "results": "p_job_result",
+    "types": "p_result_type", "metas": "p_result_meta",
+}  # fmt: skip
+
+
+def _result_params(s: Settlement) -> dict[str, Any]:
+    assert s.result is not None
+    return {
+        "p_job_id": s.job_id,
+        "p_token": s.token,
+        "p_status": s.status.value,
+        "p_job_result": s.result.value,
+        "p_result_type": s.result.type_name,
+        "p_result_meta": s.result.meta,
+        "p_error": None,
+        "p_traceback": None,
+    }
+
+
+def _result_arrays(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    return {array: [row[name] for row in rows] for array, name in _RESULT_ARRAYS.items()}

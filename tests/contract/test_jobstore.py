@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import text
 
-from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
+from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement, StoredResult
 from celery_ratchet.errors import DuplicateJob
 from celery_ratchet.store.jobstore import JobStore
 from tests.helpers import new_job, wait_until
@@ -108,6 +109,53 @@ def test_settlement_is_a_compare_and_swap_on_the_claim(store: JobStore) -> None:
     # A finished row never goes back, whoever asks.
     assert store.settle([Settlement(ok.job_id, ok.token, JobStatus.FAILED)]) == 0
     assert status_of(store, "ok") is JobStatus.SUCCEEDED
+
+
+def test_successes_with_their_results_are_written_as_the_backend_writes_each(
+    store: JobStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker hands its threads' results to the settler: each success is written with
+    its value, type and meta, an earlier error cleared, beside plain outcomes; one whose
+    claim is gone is not written and is logged by id alone."""
+    for name in ("r1", "r2", "plain", "lost"):
+        store.enqueue(new_job(name))
+    claimed = {j.job_id: j for j in store.claim("n", ["celery"], 10)}
+    with store.engine.begin() as conn:  # r1 failed once before (a retry kept the reason)
+        conn.execute(
+            text("UPDATE scheduler_job SET last_error = 'before' WHERE job_id = 'r1'"),
+        )
+
+    def success(job_id: str, stored: StoredResult | None = None, token: str = "") -> Settlement:
+        return Settlement(
+            job_id, token or claimed[job_id].token, JobStatus.SUCCEEDED, result=stored
+        )
+
+    secret = "the-value-is-not-logged"
+    with caplog.at_level(logging.WARNING, logger="celery_ratchet.store.settle"):
+        changed = store.settle(
+            [
+                success("r1", StoredResult('{"n": 1}', "dict", '{"children": []}')),
+                success("r2", StoredResult(None, None, None)),
+                success("plain"),
+                success("lost", StoredResult(f'"{secret}"', "str", None), token="not-its-claim"),
+            ]
+        )
+    assert changed == 3
+    r1 = store.result("r1")
+    assert r1 is not None and r1.status is JobStatus.SUCCEEDED
+    assert (r1.job_result, r1.result_type, r1.result_meta) == ('{"n": 1}', "dict",
+                                                               '{"children": []}')  # fmt: skip
+    assert r1.last_error is None and r1.finished_at is not None
+    r2 = store.result("r2")
+    assert r2 is not None and r2.status is JobStatus.SUCCEEDED and r2.job_result is None
+    assert status_of(store, "plain") is JobStatus.SUCCEEDED
+    assert status_of(store, "lost") is JobStatus.RUNNING
+    lost = [r.getMessage() for r in caplog.records if "job lost not written" in r.getMessage()]
+    assert len(lost) == 1 and secret not in lost[0]
+    # Written once: the same outcome again (a batch retried after a lost reply) changes nothing.
+    assert store.settle([success("r1", StoredResult('"other"', "str", None))]) == 0
+    r1 = store.result("r1")
+    assert r1 is not None and r1.job_result == '{"n": 1}'
 
 
 def test_one_settle_of_many_outcomes_writes_each_as_alone(store: JobStore) -> None:

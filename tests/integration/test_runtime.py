@@ -10,8 +10,15 @@ from typing import Any
 
 import pytest
 
-from celery_ratchet.domain.job import ClaimedJob, JobStatus, JobType, NewJob, Settlement
-from celery_ratchet.errors import StoreUnavailable
+from celery_ratchet.domain.job import (
+    ClaimedJob,
+    JobStatus,
+    JobType,
+    NewJob,
+    Settlement,
+    StoredResult,
+)
+from celery_ratchet.errors import StoreUnavailable, ValueRefused
 from celery_ratchet.runtime.base import Capacity
 from celery_ratchet.runtime.worker import WorkerRuntime
 from celery_ratchet.settings import RatchetSettings
@@ -320,3 +327,52 @@ def test_a_step_released_by_a_stored_success_is_claimed_at_once_on_a_polling_onl
         wait_for(lambda: ran == ["first", "next"], timeout=15)
     finally:
         rt.close(timeout=10)
+
+
+class ResultExecutor(Executor):
+    """Reports each success with its result, as the result backend does in the worker's
+    own process, then the execution's end, as Celery's request does."""
+
+    def __call__(self, job: ClaimedJob) -> None:
+        with self._lock:
+            self.ran.append(job.job_id)
+        assert self.runtime is not None
+        value = "REFUSE" if job.job_id == "refused" else f'"{job.job_id}"'
+        stored = StoredResult(value, "str", None)
+        self.runtime.report_result(
+            Settlement(job.job_id, job.token, JobStatus.SUCCEEDED, result=stored)
+        )
+        self.runtime.release(job.job_id, job.token, due_again=False)
+
+
+def test_results_are_written_by_the_settler_and_a_refused_one_fails_its_job(
+    store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A result the store refuses does not take the batch down, and its job is not left a
+    success with no value: it fails, saying why."""
+    store_results = store._store_results
+
+    def refusing(conn: Any, results: list[Settlement]) -> int:
+        if any(s.result is not None and s.result.value == "REFUSE" for s in results):
+            raise ValueRefused("the job store refused a value (a test); the result was not stored")
+        return store_results(conn, results)
+
+    monkeypatch.setattr(store, "_store_results", refusing)
+    for name in ("kept-1", "refused", "kept-2"):
+        store.enqueue(new_job(name))
+    executor = ResultExecutor()
+    rt = live_node(store, executor)
+    executor.runtime = rt
+    rt.start()
+    try:
+        wait_for(lambda: store.count_by_status() == {"SUCCEEDED": 2, "FAILED": 1})
+    finally:
+        rt.close(timeout=10)
+    for name in ("kept-1", "kept-2"):
+        record = store.result(name)
+        assert record is not None and record.status is JobStatus.SUCCEEDED
+        assert (record.job_result, record.result_type) == (f'"{name}"', "str")
+    refused = store.result("refused")
+    assert refused is not None and refused.status is JobStatus.FAILED
+    assert refused.job_result is None
+    assert refused.last_error is not None and "its result was not stored" in refused.last_error
