@@ -48,10 +48,23 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Results up to this many characters (encoded) are handed to the worker's settler, written
-#: with its next batch; a larger one is written by its thread at once, where a refusal (too
-#: large for the column) fails the task as Celery's backends do.
+#: Results up to this many characters (encoded, with their meta) are handed to the worker's
+#: settler, written with its next batch; a larger one is written by its thread at once, where
+#: a refusal fails the task through Celery's failure path, as Celery's backends do.
 HANDED_OVER_RESULT_MAX = 256 * 1024
+#: The longest type name the ``result_type`` column takes.
+RESULT_TYPE_MAX = 255
+
+
+def _surely_storable(stored: StoredResult) -> bool:
+    """Whether every database takes this result as it is, so that its write in the
+    settler's batch cannot be refused after the task's success handlers ran."""
+    texts = [t for t in (stored.value, stored.meta) if t is not None]
+    return (
+        sum(len(t) for t in texts) <= HANDED_OVER_RESULT_MAX
+        and len(stored.type_name or "") <= RESULT_TYPE_MAX
+        and not any("\x00" in t for t in texts)
+    )
 
 
 class _QuietStoreRetries(logging.Filter):
@@ -216,7 +229,9 @@ class RatchetBackend(BaseBackend):
         runtime = self._runtime_here()
         if runtime is None:
             return False
-        if runtime.unwritten(task_id, token):  # the first outcome of an execution wins
+        # The first outcome of an execution wins; a chord member's goes on to the write,
+        # whose compare-and-swap decides, so that its part is counted only with its row.
+        if part is None and runtime.unwritten(task_id, token):
             logger.warning(
                 "ratchet: state %s of job %s not stored: an earlier outcome of this "
                 "execution was reported first",
@@ -224,13 +239,11 @@ class RatchetBackend(BaseBackend):
                 task_id,
             )
             return True
-        if (
-            status is not JobStatus.SUCCEEDED
-            or part is not None
-            or len(values["job_result"] or "") > HANDED_OVER_RESULT_MAX
-        ):
+        if status is not JobStatus.SUCCEEDED or part is not None:
             return False
         stored = StoredResult(values["job_result"], values["result_type"], values["result_meta"])
+        if not _surely_storable(stored):
+            return False
         runtime.report_result(Settlement(task_id, token, status, result=stored))
         return True
 

@@ -151,6 +151,9 @@ class RatchetRequest(Request):
         message = self.message
         if not isinstance(message, JobMessage):
             return False
+        runtime = ratchet_state(self.task.app).runtime
+        if runtime is not None and runtime.unwritten(message.job.job_id, message.job.token):
+            return False  # it succeeded, and its result waits for the settler
         request = SimpleNamespace(**{str(k): v for k, v in self.request_dict.items()})
         decision = decision_for(self.task.app, self.task, request, exc)
         if decision is None or not decision.retry:

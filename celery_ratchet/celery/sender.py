@@ -219,6 +219,8 @@ def write_jobs(
     business key another job holds, mapped to the holders. ``groups_opened``: the groups
     whose row an earlier write of the same batch made, left out; those written are added."""
     state = ratchet_state(app)
+    if any(j.business_key is not None for j in jobs):
+        _after_own_results(state)
     chords = _take_chords_opened()
     known = groups_opened if groups_opened is not None else set()
     groups = list(dict.fromkeys(j.group_id for j in jobs if j.group_id and j.group_id not in known))
@@ -243,6 +245,26 @@ def write_jobs(
     if queues:
         state.published(queues)
     return held
+
+
+#: How long a keyed send in a worker waits for the results its settler has not written.
+OWN_RESULTS_WAIT_SECONDS = 10.0
+
+
+def _after_own_results(state: Any) -> None:
+    """A keyed send in the worker's own process waits until the results handed to its
+    settler are written: a success not committed yet still holds its business key, and a
+    send of that key from the task's success handlers would be taken for its duplicate."""
+    runtime = state.runtime
+    if runtime is None or not runtime.keeps_outcomes_here():
+        return
+    if not runtime.wait_results_written(OWN_RESULTS_WAIT_SECONDS):
+        logger.warning(
+            "ratchet: results of this worker not written after %.0f s (the job store is "
+            "slow or unreachable); a keyed send goes on, and a key its own task held is "
+            "taken for a duplicate",
+            OWN_RESULTS_WAIT_SECONDS,
+        )
 
 
 #: Chords whose batch row this context has just created (Celery's ``apply_chord``): the

@@ -211,6 +211,11 @@ class RuntimeBase:
         self._settlements: queue.Queue[Settlement] = queue.Queue()
         #: Outcomes reported but not yet written: queued or in the settler's hands.
         self._unwritten: dict[tuple[str, str], Settlement] = {}
+        #: Executions that ended with a result not written yet: their slots are freed when
+        #: it is (see ``Outcomes.report_result``).
+        self._free_when_written: set[tuple[str, str]] = set()
+        #: Notified whenever outcomes were written.
+        self._outcomes_written = threading.Condition(self._lock)
         self._threads: list[threading.Thread] = []
         #: Set when each of those threads returned (read without a lock: see _wait_until_ended).
         self._ended: dict[threading.Thread, threading.Event] = {}

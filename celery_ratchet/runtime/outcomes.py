@@ -36,9 +36,20 @@ class Outcomes(RuntimeBase):
 
     def report_result(self, settlement: Settlement) -> None:
         """Record a success with its result (thread-safe, never blocks on the database),
-        written with the settler's next batch. The slot stays taken until the execution's
-        end is reported (:meth:`release`), which also counts it in its circuit breaker."""
+        written with the settler's next batch. Its slot stays taken until both the end of
+        the execution was reported (:meth:`release`, which also counts it in its circuit
+        breaker) and the result is written: while the store cannot take outcomes, the node
+        starts nothing more, as when each thread waited for its own write."""
         self._report(self._with_permit(settlement))
+
+    def wait_results_written(self, timeout: float) -> bool:
+        """Wait until the results reported so far are written (False: still not, after
+        ``timeout`` seconds). A success not written yet still holds its business key."""
+        with self._outcomes_written:
+            waiting = [k for k, s in self._unwritten.items() if s.result is not None]
+            return self._outcomes_written.wait_for(
+                lambda: not any(k in self._unwritten for k in waiting), timeout
+            )
 
     def keeps_outcomes_here(self) -> bool:
         """Whether an outcome reported from this process reaches this node's settler: the
@@ -72,6 +83,11 @@ class Outcomes(RuntimeBase):
         with self._lock:
             for s in settlements:
                 self._unwritten.pop((s.job_id, s.token), None)
+            freed = [k for k in self._free_when_written if k not in self._unwritten]
+            self._free_when_written.difference_update(freed)
+            self._outcomes_written.notify_all()
+        for job_id, token in freed:
+            self._free(job_id, token)
         if any(s.status is JobStatus.PENDING for s in settlements):
             # Handed back, due again at once: this node may claim them (claims it had lost
             # track of), others are told where the channel does not tell them by itself.
@@ -88,7 +104,12 @@ class Outcomes(RuntimeBase):
         look. Else (a success whose result the backend stored) nothing of it is due; work
         it released (a chain's next step) is announced where a channel tells this node,
         and only polling needs the claim."""
-        self._free(job_id, token)
+        with self._lock:
+            result_unwritten = (job_id, token) in self._unwritten
+            if result_unwritten:
+                self._free_when_written.add((job_id, token))
+        if not result_unwritten:
+            self._free(job_id, token)
         if due_again or not self._told():
             self._hint.set()
 

@@ -144,7 +144,8 @@ class WorkerRuntime(Liveness):
         self.stop_claiming()
         closing = time.monotonic()
         with self._lock:
-            unfinished = list(self._in_flight.items())
+            # A success whose result waits for the settler is not unfinished.
+            unfinished = [c for c in self._in_flight.items() if c not in self._unwritten]
             self._in_flight.clear()
         for job_id, token in unfinished:
             self._report(self._with_permit(Settlement(job_id, token, JobStatus.PENDING)))

@@ -8,7 +8,7 @@ import uuid
 from typing import Any
 
 import pytest
-from celery import Celery, chain, chord, group
+from celery import Celery, chain, chord, group, signals
 from sqlalchemy import create_engine, text
 
 import celery_ratchet
@@ -199,3 +199,32 @@ def test_a_chord_whose_member_fails_its_argument_check_leaves_no_open_chord(
     with pytest.raises(TypeError):
         chord(header)(worker_app.tasks["t.tsum"].s())
     assert _rows(worker_app) == before
+
+
+def test_a_task_resending_its_own_key_from_its_success_handler_makes_a_new_job(
+    worker_app: Celery,
+) -> None:
+    """The worker writes a success's result with its next batch of outcomes; until then the
+    job is active and holds its key. A send of that key from the task's own success handler
+    waits for that write instead of being taken for a duplicate of the finished job."""
+    k = key()
+    add = worker_app.tasks["t.add"]
+    ids: list[str] = []
+
+    def again(sender: Any = None, result: Any = None, **_: Any) -> None:
+        if sender is add and sender.request.id in ids and len(ids) < 4:
+            ids.append(add.apply_async((result, 1), ratchet={"business_key": k}).id)
+
+    signals.task_success.connect(again, weak=False)
+    try:
+        ids.append(add.apply_async((0, 1), ratchet={"business_key": k}).id)
+        wait_until(
+            lambda: len(ids) == 4 and len(jobs_of(worker_app, k)) == 4
+            and all(status == "SUCCEEDED" for _, status in jobs_of(worker_app, k)),
+            30,
+            "four jobs of one key, each sent by the one before it as it succeeded",
+        )  # fmt: skip
+    finally:
+        signals.task_success.disconnect(again)
+    assert [job_id for job_id, _ in jobs_of(worker_app, k)] == ids
+    assert worker_app.AsyncResult(ids[-1]).get(timeout=10) == 4

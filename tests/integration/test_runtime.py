@@ -376,3 +376,33 @@ def test_results_are_written_by_the_settler_and_a_refused_one_fails_its_job(
     assert refused is not None and refused.status is JobStatus.FAILED
     assert refused.job_result is None
     assert refused.last_error is not None and "its result was not stored" in refused.last_error
+
+
+def test_a_slot_stays_taken_until_its_result_is_written(
+    store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the store takes no outcomes, a node whose successes wait for the settler starts
+    nothing more: as when each thread waited for its own write, no job is started that the
+    node could not report (and that another node would run again after the grace period)."""
+    store_results = store._store_results
+    tries = []
+
+    def unreachable(conn: Any, results: list[Settlement]) -> int:
+        tries.append(len(results))
+        raise StoreUnavailable("the job store is unreachable (a test)")
+
+    monkeypatch.setattr(store, "_store_results", unreachable)
+    store.enqueue_many([new_job(f"w{i}") for i in range(10)])
+    executor = ResultExecutor()
+    rt = live_node(store, executor)
+    executor.runtime = rt
+    rt.start()
+    try:
+        wait_for(lambda: len(executor.ran) == 4)
+        wait_for(lambda: len(tries) >= 3)  # the settler tried, and tried again, meanwhile
+        assert len(executor.ran) == 4
+        monkeypatch.setattr(store, "_store_results", store_results)
+        wait_for(lambda: store.count_by_status() == {"SUCCEEDED": 10})
+    finally:
+        rt.close(timeout=10)
+    assert sorted(executor.ran) == sorted(f"w{i}" for i in range(10))
