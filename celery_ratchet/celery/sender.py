@@ -219,8 +219,6 @@ def write_jobs(
     business key another job holds, mapped to the holders. ``groups_opened``: the groups
     whose row an earlier write of the same batch made, left out; those written are added."""
     state = ratchet_state(app)
-    if any(j.business_key is not None for j in jobs):
-        _after_own_results(state)
     chords = _take_chords_opened()
     known = groups_opened if groups_opened is not None else set()
     groups = list(dict.fromkeys(j.group_id for j in jobs if j.group_id and j.group_id not in known))
@@ -235,6 +233,10 @@ def write_jobs(
             if queues:
                 _wake_after_commit(within, state, queues)
             return held
+    if any(j.business_key is not None for j in jobs):
+        # Not inside a caller's transaction: what it locked (SQLite: the whole database)
+        # could keep the settler from writing while this waits.
+        _after_own_results(state)
     with _discarded_if_refused(state, chords, None):
         held = with_publish_retry(
             lambda again: state.store.enqueue_many(jobs, waiting, maybe_committed=again),
