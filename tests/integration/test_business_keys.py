@@ -228,3 +228,27 @@ def test_a_task_resending_its_own_key_from_its_success_handler_makes_a_new_job(
         signals.task_success.disconnect(again)
     assert [job_id for job_id, _ in jobs_of(worker_app, k)] == ids
     assert worker_app.AsyncResult(ids[-1]).get(timeout=10) == 4
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "nul\x00inside",
+        "unicode: żółć 日本 🚀 and a lone surrogate \ud800",
+        float("nan"),
+        {"nested": [1.5, None, True, "é"]},
+    ],
+    ids=["nul", "unicode", "nan", "nested"],
+)
+def test_results_at_the_limits_read_back_as_returned(worker_app: Celery, value: Any) -> None:
+    """A success's result goes to the worker's batch of outcomes, or (too large, or one
+    some database could refuse) is written by its thread: either way it reads back whole."""
+    got = worker_app.tasks["t.identity"].delay(value).get(timeout=30)
+    if isinstance(value, float):
+        assert got != got  # NaN
+    else:
+        assert got == value
+
+
+def test_a_result_over_what_the_batch_takes_is_written_by_its_thread(worker_app: Celery) -> None:
+    assert worker_app.tasks["t.big"].delay(300_000).get(timeout=30) == "x" * 300_000
