@@ -279,7 +279,7 @@ class ClaimOps(StoreCore):
         by it), as :meth:`store_outcome` writes each; the number of rows changed."""
         rows = [_result_params(s) for s in results]
         if self.family == "postgresql":
-            returned = fetch_on(conn, self._raw_store_results_pg, _result_arrays(rows))
+            returned = fetch_on(conn, self._raw_store_results_pg, _as_arrays(rows, _RESULT_ARRAYS))
             stored = {(job_id, token) for job_id, token in returned}
         else:
             stored = {
@@ -503,18 +503,19 @@ _SETTLE_MANY_PG = text(
 )
 
 
-def _as_arrays(params: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """Settle parameters (one per execution) as the arrays of ``_SETTLE_MANY_PG``."""
-    arrays: dict[str, list[Any]] = {
-        "ids": [], "tokens": [], "statuses": [], "errors": [], "tracebacks": []
-    }  # fmt: skip
-    for p in params:
-        arrays["ids"].append(p["p_job_id"])
-        arrays["tokens"].append(p["p_token"])
-        arrays["statuses"].append(p["p_status"])
-        arrays["errors"].append(p["p_error"])
-        arrays["tracebacks"].append(p["p_traceback"])
-    return arrays
+#: The arrays of ``_SETTLE_MANY_PG``, each from a settle parameter (one per execution).
+_SETTLE_ARRAYS = {
+    "ids": "p_job_id", "tokens": "p_token", "statuses": "p_status", "errors": "p_error",
+    "tracebacks": "p_traceback",
+}  # fmt: skip
+
+
+def _as_arrays(
+    rows: list[dict[str, Any]], arrays: dict[str, str] = _SETTLE_ARRAYS
+) -> dict[str, list[Any]]:
+    """Statement parameters, one set per row, as the parallel arrays ``arrays`` names
+    (array → parameter) for a statement over ``unnest``."""
+    return {array: [row[name] for row in rows] for array, name in arrays.items()}
 
 
 #: PostgreSQL: successes with their results in one UPDATE, as parallel arrays; each row as
@@ -548,7 +549,3 @@ def _result_params(s: Settlement) -> dict[str, Any]:
         "p_error": None,
         "p_traceback": None,
     }
-
-
-def _result_arrays(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    return {array: [row[name] for row in rows] for array, name in _RESULT_ARRAYS.items()}
