@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from celery_ratchet.domain.job import JobStatus, Settlement, StoredResult
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.store.settle import _RESULT_ARRAYS, _SETTLE_ARRAYS, _as_arrays
+from tests.conftest import Servers, empty_store
 from tests.helpers import new_job
 
 
@@ -30,10 +29,9 @@ def _generic_plan(store: JobStore, raw: Any, values: dict[str, Any]) -> str:
 
 
 def test_a_settle_looks_each_job_up_by_its_id_whatever_the_statistics_say(
-    dialect: str, store: JobStore
+    servers: Servers,
 ) -> None:
-    if store.family != "postgresql":
-        pytest.skip("the one statement over unnest is PostgreSQL's")
+    store = empty_store(servers.url("postgresql"))  # the statements over unnest are its own
     store.enqueue_many([new_job(f"j{i}") for i in range(300)])
     with store.engine.connect() as conn:
         conn.exec_driver_sql("ANALYZE scheduler_job")  # counted while none is RUNNING
