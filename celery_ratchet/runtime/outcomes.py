@@ -22,6 +22,15 @@ from celery_ratchet.runtime.base import (
 
 logger = logging.getLogger(__name__)
 
+#: How long the settler waits on a job row another transaction keeps locked before it
+#: writes the node's other outcomes without that row's (MySQL/MariaDB: one second, the
+#: least they count).
+SETTLE_LOCK_WAIT_SECONDS = 0.2
+#: How often outcomes held back by such a lock are tried again.
+LOCKED_OUTCOME_RETRY_SECONDS = 1.0
+#: Rows written one at a time that all wait on locks, this many: the rest wait for the next try.
+_LOCKED_BEFORE_GIVING_UP = 3
+
 
 class Outcomes(RuntimeBase):
     """Outcomes of the jobs a node ran: buffered, written in batches by the settler thread."""
@@ -124,12 +133,20 @@ class Outcomes(RuntimeBase):
 
     def _settle_loop(self) -> None:
         pending: list[Settlement] = []
+        # Outcomes whose rows another transaction kept locked: tried again on their own now
+        # and then, so that they never hold back the outcomes reported after them.
+        locked: list[Settlement] = []
+        locked_again = 0.0
         while True:
+            if locked and time.monotonic() >= locked_again:
+                locked = self._write_each(locked)
+                locked_again = time.monotonic() + LOCKED_OUTCOME_RETRY_SECONDS
             if not pending:
+                wait = 0.2 if not locked else max(0.0, min(0.2, locked_again - time.monotonic()))
                 try:
-                    pending.append(self._settlements.get(timeout=0.2))
+                    pending.append(self._settlements.get(timeout=wait))
                 except queue.Empty:
-                    if self._closed.is_set():
+                    if self._closed.is_set() and not locked:
                         return
                     continue
             while len(pending) < _SETTLE_BATCH:
@@ -140,34 +157,77 @@ class Outcomes(RuntimeBase):
             pending = [s for s in pending if s is not _CLOSED]
             if not pending:
                 continue
-            if self._write(pending):
-                self._written(pending)
+            unwritten, reachable = self._write(pending)
+            if reachable:
+                if unwritten and not locked:
+                    locked_again = time.monotonic() + LOCKED_OUTCOME_RETRY_SECONDS
+                locked.extend(unwritten)
                 pending = []
                 continue
             self._write_failed_at = time.monotonic()
             if self._closed.wait(self.settings.poll_interval_min * 10):
                 time.sleep(self.settings.poll_interval_min)  # closing: keep trying
 
-    def _write(self, settlements: list[Settlement]) -> bool:
-        """Write outcomes; False (keep them, retry later) while the store is unreachable or
-        busy. A batch the database refuses is written row by row, so one bad row (say, a
-        traceback it cannot store) does not take the others down with it."""
+    def _write(self, settlements: list[Settlement]) -> tuple[list[Settlement], bool]:
+        """Write outcomes; returns those not written, and whether the store could be reached.
+        While it cannot, none is written: all are kept, to try again later. A row another
+        transaction keeps locked is waited on briefly; then the batch is written row by row,
+        and only the rows still locked are returned. A batch the database refuses is written
+        row by row too, so that one bad row (say, a traceback it cannot store) does not take
+        the others down with it."""
         try:
-            self.store.settle(settlements)
-        except (StoreUnavailable, StoreBusy) as exc:
+            # A deadlock or a lock that outlasts the wait: the batch goes row by row, at once.
+            self.store.settle(
+                settlements, lock_wait=SETTLE_LOCK_WAIT_SECONDS, retry_conflicts=False
+            )
+        except StoreUnavailable as exc:
             self._throttle.warn("settle", "ratchet: %s; will retry, nothing is lost", exc)
-            return False
+            return settlements, False
+        except StoreBusy:
+            return self._write_each(settlements), True
         except Exception as exc:
             logger.warning(
                 "ratchet: writing %d outcomes failed (%r); one at a time", len(settlements), exc
             )
-            return all(self._write_one(s) for s in settlements)
+            return self._write_each(settlements), True
         self._throttle.clear("settle", "ratchet: job outcomes are being written again")
-        return True
+        self._written(settlements)
+        return [], True
+
+    def _write_each(self, settlements: list[Settlement]) -> list[Settlement]:
+        """Write outcomes one at a time, each waiting briefly on its row's lock; returns those
+        not written, the ones not tried first. When the first rows tried all wait on locks
+        (the whole table is locked, by a schema change, say), the rest are not tried this
+        time; they go first the next time, so rows that stay locked never hold them back."""
+        untried: list[Settlement] = []
+        left: list[Settlement] = []
+        written: list[Settlement] = []
+        for settlement in settlements:
+            if not written and len(left) >= _LOCKED_BEFORE_GIVING_UP:
+                untried.append(settlement)
+                continue
+            (written if self._write_one(settlement) else left).append(settlement)
+        if written:
+            self._written(written)
+        left = untried + left
+        if left:
+            self._throttle.warn(
+                "settle-locked",
+                "ratchet: %d job outcomes wait on locks another transaction holds (an open "
+                "transaction that locked those job rows?); the node's other outcomes are "
+                "written meanwhile, these are tried again every %.0f s",
+                len(left),
+                LOCKED_OUTCOME_RETRY_SECONDS,
+            )
+        else:
+            self._throttle.clear("settle-locked", "ratchet: held-back job outcomes written")
+        return left
 
     def _write_one(self, settlement: Settlement) -> bool:
         try:
-            self.store.settle([settlement])
+            self.store.settle(
+                [settlement], lock_wait=SETTLE_LOCK_WAIT_SECONDS, retry_conflicts=False
+            )
             return True
         except (StoreUnavailable, StoreBusy):
             return False
@@ -177,7 +237,11 @@ class Outcomes(RuntimeBase):
             )
             refused = exc
         try:
-            self.store.settle([_status_alone(settlement, refused)])
+            self.store.settle(
+                [_status_alone(settlement, refused)],
+                lock_wait=SETTLE_LOCK_WAIT_SECONDS,
+                retry_conflicts=False,
+            )
         except (StoreUnavailable, StoreBusy):
             return False
         except Exception:

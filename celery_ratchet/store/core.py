@@ -53,6 +53,7 @@ from celery_ratchet.store.engine import (
     EngineOptions,
     engine_for,
     family,
+    lock_bounded_options,
 )
 from celery_ratchet.store.job_rows import (
     _CLEARED_CLAIM,
@@ -121,7 +122,7 @@ def quiet_outages() -> None:
 
 
 T = TypeVar("T")
-_CONFLICT_RETRIES = 5
+CONFLICT_RETRIES = 5
 
 
 class StoreCore:
@@ -140,6 +141,9 @@ class StoreCore:
         dlq_alert_task: str | None = None,
     ):
         self.url = url
+        #: How the engine's connections are made; None: an engine handed in, made elsewhere.
+        self._engine_options = (engine_options or EngineOptions()) if engine is None else None
+        self._lock_bounded_engines: dict[float, Engine | None] = {}
         #: The task sent dead-letter alerts: with one, each job failing for good is counted
         #: into its task name's alert window, in the transaction that fails it.
         self.dlq_alert_task = dlq_alert_task
@@ -281,25 +285,60 @@ class StoreCore:
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _run(self, work: Callable[[Connection], T], what: str) -> T:
+    def _run(
+        self,
+        work: Callable[[Connection], T],
+        what: str,
+        *,
+        lock_wait: float | None = None,
+        conflict_retries: int = CONFLICT_RETRIES,
+    ) -> T:
+        """``work`` on a pooled connection (see :meth:`_attempt`); ``lock_wait``: on one
+        that waits at most that many seconds on a lock another transaction holds, where the
+        database lets a connection be made so (:meth:`_lock_bounded_engine`)."""
         self.ensure_schema()
-        return self._attempt(work, what)
+        engine = self._lock_bounded_engine(lock_wait) if lock_wait is not None else None
+        connect = engine.connect if engine is not None else None
+        return self._attempt(work, what, connect, conflict_retries)
+
+    def _lock_bounded_engine(self, seconds: float) -> Engine | None:
+        try:
+            return self._lock_bounded_engines[seconds]
+        except KeyError:
+            pass
+        options = None
+        if self._engine_options is not None:
+            options = lock_bounded_options(self.family, self._engine_options, seconds)
+        engine = None if options is None else engine_for(self.url, options)
+        self._lock_bounded_engines[seconds] = engine
+        return engine
 
     def _attempt(
-        self, work: Callable[[Any], T], what: str, connect: Callable[[], Any] | None = None
+        self,
+        work: Callable[[Any], T],
+        what: str,
+        connect: Callable[[], Any] | None = None,
+        conflict_retries: int = CONFLICT_RETRIES,
     ) -> T:
         """Run ``work`` on a pooled connection: once more after a dropped connection, a few
-        more times after a deadlock; :class:`StoreUnavailable` when the database is gone.
-        ``connect``: where the connection comes from (default: a SQLAlchemy Connection)."""
+        more times (``conflict_retries``) after a deadlock or a lock wait that ran out;
+        :class:`StoreUnavailable` when the database is gone. ``connect``: where the
+        connection comes from (default: a SQLAlchemy Connection)."""
         try:
-            done = self._attempt_once(work, what, connect or self.engine.connect)
+            done = self._attempt_once(work, what, connect or self.engine.connect, conflict_retries)
         except StoreUnavailable as exc:
             self.reachability.failed(exc)
             raise
         self.reachability.succeeded()
         return done
 
-    def _attempt_once(self, work: Callable[[Any], T], what: str, connect: Callable[[], Any]) -> T:
+    def _attempt_once(
+        self,
+        work: Callable[[Any], T],
+        what: str,
+        connect: Callable[[], Any],
+        conflict_retries: int = CONFLICT_RETRIES,
+    ) -> T:
         reconnected = False
         conflicts = 0
         #: A statement went out before the connection was lost: it may have been committed.
@@ -316,10 +355,10 @@ class StoreCore:
                 if is_statement_cancelled(exc):
                     raise cancelled(exc, what) from exc
                 if is_retryable_conflict(exc):
-                    if conflicts >= _CONFLICT_RETRIES:
+                    if conflicts >= conflict_retries:
                         raise StoreBusy(
                             f"the job store kept refusing for lock conflicts ({exc.orig}), "
-                            f"{_CONFLICT_RETRIES + 1} tries: another client holds locks on "
+                            f"{conflict_retries + 1} tries: another client holds locks on "
                             "the ratchet tables (a long transaction, a schema change); find "
                             f"it, or raise the server's lock wait limit; {what}"
                         ) from exc

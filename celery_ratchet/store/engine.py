@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -171,10 +172,38 @@ def _serving_backend(dbapi_connection: Any, display_url: str) -> int | None:
     return served_by
 
 
-def _configure_mysql(engine: Engine) -> None:
+def _bound_lock_waits(engine: Engine, display_url: str, seconds: float) -> None:
+    """``SET lock_timeout`` on each new connection served by the server backend it started
+    (not through a pooler, where the setting would stay for another client)."""
+    told: list[bool] = []
+
+    @event.listens_for(engine, "connect")
+    def _lock_timeout(dbapi_connection: Any, _record: Any) -> None:
+        own_pid = getattr(getattr(dbapi_connection, "info", None), "backend_pid", None)
+        if own_pid is None or _serving_backend(dbapi_connection, display_url) != own_pid:
+            if not told:
+                told.append(True)
+                logger.info(
+                    "ratchet: %s reaches PostgreSQL through a connection pooler (or a driver "
+                    "that does not say its backend): outcomes wait on locked job rows as "
+                    "long as the locks last",
+                    display_url,
+                )
+            return
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"SET lock_timeout = '{max(1, round(seconds * 1000))}ms'")
+        finally:
+            cursor.close()
+
+
+def _configure_mysql(engine: Engine, lock_wait_seconds: float | None = None) -> None:
     @event.listens_for(engine, "connect")
     def _session(dbapi_connection: Any, _record: Any) -> None:
         cursor = dbapi_connection.cursor()
+        if lock_wait_seconds is not None:  # whole seconds, one at least
+            wait = max(1, math.ceil(lock_wait_seconds))
+            cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {wait}")
         # Claims lock exact rows; gap locks under REPEATABLE READ would only add contention.
         cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         cursor.execute("SET SESSION time_zone = '+00:00'")
@@ -200,6 +229,8 @@ class EngineOptions:
     pgbouncer: bool = False
     #: Extra keyword arguments of the driver's ``connect()``.
     connect_args: Mapping[str, Any] = field(default_factory=dict)
+    #: Each connection waits at most this long on a lock (see :func:`lock_bounded_options`).
+    lock_wait_seconds: float | None = None
 
     def key(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, default=repr)
@@ -293,14 +324,29 @@ def build_engine(url: str, options: EngineOptions | None = None) -> Engine:
     if kind == "sqlite":
         _configure_sqlite(engine)
     elif kind == "mysql":
-        _configure_mysql(engine)
-    elif kind == "postgresql" and "prepare_threshold" not in engine_options["connect_args"]:
-        _configure_postgres(engine, mask_url(url))
+        _configure_mysql(engine, options.lock_wait_seconds)
+    elif kind == "postgresql":
+        if "prepare_threshold" not in engine_options["connect_args"]:
+            _configure_postgres(engine, mask_url(url))
+        if options.lock_wait_seconds is not None:
+            _bound_lock_waits(engine, mask_url(url), options.lock_wait_seconds)
     return engine
 
 
 _engines: dict[tuple[str, str], Engine] = {}
 _engines_lock = threading.Lock()
+
+
+def lock_bounded_options(kind: str, options: EngineOptions, seconds: float) -> EngineOptions | None:
+    """``options`` for a small pool whose connections wait at most ``seconds`` on a lock
+    another transaction holds: set once on each connection as it is made, so it costs no
+    round trip per statement. None where it cannot be set so: SQLite (one lock for the whole
+    database) and PostgreSQL behind PgBouncer (a session setting would stay on a server
+    connection other clients get); a pooler the configuration does not mention is found on
+    each new connection, which is then left without the limit."""
+    if kind == "sqlite" or (kind == "postgresql" and options.pgbouncer):
+        return None
+    return replace(options, pool_size=1, max_overflow=1, lock_wait_seconds=seconds)
 
 
 def libpq_conninfo(url: str, options: EngineOptions | None = None) -> str:

@@ -44,7 +44,13 @@ class QueueStore(Announcing, Protocol):
 
     def defer(self, deferrals: Sequence[tuple[str, str, datetime]]) -> int: ...
 
-    def settle(self, settlements: Iterable[Settlement]) -> int: ...
+    def settle(
+        self,
+        settlements: Iterable[Settlement],
+        *,
+        lock_wait: float | None = None,
+        retry_conflicts: bool = True,
+    ) -> int: ...
 
     def next_due_in(self, queues: Sequence[str]) -> float | None: ...
 

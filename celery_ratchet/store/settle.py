@@ -42,7 +42,7 @@ from celery_ratchet.store.claim import (
     claim_params,
     decode,
 )
-from celery_ratchet.store.core import StoreCore
+from celery_ratchet.store.core import CONFLICT_RETRIES, StoreCore
 from celery_ratchet.store.db_clock import (
     db_now,
     db_now_minus,
@@ -209,9 +209,22 @@ class ClaimOps(StoreCore):
         rows = self._run(lambda conn: conn.execute(stmt).all(), "claims were not listed")
         return [(r.job_id, r.claim_token) for r in rows]
 
-    def settle(self, settlements: Iterable[Settlement]) -> int:
+    def settle(
+        self,
+        settlements: Iterable[Settlement],
+        *,
+        lock_wait: float | None = None,
+        retry_conflicts: bool = True,
+    ) -> int:
         """Finish claimed executions in one round trip where the driver pipelines. Rows whose
-        claim is gone are left alone; returns the number of rows changed."""
+        claim is gone are left alone; returns the number of rows changed.
+
+        ``lock_wait``: wait at most this many seconds on a lock another transaction holds
+        (on a row of these jobs, say), then raise :class:`StoreBusy`; on connections made
+        with that limit (PostgreSQL's ``lock_timeout``, MySQL/MariaDB's
+        ``innodb_lock_wait_timeout``), so it costs no round trip. SQLite, and PostgreSQL
+        behind PgBouncer, wait as they always do. ``retry_conflicts``: try again a few times
+        after a lock wait ran out or a deadlock, before raising."""
         # An execution reported twice keeps its first outcome, on every database.
         first: dict[tuple[str, str], Settlement] = {}
         for s in settlements:
@@ -272,7 +285,12 @@ class ClaimOps(StoreCore):
                 record_ended_parts(conn, ids, state)
             return changed
 
-        return self._run(work, "job outcomes were not recorded")
+        return self._run(
+            work,
+            "job outcomes were not recorded",
+            lock_wait=lock_wait,
+            conflict_retries=CONFLICT_RETRIES if retry_conflicts else 0,
+        )
 
     def _store_results(self, conn: Connection, results: list[Settlement]) -> int:
         """Successes with their results (handed over by the result backend instead of written

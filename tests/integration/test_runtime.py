@@ -426,13 +426,6 @@ class LockingExecutor(ResultExecutor):
         super().__call__(job)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known, not fixed: the settler's batch waits on a locked row as long as the lock "
-    "lasts, and the node's later outcomes wait behind it; a bounded wait on every batch (a "
-    "transaction with SET LOCAL lock_timeout) cost 27-43 % of the results-stored drain "
-    "(docs/bench.md, 2026-12-04, late night)",
-)
 def test_a_row_another_client_keeps_locked_holds_back_only_its_own_outcome(
     server_store: JobStore,
 ) -> None:
@@ -447,7 +440,7 @@ def test_a_row_another_client_keeps_locked_holds_back_only_its_own_outcome(
     executor.runtime = rt
     rt.start()
     try:
-        wait_for(lambda: store.count_by_status() == {"SUCCEEDED": 12, "RUNNING": 1}, timeout=5)
+        wait_for(lambda: store.count_by_status() == {"SUCCEEDED": 12, "RUNNING": 1}, timeout=30)
         held = store.result("locked")
         assert held is not None and held.status is JobStatus.RUNNING
         executor.side.exec_driver_sql("ROLLBACK")
@@ -459,3 +452,34 @@ def test_a_row_another_client_keeps_locked_holds_back_only_its_own_outcome(
     record = store.result("locked")
     assert record is not None and record.status is JobStatus.SUCCEEDED
     assert (record.job_result, record.result_type) == ('"locked"', "str")
+
+
+def test_outcomes_behind_rows_that_stay_locked_are_written_all_the_same(
+    server_store: JobStore,
+) -> None:
+    """Three locked rows at the head of a batch: the settler stops trying row after row (as
+    when the whole table is locked), and the outcomes it did not try go first next time."""
+    store = server_store
+    locked = [f"locked-{i}" for i in range(3)]
+    free = [f"free-{i}" for i in range(20)]
+    store.enqueue_many([new_job(name) for name in locked + free])
+    claimed = {j.job_id: j for j in store.claim("live-node", ["celery"], 23)}
+    side = store.engine.connect()
+    side.exec_driver_sql("BEGIN")  # the store's connections commit each statement by default
+    for name in locked:
+        side.execute(
+            text("SELECT job_id FROM scheduler_job WHERE job_id = :name FOR UPDATE"),
+            {"name": name},
+        )
+    rt = live_node(store, Executor())
+    for name in locked + free:  # one batch, the locked rows first
+        rt.settle(Settlement(name, claimed[name].token, JobStatus.SUCCEEDED))
+    rt.start()
+    try:
+        wait_for(lambda: store.count_by_status() == {"SUCCEEDED": 20, "RUNNING": 3}, timeout=30)
+        side.exec_driver_sql("ROLLBACK")
+        wait_for(lambda: store.count_by_status() == {"SUCCEEDED": 23}, timeout=30)
+    finally:
+        side.exec_driver_sql("ROLLBACK")
+        side.close()
+        rt.close(timeout=10)
