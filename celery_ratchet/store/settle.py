@@ -253,8 +253,14 @@ class ClaimOps(StoreCore):
 
         ending = [s for s in settlements if s.status.value in _CANCELS_DOWNSTREAM]
 
+        # MySQL/MariaDB write results row by row: a batch that runs out of its lock wait
+        # half-way must take back the rows before, which the caller then writes one by one.
+        atomic = bool(ending) or (
+            lock_wait is not None and self.family == "mysql" and len(settlements) > 1
+        )
+
         def work(conn: Connection) -> int:
-            if not ending:
+            if not atomic:
                 return settle_rows(conn)
             with transaction(conn):  # parts and counters change with the outcome
                 return settle_rows(conn)
@@ -374,6 +380,9 @@ class ClaimOps(StoreCore):
                 update(job)
                 .where(
                     job.c.status == JobStatus.RUNNING.value,
+                    # MariaDB looks a one-claim row IN up through no index on job_id: it read
+                    # (and locked, waiting on any locked one) every RUNNING row instead.
+                    job.c.job_id.in_([job_id for job_id, _ in claims]),
                     tuple_(job.c.job_id, job.c.claim_token).in_(claims),
                 )
                 .values(**_settled_values(JobStatus(status)))

@@ -3,8 +3,10 @@ as another transaction keeps one job row locked (see runtime/outcomes.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from celery_ratchet.domain.job import JobStatus, Settlement
 from celery_ratchet.errors import StoreBusy
@@ -47,3 +49,33 @@ def test_a_locked_row_makes_a_bounded_settle_busy_and_the_store_s_own_connection
         side.close()
     store.settle([free, locked], lock_wait=0.2)
     assert store.count_by_status() == {"SUCCEEDED": 2}
+
+
+def test_one_outcome_is_looked_up_by_its_job_id(server_store: JobStore) -> None:
+    """A settle of one plain outcome reads its own row only. On MariaDB a one-claim row IN
+    went through no index on job_id: on a table of 20,000 finished jobs it read every RUNNING
+    row through another index, locking each, and so waited on whichever another transaction
+    kept locked. The statement sent is explained here: it must use the job id's index."""
+    store = server_store
+    store.enqueue_many([new_job(f"r{i:02d}") for i in range(40)])
+    running = {j.job_id: j for j in store.claim("n", ["celery"], 40)}
+    engine = store._lock_bounded_engine(0.2) or store.engine
+    sent: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
+        if statement.lstrip().upper().startswith("UPDATE"):
+            sent.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        one = Settlement("r10", running["r10"].token, JobStatus.SUCCEEDED)
+        assert store.settle([one], lock_wait=0.2, retry_conflicts=False) == 1
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    if store.family != "mysql":
+        return  # PostgreSQL's one statement over unnest: tests/contract/test_settle_plans.py
+    assert sent
+    with store.engine.connect() as conn:
+        for statement, parameters in sent:
+            plan = conn.exec_driver_sql("EXPLAIN " + statement, parameters).mappings().all()
+            assert [row["key"] for row in plan] == ["ux_scheduler_job_job_id"], plan
