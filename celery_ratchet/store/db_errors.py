@@ -47,8 +47,9 @@ def is_unavailable(exc: BaseException) -> bool:
             return True
         if is_missing_table(exc):
             return False
-        name = type(exc.orig).__name__ if exc.orig is not None else ""
-        return name in {"OperationalError", "InterfaceError"} and not _is_lock_error(exc)
+        # By class and its bases: psycopg's ConnectionTimeout is an OperationalError.
+        names = {k.__name__ for k in type(exc.orig).__mro__} if exc.orig is not None else set()
+        return bool(names & {"OperationalError", "InterfaceError"}) and not _is_lock_error(exc)
     return False
 
 
