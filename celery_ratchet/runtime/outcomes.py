@@ -26,8 +26,10 @@ logger = logging.getLogger(__name__)
 #: writes the node's other outcomes without that row's (MySQL/MariaDB: one second, the
 #: least they count).
 SETTLE_LOCK_WAIT_SECONDS = 0.2
-#: How often outcomes held back by such a lock are tried again.
+#: Outcomes held back by such a lock are tried again after this long, then after pauses
+#: twice as long, up to the most: each try waits on the locks that are still there.
 LOCKED_OUTCOME_RETRY_SECONDS = 1.0
+LOCKED_OUTCOME_RETRY_MAX_SECONDS = 16.0
 #: Rows written one at a time that all wait on locks, this many: the rest wait for the next try.
 _LOCKED_BEFORE_GIVING_UP = 3
 
@@ -137,10 +139,15 @@ class Outcomes(RuntimeBase):
         # and then, so that they never hold back the outcomes reported after them.
         locked: list[Settlement] = []
         locked_again = 0.0
+        locked_pause = LOCKED_OUTCOME_RETRY_SECONDS
         while True:
             if locked and time.monotonic() >= locked_again:
-                locked = self._write_each(locked)
-                locked_again = time.monotonic() + LOCKED_OUTCOME_RETRY_SECONDS
+                locked, reachable = self._write_each(locked)
+                if not reachable:
+                    self._write_failed_at = time.monotonic()
+                # Each try waits on the locks a moment: longer pauses while they last.
+                locked_pause = min(locked_pause * 2, LOCKED_OUTCOME_RETRY_MAX_SECONDS)
+                locked_again = time.monotonic() + locked_pause
             if not pending:
                 wait = 0.2 if not locked else max(0.0, min(0.2, locked_again - time.monotonic()))
                 try:
@@ -160,7 +167,8 @@ class Outcomes(RuntimeBase):
             unwritten, reachable = self._write(pending)
             if reachable:
                 if unwritten and not locked:
-                    locked_again = time.monotonic() + LOCKED_OUTCOME_RETRY_SECONDS
+                    locked_pause = LOCKED_OUTCOME_RETRY_SECONDS
+                    locked_again = time.monotonic() + locked_pause
                 locked.extend(unwritten)
                 pending = []
                 continue
@@ -184,53 +192,64 @@ class Outcomes(RuntimeBase):
             self._throttle.warn("settle", "ratchet: %s; will retry, nothing is lost", exc)
             return settlements, False
         except StoreBusy:
-            return self._write_each(settlements), True
+            return self._write_each(settlements)
         except Exception as exc:
             logger.warning(
                 "ratchet: writing %d outcomes failed (%r); one at a time", len(settlements), exc
             )
-            return self._write_each(settlements), True
+            return self._write_each(settlements)
         self._throttle.clear("settle", "ratchet: job outcomes are being written again")
         self._written(settlements)
         return [], True
 
-    def _write_each(self, settlements: list[Settlement]) -> list[Settlement]:
+    def _write_each(self, settlements: list[Settlement]) -> tuple[list[Settlement], bool]:
         """Write outcomes one at a time, each waiting briefly on its row's lock; returns those
-        not written, the ones not tried first. When the first rows tried all wait on locks
-        (the whole table is locked, by a schema change, say), the rest are not tried this
-        time; they go first the next time, so rows that stay locked never hold them back."""
+        not written, the ones not tried first, and whether the store could be reached. When
+        the first rows tried all wait on locks (the whole table is locked, by a schema change,
+        say), or the store cannot be reached, the rest are not tried this time; they go first
+        the next time, so rows that stay locked never hold them back."""
         untried: list[Settlement] = []
-        left: list[Settlement] = []
+        locked: list[Settlement] = []
         written: list[Settlement] = []
+        reachable = True
         for settlement in settlements:
-            if not written and len(left) >= _LOCKED_BEFORE_GIVING_UP:
+            if not reachable or (not written and len(locked) >= _LOCKED_BEFORE_GIVING_UP):
                 untried.append(settlement)
                 continue
-            (written if self._write_one(settlement) else left).append(settlement)
+            try:
+                (written if self._write_one(settlement) else locked).append(settlement)
+            except StoreUnavailable as exc:
+                self._throttle.warn("settle", "ratchet: %s; will retry, nothing is lost", exc)
+                reachable = False
+                untried.append(settlement)
         if written:
             self._written(written)
-        left = untried + left
-        if left:
+        if locked:
             self._throttle.warn(
                 "settle-locked",
                 "ratchet: %d job outcomes wait on locks another transaction holds (an open "
                 "transaction that locked those job rows?); the node's other outcomes are "
-                "written meanwhile, these are tried again every %.0f s",
-                len(left),
+                "written meanwhile, these are tried again every %.0f-%.0f s",
+                len(locked),
                 LOCKED_OUTCOME_RETRY_SECONDS,
+                LOCKED_OUTCOME_RETRY_MAX_SECONDS,
             )
-        else:
+        elif reachable and not untried:
             self._throttle.clear("settle-locked", "ratchet: held-back job outcomes written")
-        return left
+        return untried + locked, reachable
 
     def _write_one(self, settlement: Settlement) -> bool:
+        """Write one outcome: False while its row stays locked; :class:`StoreUnavailable`
+        when the store cannot be reached."""
         try:
             self.store.settle(
                 [settlement], lock_wait=SETTLE_LOCK_WAIT_SECONDS, retry_conflicts=False
             )
             return True
-        except (StoreUnavailable, StoreBusy):
+        except StoreBusy:
             return False
+        except StoreUnavailable:
+            raise
         except Exception as exc:
             logger.exception(
                 "ratchet: outcome of job %s refused; writing its status alone", settlement.job_id
@@ -242,8 +261,10 @@ class Outcomes(RuntimeBase):
                 lock_wait=SETTLE_LOCK_WAIT_SECONDS,
                 retry_conflicts=False,
             )
-        except (StoreUnavailable, StoreBusy):
+        except StoreBusy:
             return False
+        except StoreUnavailable:
+            raise
         except Exception:
             logger.exception(
                 "ratchet: outcome of job %s cannot be written; the job stays "

@@ -204,6 +204,7 @@ def _configure_mysql(engine: Engine, lock_wait_seconds: float | None = None) -> 
         if lock_wait_seconds is not None:  # whole seconds, one at least
             wait = max(1, math.ceil(lock_wait_seconds))
             cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {wait}")
+            cursor.execute(f"SET SESSION lock_wait_timeout = {wait}")  # a table's lock
         # Claims lock exact rows; gap locks under REPEATABLE READ would only add contention.
         cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         cursor.execute("SET SESSION time_zone = '+00:00'")

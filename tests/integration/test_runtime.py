@@ -19,7 +19,7 @@ from celery_ratchet.domain.job import (
     Settlement,
     StoredResult,
 )
-from celery_ratchet.errors import StoreUnavailable, ValueRefused
+from celery_ratchet.errors import StoreBusy, StoreUnavailable, ValueRefused
 from celery_ratchet.runtime.base import Capacity
 from celery_ratchet.runtime.worker import WorkerRuntime
 from celery_ratchet.settings import RatchetSettings
@@ -483,3 +483,27 @@ def test_outcomes_behind_rows_that_stay_locked_are_written_all_the_same(
         side.exec_driver_sql("ROLLBACK")
         side.close()
         rt.close(timeout=10)
+
+
+def test_a_store_lost_while_writing_row_by_row_is_an_outage_not_a_lock(
+    store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch ran out of its lock wait, then the store went away: the outcomes are kept
+    as unwritten for the outage's retry (and shutdown sees the store unreachable), not
+    parked as locked rows tried one connection attempt each."""
+    store.enqueue_many([new_job(f"o{i}") for i in range(5)])
+    claimed = store.claim("live-node", ["celery"], 5)
+    settlements = [Settlement(j.job_id, j.token, JobStatus.SUCCEEDED) for j in claimed]
+    tries: list[int] = []
+
+    def failing(batch: list[Settlement], **kwargs: Any) -> int:
+        tries.append(len(batch))
+        if len(tries) == 1:
+            raise StoreBusy("a lock another transaction holds (a test)")
+        raise StoreUnavailable("the job store is unreachable (a test)")
+
+    monkeypatch.setattr(store, "settle", failing)
+    rt = live_node(store, Executor())
+    unwritten, reachable = rt._write(settlements)
+    assert (len(unwritten), reachable) == (5, False)
+    assert tries == [5, 1]  # one row tried alone, then no more
