@@ -185,9 +185,7 @@ class Outcomes(RuntimeBase):
         the others down with it."""
         try:
             # A deadlock or a lock that outlasts the wait: the batch goes row by row, at once.
-            self.store.settle(
-                settlements, lock_wait=SETTLE_LOCK_WAIT_SECONDS, retry_conflicts=False
-            )
+            self._settle_bounded(settlements)
         except StoreUnavailable as exc:
             self._throttle.warn("settle", "ratchet: %s; will retry, nothing is lost", exc)
             return settlements, False
@@ -238,13 +236,16 @@ class Outcomes(RuntimeBase):
             self._throttle.clear("settle-locked", "ratchet: held-back job outcomes written")
         return untried + locked, reachable
 
+    def _settle_bounded(self, settlements: list[Settlement]) -> None:
+        """The settler's write: waiting on a row's lock only briefly, and not trying again
+        after a deadlock or a wait that ran out (the caller writes row by row instead)."""
+        self.store.settle(settlements, lock_wait=SETTLE_LOCK_WAIT_SECONDS, retry_conflicts=False)
+
     def _write_one(self, settlement: Settlement) -> bool:
         """Write one outcome: False while its row stays locked; :class:`StoreUnavailable`
         when the store cannot be reached."""
         try:
-            self.store.settle(
-                [settlement], lock_wait=SETTLE_LOCK_WAIT_SECONDS, retry_conflicts=False
-            )
+            self._settle_bounded([settlement])
             return True
         except StoreBusy:
             return False
@@ -256,11 +257,7 @@ class Outcomes(RuntimeBase):
             )
             refused = exc
         try:
-            self.store.settle(
-                [_status_alone(settlement, refused)],
-                lock_wait=SETTLE_LOCK_WAIT_SECONDS,
-                retry_conflicts=False,
-            )
+            self._settle_bounded([_status_alone(settlement, refused)])
         except StoreBusy:
             return False
         except StoreUnavailable:
