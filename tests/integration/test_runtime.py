@@ -507,3 +507,27 @@ def test_a_store_lost_while_writing_row_by_row_is_an_outage_not_a_lock(
     unwritten, reachable = rt._write(settlements)
     assert (len(unwritten), reachable) == (5, False)
     assert tries == [5, 1]  # one row tried alone, then no more
+
+
+def test_the_settler_lets_outcomes_gather_only_while_other_jobs_of_the_node_run(
+    store: JobStore,
+) -> None:
+    """A drain's ends of jobs are gathered a moment before each write (bigger batches, less
+    database work a job); an outcome with nothing else running is written at once, and so
+    are a result (its slot waits for the write) and everything once the node closes. Slots
+    held only for results waiting to be written are no running jobs."""
+    rt = live_node(store, Executor())
+    assert not rt._still_running()
+    rt._in_flight["running"] = "t1"
+    assert rt._still_running()
+    rt._unwritten[("running", "t1")] = Settlement("running", "t1", JobStatus.SUCCEEDED)
+    assert not rt._still_running()  # its result is reported: nothing more is coming
+    rt._in_flight["other"] = "t2"
+    assert rt._still_running()
+    ended = Settlement("done", "t3", JobStatus.SUCCEEDED)
+    assert rt._may_gather([ended])
+    kept = StoredResult(value="4", type_name="int", meta=None)
+    assert not rt._may_gather([ended, dataclasses.replace(ended, result=kept)])
+    rt._closed.set()
+    assert not rt._still_running()
+    assert not rt._may_gather([ended])
