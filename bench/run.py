@@ -3,6 +3,7 @@
     ./dev bench [--jobs 10000] [--quick]
     ./dev bench schedules [--schedules 2000] [--every 10] [--workers 3]   (bench/schedules.py)
     ./dev bench backlog [--sizes 10000,1000000] [--claims 2000] [--rounds 12] (bench/backlog.py)
+    ./dev bench pinned [--jobs 10000] [--runs 2]   the drains, servers on a core of their own
 
 Measures on PostgreSQL: enqueue rate (``.delay()`` in a loop), bulk enqueue (a group of
 1,000), drain rate (N queued no-op tasks, one worker, ``-c 4``, timed from worker start,
@@ -461,6 +462,11 @@ def main() -> None:
         from bench.backlog import main as backlog
 
         backlog(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["pinned"]:  # its own command line: see bench/pinned.py
+        from bench.pinned import main as pinned
+
+        pinned(sys.argv[2:])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=10_000, help="jobs to drain")
