@@ -161,13 +161,10 @@ class Outcomes(RuntimeBase):
                     if self._closed.is_set() and not locked:
                         return
                     continue
+            self._take_queued(pending)
             if self._may_gather(pending):
                 time.sleep(SETTLE_GATHER_SECONDS)
-            while len(pending) < _SETTLE_BATCH:
-                try:
-                    pending.append(self._settlements.get_nowait())
-                except queue.Empty:
-                    break
+                self._take_queued(pending)
             pending = [s for s in pending if s is not _CLOSED]
             if not pending:
                 continue
@@ -183,10 +180,19 @@ class Outcomes(RuntimeBase):
             if self._closed.wait(self.settings.poll_interval_min * 10):
                 time.sleep(self.settings.poll_interval_min)  # closing: keep trying
 
+    def _take_queued(self, pending: list[Settlement]) -> None:
+        """Move the outcomes queued now into ``pending``, up to a batch."""
+        while len(pending) < _SETTLE_BATCH:
+            try:
+                pending.append(self._settlements.get_nowait())
+            except queue.Empty:
+                return
+
     def _may_gather(self, pending: list[Settlement]) -> bool:
-        """Whether to let more outcomes gather before writing ``pending``: not when one of
-        them is a result whose slot stays taken until it is written (the node would start
-        less meanwhile), nor when nothing else is running to add to the batch."""
+        """Whether to let more outcomes gather before writing ``pending`` (all that was
+        queued): not when the batch is full, nor when one of them is a result whose slot
+        stays taken until it is written (the node would start less meanwhile), nor when
+        nothing else is running to add to the batch."""
         if len(pending) >= _SETTLE_BATCH or any(s.result is not None for s in pending):
             return False
         return self._still_running()
