@@ -118,6 +118,9 @@ def is_retryable_conflict(exc: BaseException) -> bool:
     """Deadlocks and lock timeouts: the statement can simply run again."""
     if not isinstance(exc, DBAPIError):
         return False
+    # A deadlock MySQL/MariaDB (and Galera's certification) end by rolling the whole
+    # transaction back surfaces as the savepoint that is gone: the deadlock is the error.
+    exc = _error_that_ended(exc)
     if _is_lock_error(exc):
         return True
     code = sqlstate_of(exc.orig)
@@ -212,6 +215,14 @@ def _next_statement_error(exc: BaseException) -> DBAPIError | None:
     return None
 
 
+def _error_that_ended(exc: DBAPIError) -> DBAPIError:
+    """``exc``, or where going back to a savepoint failed (each nested one in turn) because
+    the transaction had ended, the error that ended it."""
+    while _savepoint_lost(exc) and (ended := _next_statement_error(exc)) is not None:
+        exc = ended
+    return exc
+
+
 def _savepoint_lost(exc: DBAPIError) -> bool:
     args = getattr(exc.orig, "args", None) or (None,)
     return sqlstate_of(exc.orig) in _NO_SAVEPOINT_STATES or args[0] in _NO_SAVEPOINT_CODES
@@ -238,12 +249,10 @@ def in_callers_transaction(conn: Connection, what: str, *, callers: bool = True)
         yield
     except DBAPIError as raised:
         _hidden(raised)
-        exc = raised
-        rolled_back = False
-        # Going back to a savepoint failed (each nested one in turn): the transaction had
-        # ended, and the error that ended it is the one to tell.
-        while _savepoint_lost(exc) and (ended := _next_statement_error(exc)) is not None:
-            exc, rolled_back = ended, True
+        # Going back to a savepoint failed: the error that ended the transaction is the one
+        # to tell.
+        exc = _error_that_ended(raised)
+        rolled_back = exc is not raised
         if is_prepared_statement_conflict(exc):
             raise prepared_statement_conflict(exc, what) from exc
         if is_statement_cancelled(exc):
