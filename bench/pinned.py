@@ -35,14 +35,11 @@ class PinnedPostgres(PrivatePostgres):
     """A private cluster whose server processes run on ``cores`` only, durable as the
     shared server is (the test clusters turn fsync off)."""
 
+    durability_options = ""
+
     def __init__(self, bin_dir: Path, cores: str) -> None:
         super().__init__(bin_dir)
         self.prefix = [*self.prefix, "taskset", "-c", cores]
-
-    def start(self) -> None:
-        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1"
-        self._run("pg_ctl", "start", "-D", str(self.data), "-l", str(self.log), "-w", "-t",
-                  "60", "-o", options)  # fmt: skip
 
 
 def start_redis(cores: str, directory: Path) -> tuple[subprocess.Popen[bytes], int]:

@@ -129,11 +129,12 @@ class PrivatePostgres:
                     raise
         raise RuntimeError(f"no free port for PostgreSQL:\n{self.server_log()}")
 
+    #: Throwaway data: no flush to disk (a durable cluster sets this empty).
+    durability_options = " -c fsync=off -c full_page_writes=off"
+
     def start(self) -> None:
-        options = (
-            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c full_page_writes=off"
-        )
+        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1"
+        options += self.durability_options
         self._run("pg_ctl", "start", "-D", str(self.data), "-l", str(self.log), "-w", "-t",
                   "60", "-o", options)  # fmt: skip
 
