@@ -531,3 +531,57 @@ def test_the_settler_lets_outcomes_gather_only_while_other_jobs_of_the_node_run(
     rt._closed.set()
     assert not rt._still_running()
     assert not rt._may_gather([ended])
+
+
+class HoldingExecutor(Executor):
+    """Keeps the job ``hold`` running until ``release`` is set; settles the others at once:
+    their ends are written while a job of the node still runs (the settler gathers them)."""
+
+    def __init__(self, hold: str) -> None:
+        super().__init__()
+        self.hold, self.release = hold, threading.Event()
+
+    def __call__(self, job: ClaimedJob) -> None:
+        if job.job_id != self.hold:
+            super().__call__(job)
+            return
+        with self._lock:
+            self.ran.append(job.job_id)
+
+        def finish() -> None:
+            self.release.wait(30)
+            assert self.runtime is not None
+            self.runtime.settle(Settlement(job.job_id, job.token, JobStatus.SUCCEEDED))
+
+        threading.Thread(target=finish, daemon=True).start()
+
+
+def test_ends_gathered_while_the_store_is_gone_are_all_written_once_it_is_back(
+    store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ends of a busy node's jobs wait for their batch, and while the store takes no
+    outcomes they are kept: once it is back, every one is written, none twice."""
+    settle = store.settle
+    refused: list[int] = []
+
+    def unreachable(settlements: list[Settlement], **options: Any) -> int:
+        refused.append(len(settlements))
+        raise StoreUnavailable("the job store is unreachable (a test)")
+
+    store.enqueue(new_job("held"))
+    store.enqueue_many([new_job(f"e{i}") for i in range(12)])
+    executor = HoldingExecutor("held")
+    rt = live_node(store, executor)
+    executor.runtime = rt
+    monkeypatch.setattr(store, "settle", unreachable)
+    rt.start()
+    try:
+        wait_for(lambda: "held" in executor.ran and len(refused) >= 2)
+        monkeypatch.setattr(store, "settle", settle)
+        wait_for(lambda: len(executor.ran) == 13)
+        executor.release.set()
+        wait_for(lambda: store.count_by_status() == {"SUCCEEDED": 13})
+    finally:
+        executor.release.set()
+        rt.close(timeout=10)
+    assert sorted(executor.ran) == sorted(["held", *(f"e{i}" for i in range(12))])
