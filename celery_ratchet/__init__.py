@@ -13,6 +13,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
+from celery_ratchet import errors as _errors
+
 __version__ = "0.1.0"
 
 _EXPORTS = {
@@ -39,15 +41,14 @@ _EXPORTS = {
     "Priority": "celery_ratchet.domain.priority",
     "CronExpression": "celery_ratchet.domain.cron",
     "CronError": "celery_ratchet.domain.cron",
-    "RatchetError": "celery_ratchet.errors",
-    "StoreUnavailable": "celery_ratchet.errors",
-    "MessageTooLarge": "celery_ratchet.errors",
-    "PayloadTooLarge": "celery_ratchet.errors",
-    "DuplicateJob": "celery_ratchet.errors",
-    "SerializerNotAllowed": "celery_ratchet.errors",
-    "PredicateNotAllowed": "celery_ratchet.errors",
-    "ConfigurationError": "celery_ratchet.errors",
 }
+# Every exception of celery_ratchet.errors, so that ``except celery_ratchet.StoreBusy`` works for
+# each one the documentation names. errors.py imports nothing, so reading it here stays cheap.
+_EXPORTS.update(
+    (name, _errors.__name__)
+    for name, value in vars(_errors).items()
+    if isinstance(value, type) and issubclass(value, _errors.RatchetError)
+)
 
 __all__ = sorted(_EXPORTS)
 
