@@ -96,22 +96,39 @@ _ENV_ALIASES = {
 
 @dataclass(frozen=True)
 class RatchetSettings:
+    #: The job store's database URL. ``postgresql://`` uses psycopg 3, ``mysql://`` and
+    #: ``mariadb://`` PyMySQL; the default is a SQLite file in the working directory.
     url: str = DEFAULT_URL
+    #: Create missing tables on first use, under a schema lock (processes starting together on
+    #: an empty database make one schema). A database user without CREATE privilege gets
+    #: ``SchemaNotCreated``: apply ``ddl/<dialect>.sql`` as an administrator, grant the user
+    #: SELECT, INSERT, UPDATE and DELETE, and set this to false.
     create_schema: bool = True
     #: Longest wait between two claim queries while the worker is idle (seconds).
     poll_interval: float = 1.0
     #: First wait after the queue runs dry; doubles up to ``poll_interval``.
     poll_interval_min: float = 0.05
+    #: Most jobs one claim statement takes.
     claim_batch_size: int = 100
+    #: Largest serialized arguments (args and kwargs, after compression) a job may carry, in
+    #: KiB. The workflow Celery embeds beside them (the rest of a chain, a chord's header,
+    #: callbacks) does not count, but each step's own arguments are held to the limit, and a
+    #: whole message over 4 MB is refused (``MessageTooLarge``).
     max_payload_kb: int = 100
+    #: Permit pickle (and other serializers that can run code) to write and read jobs,
+    #: whatever ``accept_content`` says.
     allow_pickle: bool = False
     #: Modules (and their submodules) whose functions may be workflow conditions without
     #: ``@celery_ratchet.predicate``: your application's packages, e.g. ``["shop"]``.
     predicate_modules: tuple[str, ...] = ()
     #: Priority of a job sent without one (Celery's 0-9, higher runs first).
     default_priority: int = 4
+    #: How often a worker writes its heartbeat (seconds).
     node_heartbeat_interval_seconds: float = 10.0
+    #: How long other nodes must see a worker's heartbeat stand still before they declare it
+    #: dead and recover its running jobs (seconds); must exceed the heartbeat interval.
     node_orphan_grace_seconds: float = 60.0
+    #: How often every worker scans for jobs orphaned by a dead node (minutes).
     orphan_scan_interval_minutes: float = 5.0
     #: A job whose node dies under it (or is declared dead) more often than this goes to the
     #: dead-letter queue instead of running again; claims of a job handed back by a live
@@ -134,8 +151,10 @@ class RatchetSettings:
     #: PostgreSQL: ``url`` goes through PgBouncer (transaction or statement pooling): no
     #: server-side prepared statements, and LISTEN/NOTIFY only with ``listen_url``.
     pgbouncer: bool = False
-    #: Connections each process keeps open to the job store, and how many more at a peak.
+    #: Connections each process keeps open to the job store (a worker's outcome writer keeps
+    #: one more of its own).
     pool_size: int = 5
+    #: More connections each process may open at a peak, beyond ``pool_size``.
     max_overflow: int = 10
     #: Extra keyword arguments of the driver's connect() (a JSON object in the environment).
     connect_args: dict[str, Any] = field(default_factory=dict)
@@ -151,9 +170,11 @@ class RatchetSettings:
     control_poll_interval: float = 0.5
     #: Finished jobs older than this move to scheduler_job_archive.
     job_retention_days: float = 90.0
+    #: Rows the archiver moves per transaction.
     job_archive_batch_size: int = 1000
     #: When the archiver runs (Quartz cron, UTC), once per cluster.
     job_archiver_cron: str = "0 0 1 * * ?"
+    #: Switch the archiver off (its schedule is removed at the next worker start).
     job_archive_enabled: bool = True
     #: Job log lines older than this are deleted by the archiver.
     log_retention_days: float = 30.0
@@ -161,11 +182,15 @@ class RatchetSettings:
     #: worker process runs at once (also ``RATCHET_VIRTUAL_THREAD_LIMIT_SINGLE`` and
     #: ``RATCHET_VIRTUAL_THREAD_LIMIT_BATCH_CHILD``).
     async_limit_single: int = 500
+    #: The ``ratchet-async`` pool: how many children of groups and batches one worker process
+    #: runs at once.
     async_limit_batch_child: int = 2000
     #: Dead-letter alerts: the registered Celery task name (as ``app.send_task`` takes it,
     #: e.g. ``shop.alerts.on_dead_letters``) sent one summary per task name whose jobs
     #: failed for good, at most once per ``dlq_alert_interval_seconds``. None: no alerts.
     dlq_alert_task: str | None = None
+    #: A dead-letter alert window's length: at most one alert per task name per this many
+    #: seconds.
     dlq_alert_interval_seconds: float = 300.0
     #: A Django database alias (``"default"``): sends made while a transaction is open on it
     #: are written in that transaction, through Django's connection. Must be the job store's
