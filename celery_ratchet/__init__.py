@@ -33,6 +33,7 @@ _EXPORTS = {
     "cancel_recurring": "celery_ratchet.celery.recurring",
     "pause_recurring": "celery_ratchet.celery.recurring",
     "resume_recurring": "celery_ratchet.celery.recurring",
+    "crontab_to_quartz": "celery_ratchet.celery.recurring",
     "MisfirePolicy": "celery_ratchet.domain.schedule",
     "circuit_breaker": "celery_ratchet.celery.breaker",
     "do_not_retry": "celery_ratchet.domain.retry",

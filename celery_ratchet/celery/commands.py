@@ -12,7 +12,12 @@ import click
 
 from celery_ratchet.celery.compat import offer_pool, on_every_cli_app
 from celery_ratchet.celery.install import install
-from celery_ratchet.celery.recurring import describe_beat_entry, register_beat_entry
+from celery_ratchet.celery.recurring import (
+    beat_entries_gone,
+    describe_beat_entry,
+    register_beat_entry,
+    remove_gone_beat_entries,
+)
 from celery_ratchet.celery.state import is_ratchet_app, ratchet_state
 from celery_ratchet.cli.base import CliContext, CommandFailed, RatchetGroup
 from celery_ratchet.cli.commands import add_commands
@@ -58,13 +63,13 @@ def import_beat(ctx: click.Context, dry_run: bool) -> None:
     """Register the app's beat_schedule as recurring jobs (no celery beat needed).
 
     Workers do this at start too; this registers ahead of a deploy and shows each crontab's
-    Quartz form. Entries are keyed by name: running it again updates them in place.
+    Quartz form. Entries are keyed by name: running it again updates them in place, and an
+    entry registered before that beat_schedule no longer has is removed.
     """
     app: Any = ctx.find_root().obj.app
     entries = dict(app.conf.beat_schedule or {})
     if not entries:
         click.echo("beat_schedule is empty: nothing to import")
-        return
     failed = 0
     for name, entry in entries.items():
         try:
@@ -77,5 +82,9 @@ def import_beat(ctx: click.Context, dry_run: bool) -> None:
             continue
         verb = "would register" if dry_run else "registered"
         click.echo(f"{name}: {verb} {entry.get('task')} {schedule} ({app.timezone})")
+    gone = (beat_entries_gone if dry_run else remove_gone_beat_entries)(app, entries)
+    for name in gone:
+        verb = "would remove" if dry_run else "removed"
+        click.echo(f"{name}: {verb} (registered from beat_schedule, which no longer has it)")
     if failed:
         raise CommandFailed(f"{failed} of {len(entries)} beat_schedule entries were not imported")

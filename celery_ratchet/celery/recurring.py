@@ -165,8 +165,29 @@ def schedule_recurring(
 
     Calling it again with the same business key updates that schedule, never stacks a
     second one. ``every=`` (seconds or a timedelta) instead of ``cron`` fires at a fixed
-    interval. Returns the business key.
+    interval. Returns the business key. Nothing but a call removes it: a worker start
+    removes only the ``beat_schedule`` entries gone from the configuration.
     """
+    return _register(
+        app, cron, zone, signature, business_key=business_key, misfire=misfire, tags=tags,
+        options=options, name=name, every=every, origin=None,
+    )  # fmt: skip
+
+
+def _register(
+    app: Celery,
+    cron: str | None,
+    zone: str,
+    signature: Signature,
+    *,
+    business_key: str,
+    misfire: MisfirePolicy | None,
+    tags: tuple[str, ...] | list[str],
+    options: dict[str, Any] | None,
+    name: str | None,
+    every: float | timedelta | None,
+    origin: str | None,
+) -> str:
     if (cron is None) == (every is None):
         raise ValueError("give exactly one of cron and every")
     if every is not None:
@@ -192,6 +213,7 @@ def schedule_recurring(
         name=name,
         tags=tuple(tags),
         expires_seconds=float(expires) if expires is not None else None,
+        origin=origin,
     )
     outcome = masters.register(
         ratchet_state(app).store,
@@ -308,14 +330,64 @@ def register_all(app: Celery) -> list[str]:
                 name=options.name,
             )
         )
-    for entry_name, entry in (app.conf.beat_schedule or {}).items():
+    beat = dict(app.conf.beat_schedule or {})
+    for entry_name, entry in beat.items():
         keys.append(_register_beat_entry(app, entry_name, entry))
+    remove_gone_beat_entries(app, beat)
     return keys
+
+
+#: The origin of the masters registered from ``beat_schedule``: owned by it.
+BEAT_ORIGIN = "beat_schedule"
+
+
+def remove_gone_beat_entries(app: Celery, entries: dict[str, Any]) -> list[str]:
+    """Remove the schedules registered from ``beat_schedule`` entries it no longer has, as
+    a restarted ``celery beat`` forgets them; each is logged by name. Schedules of
+    ``@recurring`` and of ``schedule_recurring`` are never touched: only those counted and
+    named at INFO, so that a start names every schedule that goes on firing."""
+    store = ratchet_state(app).store
+    removed = masters.remove_gone(store, BEAT_ORIGIN, entries)
+    for key in removed:
+        logger.warning(
+            "ratchet: recurring job %s removed: it was registered from beat_schedule, "
+            "which no longer has that entry",
+            key,
+        )
+    others = masters.keys_by_origin(store).get(None, [])
+    if others:
+        shown = ", ".join(others[:_OTHERS_NAMED]) + (", ..." if len(others) > _OTHERS_NAMED else "")
+        logger.info(
+            "ratchet: %d recurring jobs registered through the API or @recurring stay "
+            "(not beat_schedule's to remove): %s",
+            len(others),
+            shown,
+        )
+    return removed
+
+
+def beat_entries_gone(app: Celery, entries: dict[str, Any]) -> list[str]:
+    """The registered beat_schedule entries that ``entries`` no longer has (a dry run of
+    :func:`remove_gone_beat_entries`)."""
+    owned = masters.keys_by_origin(ratchet_state(app).store).get(BEAT_ORIGIN, [])
+    return [key for key in owned if key not in entries]
+
+
+#: Schedules of the API named at a worker's start; the rest are counted.
+_OTHERS_NAMED = 20
 
 
 def describe_beat_entry(app: Celery, name: str, entry: dict[str, Any]) -> str:
     """What a ``beat_schedule`` entry becomes, without registering it: ``cron:<Quartz>`` or
-    ``every:<seconds>``; ConfigurationError when it cannot be converted."""
+    ``every:<seconds>``, and its misfire policy; ConfigurationError when it cannot be
+    converted."""
+    kind, _, value = _beat_schedule_text(name, entry).partition(":")
+    misfire = beat_misfire(name, dict(entry.get("options") or {}))
+    shown = f"every:{float(value):g}" if kind == "every" else f"cron:{value}"
+    return f"{shown}, misfire {misfire.to_text().lower()}"
+
+
+def _beat_schedule_text(name: str, entry: dict[str, Any]) -> str:
     when = entry.get("schedule")
     if "task" not in entry or when is None:
         missing = "task" if "task" not in entry else "schedule"
@@ -325,7 +397,7 @@ def describe_beat_entry(app: Celery, name: str, entry: dict[str, Any]) -> str:
     if isinstance(when, (int, float, timedelta)) or type(when) is interval_schedule:
         period = when.run_every if isinstance(when, interval_schedule) else when
         seconds = period.total_seconds() if isinstance(period, timedelta) else float(period)
-        return f"every:{seconds:g}"
+        return f"every:{seconds!r}"
     raise ConfigurationError(
         f"beat_schedule entry {name!r}: a {type(when).__name__} schedule cannot be converted "
         "(celery_ratchet runs crontab and interval schedules); use a Quartz cron expression "
@@ -338,36 +410,45 @@ def register_beat_entry(app: Celery, name: str, entry: dict[str, Any]) -> str:
 
 
 def _register_beat_entry(app: Celery, name: str, entry: dict[str, Any]) -> str:
-    try:
-        task_name = entry["task"]
-        when = entry["schedule"]
-    except KeyError as exc:
-        raise ConfigurationError(f"beat_schedule entry {name!r} has no {exc.args[0]!r}") from exc
+    when = _beat_schedule_text(name, entry)
     signature = app.signature(
-        task_name, args=tuple(entry.get("args") or ()), kwargs=dict(entry.get("kwargs") or {})
+        entry["task"], args=tuple(entry.get("args") or ()), kwargs=dict(entry.get("kwargs") or {})
     )
     options = dict(entry.get("options") or {})
-    zone = _zone_name(app)
-    if isinstance(when, crontab):
-        return schedule_recurring(
-            app,
-            crontab_to_quartz(when, name),
-            zone,
-            signature,
-            business_key=name,
-            options=options,
-            name=name,
-        )
-    if isinstance(when, (int, float, timedelta)) or type(when) is interval_schedule:
-        period = when.run_every if isinstance(when, interval_schedule) else when
-        return schedule_recurring(
-            app, None, zone, signature, business_key=name, options=options, name=name, every=period
-        )
-    raise ConfigurationError(
-        f"beat_schedule entry {name!r}: a {type(when).__name__} schedule cannot be converted "
-        "(celery_ratchet runs crontab and interval schedules); use a Quartz cron expression "
-        "with celery_ratchet.schedule_recurring instead"
+    misfire = beat_misfire(name, options)
+    kind, _, value = when.partition(":")
+    return _register(
+        app,
+        value if kind == "cron" else None,
+        _zone_name(app),
+        signature,
+        business_key=name,
+        misfire=misfire,
+        tags=(),
+        options=options,
+        name=name,
+        every=float(value) if kind == "every" else None,
+        origin=BEAT_ORIGIN,
     )
+
+
+def beat_misfire(name: str, options: dict[str, Any]) -> MisfirePolicy:
+    """A beat entry's misfire policy: what celery beat does (an overdue entry runs once,
+    then goes on from now: ``fire_once``) unless its ``options`` say ``misfire_policy``
+    (and ``max_catch_up_executions``), which are taken out of the send options."""
+    policy = options.pop("misfire_policy", None)
+    count = options.pop("max_catch_up_executions", None)
+    if policy is None:
+        if count is not None:
+            raise ConfigurationError(
+                f"beat_schedule entry {name!r}: max_catch_up_executions needs "
+                "misfire_policy='catch_up' in the entry's options"
+            )
+        return MisfirePolicy.fire_once()
+    try:
+        return MisfirePolicy.named(str(policy), DEFAULT_CATCH_UP if count is None else int(count))
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"beat_schedule entry {name!r}: {exc}") from None
 
 
 def _zone_name(app: Celery) -> str:

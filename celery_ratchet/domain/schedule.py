@@ -199,6 +199,10 @@ class MasterSpec:
     tags: tuple[str, ...] = ()
     #: Each occurrence expires this long after its fire time (Celery's ``expires``).
     expires_seconds: float | None = None
+    #: What registered it, when that owns it: ``"beat_schedule"`` for an entry of the app's
+    #: ``beat_schedule``, which a worker start removes once the entry is gone from it.
+    #: None for schedules registered through the API, which nothing removes but a call.
+    origin: str | None = None
 
     def __post_init__(self) -> None:
         schedule_from_text(self.schedule, self.zone)  # validates
@@ -213,18 +217,20 @@ class MasterSpec:
         return MisfirePolicy.from_text(self.misfire)
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "schedule": self.schedule,
-                "zone": self.zone,
-                "misfire": self.misfire,
-                "queue": self.queue,
-                "name": self.name,
-                "tags": list(self.tags),
-                "expires_seconds": self.expires_seconds,
-            },
-            sort_keys=True,
-        )
+        fields = {
+            "schedule": self.schedule,
+            "zone": self.zone,
+            "misfire": self.misfire,
+            "queue": self.queue,
+            "name": self.name,
+            "tags": list(self.tags),
+            "expires_seconds": self.expires_seconds,
+        }
+        # Only when set: the spec of a schedule without one stays the text it was, so that
+        # registering it again is no change (a change moves its next fire time to now).
+        if self.origin is not None:
+            fields["origin"] = self.origin
+        return json.dumps(fields, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> MasterSpec:
@@ -243,4 +249,5 @@ def _spec_from_json(text: str) -> MasterSpec:
         name=data.get("name"),
         tags=tuple(data.get("tags") or ()),
         expires_seconds=data.get("expires_seconds"),
+        origin=data.get("origin"),
     )

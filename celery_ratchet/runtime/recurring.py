@@ -4,6 +4,7 @@ Knows nothing of Celery; the message a master fires is built by the caller."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -100,6 +101,34 @@ def resume(store: ScheduleStore, business_key: str, now: datetime | None = None)
 def cancel(store: ScheduleStore, business_key: str) -> None:
     if not store.set_master_status(master_id(business_key), JobStatus.REVOKED):
         _explain(store, business_key, "remove", "active")
+
+
+def keys_by_origin(store: ScheduleStore) -> dict[str | None, list[str]]:
+    """The business keys of the active masters, by what registered them (the spec's
+    ``origin``; None for the API). A spec this version cannot read is left out: it cannot
+    be told whose it is, so nothing is done to it."""
+    found: dict[str | None, list[str]] = {}
+    for master in store.list_masters():
+        try:
+            origin = MasterSpec.from_json(master["schedule_spec"]).origin
+        except (ValueError, KeyError, TypeError):
+            continue
+        found.setdefault(origin, []).append(master["business_key"])
+    return found
+
+
+def remove_gone(store: ScheduleStore, origin: str, kept: Iterable[str]) -> list[str]:
+    """Cancel the active masters registered by ``origin`` whose key is not in ``kept``
+    (entries gone from the configuration that owns them); returns their keys. Masters of
+    another origin, those of the API included, are never touched."""
+    keep = set(kept)
+    gone = [key for key in keys_by_origin(store).get(origin, []) if key not in keep]
+    removed = []
+    for key in gone:
+        # Cancelled meanwhile by another node starting with the same configuration: done.
+        if store.set_master_status(master_id(key), JobStatus.REVOKED):
+            removed.append(key)
+    return removed
 
 
 def describe(store: ScheduleStore, *, with_last_fire: bool = False) -> list[dict[str, Any]]:

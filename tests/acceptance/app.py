@@ -131,6 +131,18 @@ _misfire_task("fire_once")
 _misfire_task("skip")
 
 
+# beat_schedule entries, per test: RATCHET_ACCEPTANCE_BEAT=beat-a,beat-b (each every 2 s).
+@app.task(name="acc.beat_tick", bind=True)
+def beat_tick(self, entry: str) -> None:  # type: ignore[no-untyped-def]
+    record_run(f"{entry}@{self.request.eta}")
+
+
+app.conf.beat_schedule = {
+    entry: {"task": "acc.beat_tick", "schedule": 2.0, "args": (entry,)}
+    for entry in filter(None, os.environ.get("RATCHET_ACCEPTANCE_BEAT", "").split(","))
+}
+
+
 @app.task(name="acc.value")
 def value(n: int, pause: float = 0.0) -> int:
     if pause:

@@ -18,6 +18,11 @@ app.conf.beat_schedule = {
 }
 
 
+# An entry dropped from the configuration (BEAT_APP_WITHOUT=heartbeat): import-beat removes it.
+for _gone in filter(None, os.environ.get("BEAT_APP_WITHOUT", "").split(",")):
+    del app.conf.beat_schedule[_gone]
+
+
 class BusinessDays(schedule):
     """A custom schedule class: nothing celery_ratchet can convert."""
 

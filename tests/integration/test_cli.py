@@ -204,6 +204,14 @@ def test_import_beat_prints_quartz_forms_and_registers_each_entry(tmp_path: Path
     )
     assert bad.returncode == 2
     assert "weekdays: NOT IMPORTED" in bad.stderr and "1 of 3" in bad.stderr
+    without = ("-A", "tests.integration.beat_app", "ratchet", "import-beat")
+    dry_gone = _celery(*without, "--dry-run", url=url, BEAT_APP_WITHOUT="heartbeat")
+    assert "heartbeat: would remove" in dry_gone.stdout, dry_gone.stderr
+    assert {m["business_key"] for m in store.list_masters()} == {"nightly-report", "heartbeat"}
+    gone = _celery(*without, url=url, BEAT_APP_WITHOUT="heartbeat")
+    assert gone.returncode == 0, gone.stderr
+    assert "heartbeat: removed (registered from beat_schedule" in gone.stdout
+    assert {m["business_key"] for m in store.list_masters()} == {"nightly-report"}
 
 
 def test_jobs_filters_by_tag_and_business_key_and_cancel_revokes(tmp_path: Path) -> None:

@@ -1,0 +1,134 @@
+"""beat_schedule owns the schedules it registered: an entry gone from it is removed at the
+next start, schedules of the API are never touched; a beat entry misfires as beat does."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import pytest
+from celery import Celery
+from celery.schedules import crontab
+from kombu.utils import json as kjson
+
+import celery_ratchet
+from celery_ratchet.celery.recurring import register_all
+from celery_ratchet.celery.state import ratchet_state
+from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.domain.schedule import MasterSpec
+from celery_ratchet.errors import ConfigurationError
+from celery_ratchet.runtime.recurring import master_id
+from celery_ratchet.store.jobstore import JobStore
+from tests.integration.conftest import BrokerTrap, make_app
+
+
+@pytest.fixture
+def beat_app(store: JobStore, broker_trap: BrokerTrap) -> Celery:
+    app = make_app(store.url, broker_trap.url)
+    app.conf.beat_schedule = {
+        "every-minute": {"task": "t.add", "schedule": timedelta(minutes=1), "args": (1, 2)},
+        "nightly": {"task": "t.add", "schedule": crontab(minute=0, hour=2), "args": (3, 4)},
+    }
+    return app
+
+
+def _masters(app: Celery) -> dict[str, dict[str, object]]:
+    store = ratchet_state(app).store
+    return {m["business_key"]: m for m in store.list_masters(include_cancelled=True)}
+
+
+def test_an_entry_gone_from_beat_schedule_is_removed_and_api_schedules_stay(
+    beat_app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    add = beat_app.tasks["t.add"]
+    celery_ratchet.schedule_recurring(
+        beat_app, "0 0 * * * ?", "UTC", add.si(5, 6), business_key="api-hourly"
+    )
+    # Named like a beat entry, registered through the API: still not beat_schedule's.
+    celery_ratchet.schedule_recurring(
+        beat_app, None, "UTC", add.si(7, 8), business_key="old-entry", every=60
+    )
+    assert sorted(register_all(beat_app)) == ["every-minute", "nightly"]
+    del beat_app.conf.beat_schedule["nightly"]
+    with caplog.at_level(logging.INFO, logger="celery_ratchet"):
+        register_all(beat_app)
+    masters = _masters(beat_app)
+    assert masters["nightly"]["status"] == JobStatus.REVOKED.value
+    for kept in ("every-minute", "api-hourly", "old-entry"):
+        assert masters[kept]["status"] == JobStatus.PENDING.value, kept
+    removed = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in removed] == [
+        "ratchet: recurring job nightly removed: it was registered from beat_schedule, "
+        "which no longer has that entry"
+    ]
+    assert any(
+        "2 recurring jobs registered through the API" in r.getMessage()
+        and "api-hourly, old-entry" in r.getMessage()
+        for r in caplog.records
+    )
+    # Back in the configuration: registered again (revived), owned again.
+    beat_app.conf.beat_schedule["nightly"] = {
+        "task": "t.add",
+        "schedule": crontab(minute=0, hour=3),
+        "args": (3, 4),
+    }
+    register_all(beat_app)
+    assert _masters(beat_app)["nightly"]["status"] == JobStatus.PENDING.value
+
+
+def test_an_emptied_beat_schedule_removes_every_entry_it_registered(beat_app: Celery) -> None:
+    register_all(beat_app)
+    beat_app.conf.beat_schedule = {}
+    register_all(beat_app)
+    statuses = {k: m["status"] for k, m in _masters(beat_app).items()}
+    assert statuses == {"every-minute": "REVOKED", "nightly": "REVOKED"}
+
+
+def test_a_beat_entry_misfires_as_beat_does_unless_its_options_say_otherwise(
+    beat_app: Celery,
+) -> None:
+    beat_app.conf.beat_schedule["caught-up"] = {
+        "task": "t.add",
+        "schedule": 2.0,
+        "args": (1, 1),
+        "options": {"misfire_policy": "catch_up", "max_catch_up_executions": 3, "priority": 7},
+    }
+    register_all(beat_app)
+    masters = _masters(beat_app)
+    specs = {k: MasterSpec.from_json(str(m["schedule_spec"])) for k, m in masters.items()}
+    assert specs["every-minute"].misfire == "FIRE_ONCE"
+    assert specs["nightly"].misfire == "FIRE_ONCE"
+    assert specs["caught-up"].misfire == "CATCH_UP:3"
+    assert {s.origin for s in specs.values()} == {"beat_schedule"}
+    # The misfire options are the schedule's, not the message's; the others are sent.
+    store = ratchet_state(beat_app).store
+    record = store.result(master_id("caught-up"))
+    assert record is not None
+    assert "misfire" not in kjson.dumps(kjson.loads(record.headers or "{}"))
+    assert masters["caught-up"]["priority"] == 7
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"misfire_policy": "later"}, r"'bad'.*unknown misfire policy 'later'"),
+        ({"max_catch_up_executions": 3}, r"'bad'.*needs misfire_policy='catch_up'"),
+        ({"misfire_policy": "catch_up", "max_catch_up_executions": 0}, r"'bad'.*at least 1"),
+    ],
+)
+def test_a_wrong_misfire_option_is_refused_naming_the_entry(
+    beat_app: Celery, options: dict[str, object], said: str
+) -> None:
+    beat_app.conf.beat_schedule = {"bad": {"task": "t.add", "schedule": 5, "options": options}}
+    with pytest.raises(ConfigurationError, match=said):
+        register_all(beat_app)
+
+
+def test_schedules_of_the_api_and_of_recurring_keep_their_spec_text(beat_app: Celery) -> None:
+    """A schedule with no origin is stored as before this field existed: registering it again
+    after an upgrade is no change, which would move its next fire time."""
+    spec = MasterSpec("every:60")
+    assert "origin" not in spec.to_json()
+    assert MasterSpec.from_json(spec.to_json()) == spec
+    owned = MasterSpec("every:60", origin="beat_schedule")
+    assert MasterSpec.from_json(owned.to_json()) == owned
