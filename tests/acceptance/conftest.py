@@ -199,6 +199,15 @@ def group_members(pgid: int) -> list[int]:
     return found
 
 
+def fire_times(store: JobStore, prefix: str) -> list[datetime]:
+    """The fire times a recurring task recorded as ``<prefix>@<eta>``, in order."""
+    return sorted(
+        datetime.fromisoformat(key.partition("@")[2])
+        for key, _ in side_effects(store)
+        if key.startswith(f"{prefix}@")
+    )
+
+
 def ticks(store: JobStore) -> list[datetime]:
     """The fire times the per-second schedule ``acc.tick`` recorded, in order."""
     return sorted(

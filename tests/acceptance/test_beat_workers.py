@@ -11,20 +11,12 @@ from celery import Celery
 
 import celery_ratchet
 from celery_ratchet.celery.state import ratchet_state
-from tests.acceptance.conftest import Cluster, side_effects, wait_until
+from tests.acceptance.conftest import Cluster, fire_times, wait_until
 
 pytestmark = pytest.mark.slow
 
 #: How long the workers stay stopped: several ticks of the 2-s entries go by.
 DOWNTIME = timedelta(seconds=9)
-
-
-def fire_times(store, entry: str) -> list[datetime]:  # type: ignore[no-untyped-def]
-    return sorted(
-        datetime.fromisoformat(key.partition("@")[2])
-        for key, _ in side_effects(store)
-        if key.startswith(f"{entry}@")
-    )
 
 
 def test_a_restart_without_an_entry_removes_it_and_an_overdue_entry_runs_once(

@@ -7,26 +7,18 @@ import os
 import signal
 import time
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from celery import Celery
 
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.runtime.recurring import master_id
-from tests.acceptance.conftest import Cluster, side_effects, wait_until
+from tests.acceptance.conftest import Cluster, fire_times, side_effects, wait_until
 
 pytestmark = pytest.mark.slow
 
 RUN_SECONDS = float(os.environ.get("RATCHET_ACCEPTANCE_SECONDS", "60"))
-
-
-def fire_times(store, prefix: str) -> list[datetime]:  # type: ignore[no-untyped-def]
-    return sorted(
-        datetime.fromisoformat(key.partition("@")[2])
-        for key, _ in side_effects(store)
-        if key.startswith(f"{prefix}@")
-    )
 
 
 def test_three_workers_fire_a_per_second_schedule_once_per_tick(
