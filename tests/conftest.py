@@ -40,7 +40,7 @@ if not DIALECTS or not set(DIALECTS) <= set(ALL_DIALECTS):
 
 ACCEPTANCE = Path(__file__).parent / "acceptance"
 #: Fixtures that start a server of the test's own.
-PRIVATE_SERVERS = {"private_postgres", "pair", "bouncer", "galera"}
+PRIVATE_SERVERS = {"private_postgres", "private_mariadb", "pair", "bouncer", "galera"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -159,28 +159,30 @@ GALERA_PROVIDERS = ("/usr/lib/galera/libgalera_smm.so", "/usr/lib/libgalera_smm.
                     "/usr/lib64/galera-4/libgalera_smm.so")  # fmt: skip
 
 
-class GaleraNode:
-    """One mariadbd of a private Galera cluster: its own datadir, SQL, replication, IST and
-    SST ports on 127.0.0.1, run as the ``mysql`` user."""
+class MariadbNode:
+    """One private mariadbd: its own datadir and socket, its SQL port on 127.0.0.1, run as the
+    ``mysql`` user; ``settings`` are lines added to its configuration."""
 
-    def __init__(self, name: str, root: Path, provider: str, mariadbd: str) -> None:
+    def __init__(self, name: str, root: Path, mariadbd: str) -> None:
         self.name = name
         self.dir = root / name
         self.dir.mkdir()
-        self.provider = provider
         self.mariadbd = mariadbd
         self.data = self.dir / "data"
         self.log = self.dir / "error.log"
         self.socket = self.dir / "mysqld.sock"
-        self.port, self.gcomm_port, self.ist_port, self.sst_port = (free_port() for _ in "1234")
+        self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"mysql://root@127.0.0.1:{self.port}/"
 
-    def write_config(self, members: list[GaleraNode]) -> Path:
-        peers = ",".join(f"127.0.0.1:{m.gcomm_port}" for m in members if m is not self)
+    def settings(self) -> str:
+        """Configuration lines of this kind of node, after the common ones."""
+        return ""
+
+    def write_config(self) -> Path:
         cnf = self.dir / "my.cnf"
         cnf.write_text(
             "[mariadbd]\n"
@@ -198,19 +200,7 @@ class GaleraNode:
             "innodb_flush_log_at_trx_commit = 0\n"
             "innodb_buffer_pool_size = 64M\n"
             "innodb_log_file_size = 48M\n"
-            "max_connections = 300\n"
-            "wsrep_on = ON\n"
-            f"wsrep_provider = {self.provider}\n"
-            "wsrep_cluster_name = ratchet_test\n"
-            f"wsrep_cluster_address = gcomm://{peers}\n"
-            f"wsrep_node_name = {self.name}\n"
-            f"wsrep_node_address = 127.0.0.1:{self.gcomm_port}\n"
-            f"wsrep_node_incoming_address = 127.0.0.1:{self.port}\n"
-            f"wsrep_sst_receive_address = 127.0.0.1:{self.sst_port}\n"
-            "wsrep_sst_method = rsync\n"
-            f'wsrep_provider_options = "base_port={self.gcomm_port}; '
-            f'ist.recv_addr=127.0.0.1:{self.ist_port}; gcache.size=32M"\n'
-            "wsrep_slave_threads = 2\n"
+            "max_connections = 300\n" + self.settings()
         )
         return cnf
 
@@ -222,12 +212,9 @@ class GaleraNode:
         if done.returncode != 0:
             raise RuntimeError(f"mariadb-install-db failed:\n{done.stdout}{done.stderr}")
 
-    def start(self, cnf: Path, *, new_cluster: bool = False) -> None:
-        command = [self.mariadbd, f"--defaults-file={cnf}"]
-        if new_cluster:
-            command.append("--wsrep-new-cluster")
+    def start(self, cnf: Path, *extra: str) -> None:
         self.process = subprocess.Popen(
-            command,
+            [self.mariadbd, f"--defaults-file={cnf}", *extra],
             cwd=self.dir,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -273,6 +260,89 @@ class GaleraNode:
         self.process = None
 
 
+def _mariadbd(needed_for: str) -> str:
+    """The mariadbd binary, after checking that mariadb-install-db is there too."""
+    mariadbd = shutil.which("mariadbd") or shutil.which("mysqld")
+    if mariadbd is None and Path("/usr/sbin/mariadbd").exists():
+        mariadbd = "/usr/sbin/mariadbd"
+    if shutil.which("mariadb-install-db") is None:
+        unavailable("mariadb-install-db is not installed", needed_for)
+    if mariadbd is None:
+        unavailable("mariadbd is not installed", needed_for)
+    return mariadbd
+
+
+class PrivateMariaDB:
+    """A lone private mariadbd, for tests that change a server's globals (``read_only``,
+    ``max_allowed_packet``): never the shared server. Its job store is database ``ratchet``
+    of user ``ratchet``, who has every right on that database and none on the server, so
+    that ``read_only`` binds it (root may write through it)."""
+
+    def __init__(self) -> None:
+        needed_for = "to run a private MariaDB server (install mariadb-server)"
+        mariadbd = _mariadbd(needed_for)
+        self.dir = Path(tempfile.mkdtemp(prefix="ratchet-mariadb-"))
+        as_user(self.dir, "mysql", needed_for)
+        self.node = MariadbNode("m1", self.dir, mariadbd)
+        shutil.chown(self.node.dir, "mysql", "mysql")
+
+    @property
+    def url(self) -> str:
+        return f"mysql://ratchet:ratchet@127.0.0.1:{self.node.port}/ratchet"
+
+    def start(self, wait: Callable[[Callable[[], bool], float, str], None]) -> None:
+        node = self.node
+        node.install()
+        node.start(node.write_config())
+        wait(lambda: node.execute("SELECT 1") == [(1,)], 120, f"{node.name} to start")
+        node.execute("CREATE DATABASE ratchet CHARACTER SET utf8mb4")
+        node.execute("CREATE USER 'ratchet'@'127.0.0.1' IDENTIFIED BY 'ratchet'")
+        node.execute("GRANT ALL ON ratchet.* TO 'ratchet'@'127.0.0.1'")
+
+    def execute(self, sql: str) -> list[tuple[Any, ...]]:
+        return self.node.execute(sql)
+
+    def server_log(self) -> str:
+        return self.node.server_log()
+
+    def destroy(self) -> None:
+        self.node.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class GaleraNode(MariadbNode):
+    """One mariadbd of a private Galera cluster: replication, IST and SST ports of its own
+    on 127.0.0.1 besides its SQL port."""
+
+    def __init__(self, name: str, root: Path, provider: str, mariadbd: str) -> None:
+        super().__init__(name, root, mariadbd)
+        self.provider = provider
+        self.gcomm_port, self.ist_port, self.sst_port = (free_port() for _ in "123")
+        self.members: list[GaleraNode] = [self]
+
+    def settings(self) -> str:
+        peers = ",".join(f"127.0.0.1:{m.gcomm_port}" for m in self.members if m is not self)
+        return (
+            "wsrep_on = ON\n"
+            f"wsrep_provider = {self.provider}\n"
+            "wsrep_cluster_name = ratchet_test\n"
+            f"wsrep_cluster_address = gcomm://{peers}\n"
+            f"wsrep_node_name = {self.name}\n"
+            f"wsrep_node_address = 127.0.0.1:{self.gcomm_port}\n"
+            f"wsrep_node_incoming_address = 127.0.0.1:{self.port}\n"
+            f"wsrep_sst_receive_address = 127.0.0.1:{self.sst_port}\n"
+            "wsrep_sst_method = rsync\n"
+            f'wsrep_provider_options = "base_port={self.gcomm_port}; '
+            f'ist.recv_addr=127.0.0.1:{self.ist_port}; gcache.size=32M"\n'
+            "wsrep_slave_threads = 2\n"
+        )
+
+    def join(self, members: list[GaleraNode], *, new_cluster: bool = False) -> None:
+        """Start the node as a member of ``members`` (the first one: a new cluster)."""
+        self.members = members
+        self.start(self.write_config(), *(["--wsrep-new-cluster"] if new_cluster else []))
+
+
 class PrivateGalera:
     """Three (or ``size``) mariadbd nodes in one Galera cluster, the first bootstrapping it,
     the others joining by state transfer (rsync)."""
@@ -283,14 +353,9 @@ class PrivateGalera:
         if provider is None:
             unavailable("the Galera provider libgalera_smm.so (galera-4) is not installed",
                         needed_for)  # fmt: skip
-        mariadbd = shutil.which("mariadbd") or shutil.which("mysqld")
-        if mariadbd is None and Path("/usr/sbin/mariadbd").exists():
-            mariadbd = "/usr/sbin/mariadbd"
-        for tool in ("mariadb-install-db", "rsync"):
-            if shutil.which(tool) is None:
-                unavailable(f"{tool} is not installed", needed_for)
-        if mariadbd is None:
-            unavailable("mariadbd is not installed", needed_for)
+        mariadbd = _mariadbd(needed_for)
+        if shutil.which("rsync") is None:
+            unavailable("rsync is not installed", needed_for)
         self.dir = Path(tempfile.mkdtemp(prefix="ratchet-galera-"))
         as_user(self.dir, "mysql", needed_for)
         self.nodes = [GaleraNode(f"g{i + 1}", self.dir, provider, mariadbd) for i in range(size)]
@@ -303,14 +368,14 @@ class PrivateGalera:
     def start(self, wait: Callable[[Callable[[], bool], float, str], None]) -> None:
         first, *others = self.nodes
         first.install()
-        first.start(first.write_config(self.nodes), new_cluster=True)
+        first.join(self.nodes, new_cluster=True)
         wait(lambda: self.cluster_size(first) == 1, 120, f"{first.name} to bootstrap")
         first.execute("CREATE USER IF NOT EXISTS 'root'@'127.0.0.1'")
         first.execute("GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION")
         for count, node in enumerate(others, start=2):
             node.data.mkdir()
             shutil.chown(node.data, "mysql", "mysql")
-            node.start(node.write_config(self.nodes))
+            node.join(self.nodes)
             wait(lambda n=node, c=count: self.synced(n) and self.cluster_size(first) == c,
                  240, f"{node.name} to join")  # fmt: skip
 

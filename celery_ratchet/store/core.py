@@ -41,6 +41,7 @@ from celery_ratchet.store.db_errors import (
     cancelled,
     is_missing_table,
     is_prepared_statement_conflict,
+    is_read_only,
     is_retryable_conflict,
     is_statement_cancelled,
     is_unavailable,
@@ -366,7 +367,8 @@ class StoreCore:
                     time.sleep(0.005 * conflicts)
                     continue
                 if is_unavailable(exc):
-                    maybe_sent = maybe_sent or connected
+                    # A read-only server refused the statement: nothing of it was written.
+                    maybe_sent = maybe_sent or (connected and not is_read_only(exc))
                     if exc.connection_invalidated and not reconnected:
                         reconnected = True
                         continue

@@ -43,7 +43,7 @@ def is_unavailable(exc: BaseException) -> bool:
             or is_statement_cancelled(exc)
         ):
             return False
-        if exc.connection_invalidated:
+        if exc.connection_invalidated or is_read_only(exc):
             return True
         if is_missing_table(exc):
             return False
@@ -51,6 +51,28 @@ def is_unavailable(exc: BaseException) -> bool:
         names = {k.__name__ for k in type(exc.orig).__mro__} if exc.orig is not None else set()
         return bool(names & {"OperationalError", "InterfaceError"}) and not _is_lock_error(exc)
     return False
+
+
+#: PostgreSQL's read_only_sql_transaction: a standby, a primary demoted by a failover (that
+#: left clients on it), or ``default_transaction_read_only`` set.
+_READ_ONLY_STATES = {"25006"}
+#: MySQL/MariaDB: ER_OPTION_PREVENTS_STATEMENT (``--read-only``, ``super_read_only``),
+#: ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION, ER_READ_ONLY_MODE, ER_INNODB_READ_ONLY.
+_READ_ONLY_CODES = {1290, 1792, 1836, 1874}
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """True when the server refused a write because it is read-only: for the store, an
+    outage like any other (nothing was written; writes are to be kept and tried again), not
+    a refused statement. The connection is on the wrong server, or one that is waiting for
+    its role: the engine drops it (see ``engine._drop_read_only``)."""
+    orig = getattr(exc, "orig", None) if isinstance(exc, DBAPIError) else exc
+    if orig is None:
+        return False
+    if sqlstate_of(orig) in _READ_ONLY_STATES:
+        return True
+    args = getattr(orig, "args", None) or (None,)
+    return isinstance(args[0], int) and args[0] in _READ_ONLY_CODES
 
 
 #: MySQL/MariaDB's ER_NET_PACKET_TOO_LARGE: the statement is over ``max_allowed_packet``.
@@ -153,9 +175,15 @@ def unavailable(url: str, exc: BaseException, what: str, *, sent: bool = False) 
         )
     else:
         consequence = what
-    error = StoreUnavailable(
-        f"cannot reach the job store at {mask_url(url)} ({reason}); {consequence}"
-    )
+    if is_read_only(exc):  # reached, but it takes no writes: the same outage for the store
+        where = (
+            f"the job store at {mask_url(url)} is read-only ({reason}): a standby, or a "
+            "primary demoted by a failover; its connections are dropped, the next try makes "
+            "new ones"
+        )
+    else:
+        where = f"cannot reach the job store at {mask_url(url)} ({reason})"
+    error = StoreUnavailable(f"{where}; {consequence}")
     error.outcome_unknown = sent
     return error
 

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, event, insert
-from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine, ExceptionContext, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, PendingRollbackError
 
 from celery_ratchet.errors import (
     ConfigurationError,
 )
+from celery_ratchet.store.db_errors import is_read_only
 from celery_ratchet.store.redact import mask_url
 
 logger = logging.getLogger(__name__)
@@ -217,6 +218,16 @@ def _configure_mysql(engine: Engine, lock_wait_seconds: float | None = None) -> 
         cursor.close()
 
 
+def _drop_read_only(context: ExceptionContext) -> None:
+    """A server that refuses writes as read-only (a standby; a primary demoted by a failover
+    that left its clients on it; ``default_transaction_read_only`` or ``read_only`` set) is
+    treated as a lost connection: the pool drops it and every connection made before it,
+    so that the next statement connects anew (to the new primary, where the URL or DNS leads
+    there) instead of going on with sessions that stay read-only."""
+    if context.original_exception is not None and is_read_only(context.original_exception):
+        context.is_disconnect = True
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """How the job store's connections are made (``ratchet_pool_size``, ``ratchet_max_overflow``,
@@ -324,7 +335,9 @@ def build_engine(url: str, options: EngineOptions | None = None) -> Engine:
         ) from exc
     if kind == "sqlite":
         _configure_sqlite(engine)
-    elif kind == "mysql":
+    else:
+        event.listen(engine, "handle_error", _drop_read_only)
+    if kind == "mysql":
         _configure_mysql(engine, options.lock_wait_seconds)
     elif kind == "postgresql":
         if "prepare_threshold" not in engine_options["connect_args"]:

@@ -74,17 +74,31 @@ def sleep(key: str, seconds: float) -> str:
     return key
 
 
+def _note(line: str) -> None:
+    """One line in RATCHET_ACCEPTANCE_RUN_LOG, a file, not the job store."""
+    fd = os.open(os.environ["RATCHET_ACCEPTANCE_RUN_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, f"{line}\n".encode())  # one O_APPEND write: lines never mix
+    finally:
+        os.close(fd)
+
+
 @app.task(name="acc.noted_sleep")
 def noted_sleep(key: str, seconds: float) -> str:
     """Like acc.sleep, but notes its run in a file (RATCHET_ACCEPTANCE_RUN_LOG), not in the
     job store: for tests that take the database away while jobs run."""
-    line = f"{key} {os.getpid()} {os.getppid()}\n".encode()
-    fd = os.open(os.environ["RATCHET_ACCEPTANCE_RUN_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    try:
-        os.write(fd, line)  # one O_APPEND write: lines from several processes never mix
-    finally:
-        os.close(fd)
+    _note(f"{key} {os.getpid()} {os.getppid()}")
     time.sleep(seconds)
+    return key
+
+
+@app.task(name="acc.noted_span")
+def noted_span(key: str, seconds: float) -> str:
+    """Like acc.noted_sleep, and notes its end too (``<key> end``): for tests that change
+    the database while jobs run and wait for those to end first."""
+    _note(f"{key} {os.getpid()} {os.getppid()}")
+    time.sleep(seconds)
+    _note(f"{key} end")
     return key
 
 
