@@ -171,8 +171,14 @@ def _shown(value: Any) -> str:
 def _json_object(text: Any, column: str) -> dict[str, Any]:
     try:
         value = json.loads(text) if isinstance(text, str) else None
+    except RecursionError:
+        raise ValueError(
+            f"its {column} column nests deeper than the JSON decoder recurses"
+        ) from None
     except ValueError:
         value = None
+    except Exception as exc:  # whatever decoding raised: the row, not the claim, fails
+        raise ValueError(f"its {column} column cannot be decoded ({type(exc).__name__})") from None
     if not isinstance(value, dict):
         raise ValueError(f"its {column} column is not a JSON object")
     return value
@@ -252,6 +258,9 @@ def decode(rows: Sequence[Any], token: str, claims_offset: int = 0) -> Claimed:
             jobs.append(to_claimed(row, token, claims_offset))
         except MalformedRow as exc:
             malformed.append(exc)
+        except Exception as exc:  # a column no check foresaw: never the whole batch
+            reason = f"it cannot be decoded ({type(exc).__name__})"
+            malformed.append(MalformedRow(row.id, row.job_id, reason))
     return Claimed(jobs, malformed)
 
 

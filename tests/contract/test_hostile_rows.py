@@ -57,6 +57,54 @@ def test_a_malformed_row_fails_alone_and_the_rest_of_its_batch_runs(store: JobSt
     assert store.count_by_status() == {"RUNNING": 4, "FAILED": 4}
 
 
+#: Deeper than Python's JSON decoder recurses: decoding raises RecursionError. The
+#: properties column holds 64 KB on MariaDB (TEXT): 30,000 levels there.
+DEEP = {"headers": 100_000, "properties": 30_000}
+
+
+@pytest.mark.parametrize("column", ["headers", "properties"])
+def test_a_row_whose_json_nests_too_deep_fails_alone(store: JobStore, column: str) -> None:
+    for i in range(6):
+        store.enqueue(_secret_job(f"j{i}"))
+    _forge(store, "j3", **{column: "[" * DEEP[column] + "]" * DEEP[column]})
+
+    claimed = store.claim("n", ["celery"], 10)
+
+    assert sorted(j.job_id for j in claimed) == ["j0", "j1", "j2", "j4", "j5"]
+    record = store.result("j3")
+    assert record is not None and record.status is JobStatus.FAILED
+    error = json.loads(record.last_error or "{}")
+    assert error["exc_type"] == "MalformedJob"
+    reason = " ".join(error["exc_message"])
+    assert f"its {column} column nests deeper than" in reason, reason
+    assert store.count_by_status() == {"RUNNING": 5, "FAILED": 1}
+
+
+def test_a_row_that_fails_to_decode_in_any_way_fails_alone(
+    store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever decoding a column raises (here a MemoryError), the row fails alone."""
+    for i in range(3):
+        store.enqueue(_secret_job(f"j{i}"))
+    _forge(store, "j1", properties='{"poison": 1}')
+    real_loads = json.loads
+
+    def loads(text: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(text, str) and "poison" in text:
+            raise MemoryError
+        return real_loads(text, *args, **kwargs)
+
+    monkeypatch.setattr("celery_ratchet.store.claim.json.loads", loads)
+    claimed = store.claim("n", ["celery"], 10)
+    monkeypatch.undo()
+
+    assert sorted(j.job_id for j in claimed) == ["j0", "j2"]
+    record = store.result("j1")
+    assert record is not None and record.status is JobStatus.FAILED
+    reason = " ".join(json.loads(record.last_error or "{}")["exc_message"])
+    assert "its properties column cannot be decoded (MemoryError)" in reason, reason
+
+
 def test_a_malformed_row_needing_a_permit_takes_none(store: JobStore) -> None:
     for i in range(3):
         store.enqueue(new_job(f"r{i}", resource="gpu"))
