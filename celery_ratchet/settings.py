@@ -180,11 +180,11 @@ class RatchetSettings:
     log_retention_days: float = 30.0
     #: The ``ratchet-async`` pool: how many single jobs, and how many batch children, one
     #: worker process runs at once (also ``RATCHET_VIRTUAL_THREAD_LIMIT_SINGLE`` and
-    #: ``RATCHET_VIRTUAL_THREAD_LIMIT_BATCH_CHILD``).
-    async_limit_single: int = 500
+    #: ``RATCHET_VIRTUAL_THREAD_LIMIT_BATCH_CHILD``). 1000, as the seeds' default per job type.
+    async_limit_single: int = 1000
     #: The ``ratchet-async`` pool: how many children of groups and batches one worker process
-    #: runs at once.
-    async_limit_batch_child: int = 2000
+    #: runs at once. 1000, as the seeds' default per job type.
+    async_limit_batch_child: int = 1000
     #: Dead-letter alerts: the registered Celery task name (as ``app.send_task`` takes it,
     #: e.g. ``shop.alerts.on_dead_letters``) sent one summary per task name whose jobs
     #: failed for good, at most once per ``dlq_alert_interval_seconds``. None: no alerts.

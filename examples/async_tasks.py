@@ -18,7 +18,8 @@ from celery import Celery, group
 app = Celery("async_tasks", task_cls="celery_ratchet:RatchetTask")
 app.conf.ratchet_url = "sqlite:///ratchet-async.db"
 app.conf.ratchet_poll_interval = 0.2
-app.conf.ratchet_async_limit_single = 500  # the seeds' RATCHET_VIRTUAL_THREAD_LIMIT_SINGLE
+# Per kind of job, 1000 each by default (the seeds' RATCHET_VIRTUAL_THREAD_LIMIT_*): adjusted.
+app.conf.ratchet_async_limit_single = 500
 app.conf.ratchet_async_limit_batch_child = 2000
 
 _waiting = _most_waiting = 0

@@ -63,8 +63,10 @@ def test_passwords_are_masked_in_urls() -> None:
 
 
 def test_async_limits_default_to_the_seeds_and_read_their_environment_variables() -> None:
+    # The seeds: "each job type still has a configurable concurrency limit (default 1000)";
+    # their 500 and 2000 are an example of adjusting it.
     s = RatchetSettings.from_sources({}, {})
-    assert (s.async_limit_single, s.async_limit_batch_child) == (500, 2000)
+    assert (s.async_limit_single, s.async_limit_batch_child) == (1000, 1000)
     conf = {"ratchet_async_limit_single": 50, "ratchet_async_limit_batch_child": 60}
     s = RatchetSettings.from_sources(conf, {})
     assert (s.async_limit_single, s.async_limit_batch_child) == (50, 60)
