@@ -178,6 +178,10 @@ class RatchetSettings:
     job_archive_enabled: bool = True
     #: Job log lines older than this are deleted by the archiver.
     log_retention_days: float = 30.0
+    #: The seeds' virtual threads: a worker started without ``-P`` (or with ``-P ratchet`` or
+    #: ``prefork``) runs the async pool, ``-P ratchet-async``; one started with another pool
+    #: named refuses to start.
+    worker_use_virtual_threads: bool = False
     #: The ``ratchet-async`` pool: how many single jobs, and how many batch children, one
     #: worker process runs at once (also ``RATCHET_VIRTUAL_THREAD_LIMIT_SINGLE`` and
     #: ``RATCHET_VIRTUAL_THREAD_LIMIT_BATCH_CHILD``). 1000, as the seeds' default per job type.

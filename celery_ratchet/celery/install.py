@@ -9,7 +9,15 @@ from typing import Any
 
 from celery import Celery, signals
 
-from celery_ratchet.celery import batches, flower, housekeeping, lazy_groups, retry, workflows
+from celery_ratchet.celery import (
+    batches,
+    flower,
+    housekeeping,
+    lazy_groups,
+    pool_choice,
+    retry,
+    workflows,
+)
 from celery_ratchet.celery.compat import SettingsFilter, forget_cached_backend, wrap_settings_censor
 from celery_ratchet.celery.consumer import JobConsumer
 from celery_ratchet.celery.message import check_protocol, safe_accept
@@ -48,6 +56,7 @@ def install(app: Celery) -> Celery:
         _connect_worker_signals()
         flower.connect()
         lazy_groups.connect()
+        pool_choice.connect()
         if app.configured:
             apply_defaults(app)
         else:

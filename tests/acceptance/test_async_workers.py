@@ -232,3 +232,29 @@ def test_a_warm_stop_does_not_wait_for_a_coroutine_already_failed_by_its_time_li
         raise
     record = store.result(deaf.id)
     assert record is not None and record.status is JobStatus.FAILED
+
+
+def test_the_seeds_virtual_threads_setting_runs_the_async_pool(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    """RATCHET_WORKER_USE_VIRTUAL_THREADS=true on a worker started with -P ratchet: its
+    ``async def`` jobs run as coroutines side by side, not one at a time per process."""
+    sleep = server_app.tasks["acc.async_sleep"]
+    # Each waits until all 20 have been running at once in its process.
+    results = [sleep.delay(0.1, 20) for _ in range(20)]
+    server_cluster.start("w1", concurrency=2, RATCHET_WORKER_USE_VIRTUAL_THREADS="true")
+    try:
+        peaks = [r.get(timeout=60) for r in results]
+    except Exception:
+        print(server_cluster.logs())
+        raise
+    assert max(peaks) == 20
+
+
+def test_the_seeds_virtual_threads_setting_refuses_another_pool_named(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    worker = server_cluster.start("w1", pool="threads", RATCHET_WORKER_USE_VIRTUAL_THREADS="true")
+    assert worker.process.wait(60) != 0
+    log = server_cluster.whole_logs()
+    assert "-P ratchet-async" in log and "-P threads" in log, log
