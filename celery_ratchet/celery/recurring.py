@@ -11,7 +11,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Celery
-from celery.app.autoretry import add_autoretry_behaviour
 from celery.canvas import Signature
 from celery.schedules import crontab
 from celery.schedules import schedule as interval_schedule
@@ -23,6 +22,7 @@ from celery_ratchet.celery.sender import JobBatch
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.cron import CronExpression
 from celery_ratchet.domain.job import SCHEDULES_QUEUE, ClaimedJob, Message, NewJob
+from celery_ratchet.domain.retry import Backoff
 from celery_ratchet.domain.schedule import DEFAULT_CATCH_UP, MasterSpec, MisfirePolicy
 from celery_ratchet.errors import ConfigurationError
 from celery_ratchet.runtime import recurring as masters
@@ -101,30 +101,24 @@ def recurring(
     return decorate
 
 
-_MAX_BACKOFF_SECONDS = 24 * 3600
-
-
 def _retry_on_failure(task: Any, options: RecurringOptions) -> None:
-    """The seeds' retries for a recurring task, through Celery's own autoretry: up to
-    ``max_retries``, waiting ``none`` (0), ``fixed`` (the delay) or ``exponential`` (delay *
-    2^(attempt-1), at most 24 h). A task that declares its own autoretry_for keeps it."""
+    """The seeds' retries for a recurring task: up to ``max_retries``, waiting ``none`` (0),
+    ``fixed`` (the delay) or ``exponential`` (delay * 2^(attempt-1), at most 24 h), to the
+    millisecond. They are the task's ratchet options (``backoff``, ``backoff_param``), so its
+    failures go through ratchet's retry decision as any task's do; Celery's autoretry would
+    count the delay in whole seconds (500 ms became 1, 2, 4 s). A task that declares its own
+    autoretry_for keeps it."""
     if options.max_retries <= 0 or getattr(task, "autoretry_for", None):
         return
-    policy = options.backoff_policy.lower()
-    delay = options.backoff_delay_ms / 1000
-    if policy not in ("none", "fixed", "exponential"):
+    try:
+        backoff = Backoff.parse(options.backoff_policy)
+    except ValueError:
         raise ValueError(
             f"unknown backoff_policy {options.backoff_policy!r}: use none, fixed or exponential"
-        )
+        ) from None
     task.max_retries = options.max_retries
-    task.retry_jitter = False
-    task.retry_backoff_max = _MAX_BACKOFF_SECONDS
-    task.default_retry_delay = 0 if policy == "none" else delay
-    task.autoretry_for = (Exception,)
-    settings: dict[str, Any] = {"autoretry_for": task.autoretry_for}
-    if policy == "exponential":
-        settings["retry_backoff"] = max(delay, 1.0)  # Celery counts this factor in seconds
-    add_autoretry_behaviour(task, **settings)
+    task.backoff = backoff.value
+    task.backoff_param = options.backoff_delay_ms / 1000
 
 
 def _check_takes_no_arguments(task: Any) -> None:

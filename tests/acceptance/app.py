@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from celery import Celery, signals
@@ -155,6 +156,30 @@ app.conf.beat_schedule = {
     entry: {"task": "acc.beat_tick", "schedule": 2.0, "args": (entry,)}
     for entry in filter(None, os.environ.get("RATCHET_ACCEPTANCE_BEAT", "").split(","))
 }
+
+
+class NotesCountdowns(app.Task):  # type: ignore[name-defined,misc]
+    """Notes the delay each retry of its task asks for: Celery's ``retry(countdown=)``."""
+
+    def retry(self, *args: Any, countdown: float | None = None, **kwargs: Any) -> Any:
+        record_run(f"countdown|{self.request.id}|{self.request.retries}|{countdown!r}")
+        return super().retry(*args, countdown=countdown, **kwargs)
+
+
+@celery_ratchet.recurring(
+    cron="* * * * * ?",
+    id="acc-backoff",
+    max_retries=3,
+    backoff_delay_ms=500,
+    enabled=_RECURRING == "backoff",
+)
+@app.task(name="acc.flaky_schedule", bind=True, base=NotesCountdowns)
+def flaky_schedule(self) -> None:  # type: ignore[no-untyped-def]
+    """Fails three times, then succeeds; notes when each run began and its message's ETA."""
+    eta = datetime.fromisoformat(str(self.request.eta)).timestamp()
+    record_run(f"flaky|{self.request.id}|{self.request.retries}|{eta:.3f}|{time.time():.3f}")
+    if self.request.retries < 3:
+        raise RuntimeError("the partner is down")
 
 
 @app.task(name="acc.value")

@@ -85,3 +85,43 @@ def test_a_worker_stopped_ten_seconds_applies_each_misfire_policy(
     # SKIP: none of them.
     assert after["skip"][0] - start["skip"] >= 8 * one
     assert master_id("acc-skip") in {m["job_id"] for m in store.list_masters()}
+
+
+def test_exponential_backoff_of_a_recurring_task_keeps_its_milliseconds(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    """``@recurring(backoff_delay_ms=500)``: retries after 0.5, 1 and 2 s, not after 1, 2 and
+    4 (Celery's autoretry counts its factor in whole seconds)."""
+    store = ratchet_state(server_app).store
+
+    def runs() -> dict[str, list[list[str]]]:
+        found: dict[str, list[list[str]]] = {}
+        for key, _ in side_effects(store):
+            kind, _, rest = key.partition("|")
+            found.setdefault(kind, []).append(rest.split("|"))
+        return found
+
+    def first_done() -> str | None:
+        flaky = runs().get("flaky", [])
+        done = [job_id for job_id, retries, *_ in flaky if retries == "3"]
+        return done[0] if done else None
+
+    server_cluster.start("b1", concurrency=2, RATCHET_ACCEPTANCE_RECURRING="backoff")
+    wait_until(lambda: first_done() is not None, 90, "an occurrence retried three times")
+    server_cluster.stop_all()
+    job_id = first_done()
+    countdowns = sorted(
+        (int(retries), float(countdown))
+        for found, retries, countdown in runs()["countdown"]
+        if found == job_id
+    )
+    assert countdowns == [(0, 0.5), (1, 1.0), (2, 2.0)], server_cluster.logs()
+    tries = sorted(
+        (int(retries), eta, float(began))
+        for found, retries, eta, began in runs()["flaky"]
+        if found == job_id
+    )
+    assert [retries for retries, _, _ in tries] == [0, 1, 2, 3]
+    # Each retry was due its delay after the run before it began, and not before.
+    for (_, _, began), (retries, due, _) in itertools.pairwise(tries):
+        assert float(due) - began >= 0.5 * 2 ** (retries - 1) - 0.001
