@@ -71,7 +71,8 @@ def recurring(
         def purge_sessions(): ...
 
     ``id`` (default: the task's name) is the business key: one master per key, however many
-    nodes start. The task takes no arguments (or only ``self`` when bound).
+    nodes start. ``name`` (default: the function's name) is how listings show it. The task
+    takes no arguments (or only ``self`` when bound).
     """
     CronExpression(cron, zone)  # a bad expression fails at import, naming the field
     MisfirePolicy.named(misfire_policy, max_catch_up_executions)
@@ -321,7 +322,7 @@ def register_all(app: Celery) -> list[str]:
                 ),
                 tags=options.tags,
                 options=send_options,
-                name=options.name,
+                name=options.name or _function_name(task),
             )
         )
     beat = dict(app.conf.beat_schedule or {})
@@ -369,6 +370,11 @@ def beat_entries_gone(app: Celery, entries: dict[str, Any]) -> list[str]:
 
 #: Schedules of the API named at a worker's start; the rest are counted.
 _OTHERS_NAMED = 20
+
+
+def _function_name(task: Any) -> str:
+    """The seeds' default name of a recurring job: its method's (here, its function's)."""
+    return str(getattr(task.run, "__name__", None) or task.name.rpartition(".")[2])
 
 
 def describe_beat_entry(app: Celery, name: str, entry: dict[str, Any]) -> str:

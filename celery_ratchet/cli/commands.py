@@ -279,6 +279,7 @@ def schedules(ctx: click.Context, as_json: bool) -> None:
         recurring.describe(store),
         [
             "business_key",
+            "name",
             "task",
             "schedule",
             "zone",

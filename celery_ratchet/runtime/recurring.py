@@ -160,6 +160,7 @@ def _described(
     return {
         **extra,
         "business_key": master["business_key"],
+        "name": spec.name,
         "task": master["task_name"],
         "schedule": spec.schedule.partition(":")[2]
         if spec.schedule.startswith("cron:")
@@ -179,6 +180,7 @@ def _unreadable(master: dict[str, Any], *, with_last_fire: bool) -> dict[str, An
     return {
         **({"last_fire": None} if with_last_fire else {}),
         "business_key": master["business_key"],
+        "name": None,
         "task": master["task_name"],
         "schedule": unreadable,
         "zone": unreadable,

@@ -105,3 +105,15 @@ def test_schedule_recurring_at_runtime_updates_in_place(recurring_app: Celery) -
     assert len(RUNS[key]) == fired
     celery_ratchet.cancel_recurring(recurring_app, key)
     assert all(m["business_key"] != key for m in store.list_masters())
+
+
+def test_a_decorated_task_is_named_after_its_function(recurring_app: Celery) -> None:
+    """The seeds: a recurring job's name defaults to its method's name."""
+    shown = {
+        m["business_key"]: m
+        for m in celery_ratchet.celery.recurring.masters.describe(
+            ratchet_state(recurring_app).store
+        )
+    }
+    assert shown[recurring_app.conf.recurring_key]["name"] == "every_second"
+    assert shown["beat-every-second"]["name"] == "beat-every-second"
