@@ -81,6 +81,23 @@ class MessageTooLarge(PayloadTooLarge):
         )
 
 
+class CompressedPayloadTooLarge(PayloadTooLarge):
+    """A job's compressed payload decompresses to more than a worker takes: 64 times
+    ``ratchet_max_payload_kb`` (``limit_bytes``)."""
+
+    def __init__(self, task_name: str, limit_bytes: int, limit_kb: int) -> None:
+        self.task_name = task_name
+        self.size_bytes = limit_bytes + 1  # at least: decompression stops there
+        self.limit_kb = limit_kb
+        RatchetError.__init__(
+            self,
+            f"the payload of task {task_name!r} decompresses to more than "
+            f"{limit_bytes // 1024} KB, {limit_bytes // (limit_kb * 1024)} times "
+            f"ratchet_max_payload_kb = {limit_kb}; pass a reference instead of the data, or "
+            "raise ratchet_max_payload_kb on senders and workers alike",
+        )
+
+
 class DuplicateJob(RatchetError):
     """A job with this task id is already pending or running; or, with ``business_key``
     set, the job's business key is held by an active job (PENDING, WAITING or RUNNING),

@@ -113,7 +113,9 @@ class RatchetSettings:
     #: Largest serialized arguments (args and kwargs, after compression) a job may carry, in
     #: KiB. The workflow Celery embeds beside them (the rest of a chain, a chord's header,
     #: callbacks) does not count, but each step's own arguments are held to the limit, and a
-    #: whole message over 4 MB is refused (``MessageTooLarge``).
+    #: whole message over 4 MB is refused (``MessageTooLarge``). Compressed arguments may
+    #: decompress to 64 times this at most (``CompressedPayloadTooLarge``): a worker
+    #: decompresses a row within that bound.
     max_payload_kb: int = 100
     #: Permit pickle (and other serializers that can run code) to write and read jobs,
     #: whatever ``accept_content`` says.

@@ -43,7 +43,9 @@ from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.celery.transport import wake as wake_main_loop
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
 from celery_ratchet.errors import (
+    CompressedPayloadTooLarge,
     ConfigurationError,
+    MalformedJob,
     SerializerNotAllowed,
     StoreBusy,
     StoreUnavailable,
@@ -68,6 +70,8 @@ class Dispatcher:
         # run code unless ratchet_allow_pickle is on: anyone who can write a row could.
         settings = ratchet_state(consumer.app).settings
         self.accept, _ = safe_accept(consumer.app.conf.accept_content, settings.allow_pickle)
+        #: A compressed body decompresses to at most a multiple of this (celery/inflate.py).
+        self.max_payload_kb = settings.max_payload_kb
         self.runtime: WorkerRuntime | None = None
 
     def __call__(self, job: ClaimedJob) -> None:
@@ -79,7 +83,14 @@ class Dispatcher:
         if strategy is None:
             self._unknown(job)
             return
-        message = JobMessage(job, accept=self.accept, on_end=self._on_end)
+        try:
+            message = JobMessage(
+                job, accept=self.accept, on_end=self._on_end, max_payload_kb=self.max_payload_kb
+            )
+        except (MalformedJob, CompressedPayloadTooLarge) as exc:  # a body it cannot inflate
+            logger.error("ratchet: job %s failed unrun: %s", job.job_id, exc)
+            self._on_end(job, JobStatus.FAILED, exception_record(exc), None)
+            return
         try:
             strategy(message, None, message.ack_log_error, message.reject_log_error, None)
         except _MALFORMED as exc:

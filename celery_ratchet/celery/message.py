@@ -19,6 +19,12 @@ from kombu.serialization import dumps, prepare_accept_content, registry
 from kombu.utils import json as kjson
 
 from celery_ratchet.celery.compat import serializer_decoders, set_message_state
+from celery_ratchet.celery.inflate import (
+    bounded,
+    inflated_limit,
+    unbounded_compression,
+    uncompressed_body,
+)
 from celery_ratchet.domain.job import (
     ClaimedJob,
     JobStatus,
@@ -30,6 +36,7 @@ from celery_ratchet.domain.job import (
 )
 from celery_ratchet.domain.priority import to_numeric
 from celery_ratchet.errors import (
+    CompressedPayloadTooLarge,
     ConfigurationError,
     InvalidJob,
     MessageTooLarge,
@@ -122,9 +129,10 @@ def job_from_message(
     check_serializer(serializer, allow_pickle)
     content_type, content_encoding, data = _dumps(body, serializer)
     payload = data.encode(content_encoding) if isinstance(data, str) else data
-    if compression:
-        payload, headers["compression"] = compress(payload, compression)
     name = headers["task"]
+    if compression:
+        _check_compression(name, compression, len(payload), max_payload_kb)
+        payload, headers["compression"] = compress(payload, compression)
     if len(payload) > max_payload_kb * 1024:
         if isinstance(body, (tuple, list)) and len(body) == 3:
             found = _largest_arguments(name, body, serializer, compression, max_payload_kb * 1024)
@@ -174,6 +182,16 @@ def job_from_message(
         else OnDuplicate(on_duplicate or OnDuplicate.EXISTING),
         tags=tuple(tags),
     )
+
+
+def _check_compression(name: str, compression: str, size: int, max_payload_kb: int) -> None:
+    """Refuse at send what a worker would refuse to decompress (see celery/inflate.py): a
+    compression it does not bound, a body larger than the bound."""
+    if not bounded(compression):
+        raise InvalidJob("compression", f"task {name!r}: {unbounded_compression(compression)}")
+    limit = inflated_limit(max_payload_kb)
+    if size > limit:
+        raise CompressedPayloadTooLarge(name, limit, max_payload_kb)
 
 
 def _largest_arguments(
@@ -367,9 +385,18 @@ class JobMessage(KombuMessage):
     """
 
     def __init__(
-        self, job: ClaimedJob, *, accept: Collection[str] | None, on_end: EndCallback
+        self,
+        job: ClaimedJob,
+        *,
+        accept: Collection[str] | None,
+        on_end: EndCallback,
+        max_payload_kb: int | None = None,
     ) -> None:
         headers = _decoded(job.decoded_headers, job.message.headers)
+        body = job.message.payload
+        if max_payload_kb is not None:
+            # Within a bound: kombu's decompression takes whatever a bomb makes.
+            body = uncompressed_body(body, headers, max_payload_kb, job.task_name)
         headers[CLAIM_HEADER] = job.token
         if job.fence is not None:
             headers[FENCE_HEADER] = job.fence
@@ -380,7 +407,7 @@ class JobMessage(KombuMessage):
         self.sent_priority: int = properties.get("priority") or 0
         properties["priority"] = job.priority
         super().__init__(
-            body=job.message.payload,
+            body=body,
             delivery_tag=job.id,
             content_type=job.message.content_type,
             content_encoding=job.message.content_encoding,

@@ -12,6 +12,7 @@ from celery.worker.request import Request
 from kombu.message import Message
 from kombu.utils.json import loads
 
+from celery_ratchet.celery.inflate import uncompressed_body
 from celery_ratchet.celery.message import safe_accept
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.control import lister_of
@@ -62,8 +63,10 @@ def _request(consumer: Any, job: ClaimedJob, accept: set[str]) -> Request | None
         properties = loads(job.message.properties)
         # Stock's transports deliver a message without a priority as priority 0.
         properties["priority"] = properties.get("priority") or 0
+        headers = loads(job.message.headers)
+        max_payload_kb = ratchet_state(consumer.app).settings.max_payload_kb
         message = Message(
-            body=job.message.payload,
+            body=uncompressed_body(job.message.payload, headers, max_payload_kb, job.task_name),
             content_type=job.message.content_type,
             content_encoding=job.message.content_encoding,
             delivery_info={
@@ -73,7 +76,7 @@ def _request(consumer: Any, job: ClaimedJob, accept: set[str]) -> Request | None
                 "redelivered": False,
             },
             properties=properties,
-            headers=loads(job.message.headers),
+            headers=headers,
             accept=accept,
         )
         return Request(message, app=consumer.app, hostname=consumer.hostname, task=task)
