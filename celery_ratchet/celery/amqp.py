@@ -19,6 +19,7 @@ from celery_ratchet.celery.events import send_task_sent
 from celery_ratchet.celery.message import (
     CLAIM_HEADER,
     check_protocol,
+    check_result_backend,
     job_from_message,
     waiting_steps,
 )
@@ -101,6 +102,7 @@ class RatchetAMQP(AMQP):
             headers2, properties, body, sent_event = message
             if type(body) is not tuple:  # protocol 1's body is a dict: set after configuring
                 check_protocol(app.conf.task_protocol)
+            check_result_backend(app.conf.result_backend)
             if headers:
                 headers2.update(headers)
             given = kwargs.pop("ratchet", None)

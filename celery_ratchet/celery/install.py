@@ -20,7 +20,7 @@ from celery_ratchet.celery import (
 )
 from celery_ratchet.celery.compat import SettingsFilter, forget_cached_backend, wrap_settings_censor
 from celery_ratchet.celery.consumer import JobConsumer
-from celery_ratchet.celery.message import check_protocol, safe_accept
+from celery_ratchet.celery.message import check_protocol, check_result_backend, safe_accept
 from celery_ratchet.celery.sender import follow_held_keys
 from celery_ratchet.celery.state import (
     INSTALL_LOCK,
@@ -29,7 +29,6 @@ from celery_ratchet.celery.state import (
     is_ratchet_app,
     ratchet_state,
 )
-from celery_ratchet.errors import ConfigurationError
 from celery_ratchet.store.redact import mask_url
 
 
@@ -94,23 +93,20 @@ def _on_configured(sender: Celery, **_: Any) -> None:
 
 
 def apply_defaults(app: Celery) -> None:
-    """Settings every ratchet app needs: results in the store, no broker."""
+    """Settings every ratchet app needs: results in the store, no broker. The settings it
+    refuses raise after the broker is gone: run from Celery's configure signal, whose errors
+    Celery only logs, the refusal is raised again by the first send."""
     conf = app.conf
-    backend = conf.result_backend
-    if not backend:
+    if not conf.result_backend:
         conf.result_backend = "ratchet://"
         forget_cached_backend(app)
-    elif isinstance(backend, str) and backend.startswith("rpc"):
-        raise ConfigurationError(
-            "result_backend 'rpc://' sends results over the broker, and a ratchet app has none; "
-            "remove result_backend to store results in the job store (the default)"
-        )
-    check_protocol(conf.task_protocol)
     if "result_backend_always_retry" not in conf.changes:
         # A result written while the database is briefly away waits for it (Celery's own
         # retry, StoreUnavailable being safe to retry) instead of failing a job that ran.
         conf.result_backend_always_retry = True
     forget_broker(app)
+    check_result_backend(conf.result_backend)
+    check_protocol(conf.task_protocol)
 
 
 def forget_broker(app: Celery) -> None:

@@ -488,5 +488,14 @@ def check_protocol(protocol: Any) -> None:
         )
 
 
+def check_result_backend(backend: Any) -> None:
+    """A ratchet app has no broker for results to travel over."""
+    if isinstance(backend, str) and backend.startswith("rpc"):
+        raise ConfigurationError(
+            "result_backend 'rpc://' sends results over the broker, and a ratchet app has none; "
+            "remove result_backend to store results in the job store (the default)"
+        )
+
+
 def _json_decoder() -> Any:
     return getattr(registry, "_decoders", {}).get("application/json")

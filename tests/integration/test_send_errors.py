@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from celery import Celery, group
 
+from celery_ratchet import Celery as RatchetCelery
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.errors import (
     ConfigurationError,
@@ -86,6 +87,20 @@ def test_rpc_results_are_refused(broker_trap: BrokerTrap, tmp_path: Path) -> Non
     app = make_app(f"sqlite:///{tmp_path / 'r.db'}", broker_trap.url, result_backend="rpc://")
     with pytest.raises(ConfigurationError, match="rpc"):
         app.tasks["t.add"].delay(1, 2)
+
+
+def test_rpc_results_are_refused_by_a_send_by_name_of_an_app_made_ratchet(
+    broker_trap: BrokerTrap, tmp_path: Path
+) -> None:
+    # Installed before it is configured: the refusal, raised in Celery's configure signal
+    # (which only logs its receivers' errors), is raised again by the send.
+    app = RatchetCelery("shop", broker=broker_trap.url, set_as_current=False)
+    app.conf.update(ratchet_url=f"sqlite:///{tmp_path / 'r.db'}", result_backend="rpc://")
+    with pytest.raises(ConfigurationError, match="rpc"):
+        app.send_task("t.add", args=(1, 2))
+    assert pending(app) == 0
+    assert app.conf.broker_url != broker_trap.url
+    assert broker_trap.connections == 0
 
 
 def test_message_protocol_1_is_refused_naming_the_setting(
