@@ -1,12 +1,11 @@
 """``celery_ratchet.Celery``: a Celery app that is a ratchet app from the moment it exists.
 
-``Celery("shop", task_cls="celery_ratchet:RatchetTask")`` becomes a ratchet app only when
-something evaluates its task class (a task is bound, or the ``celery`` program loads it):
-Celery offers no hook that runs when such an app is configured, and nothing imports
-celery_ratchet before then. A process that only sends by name, reads results or pings workers
-before that moment would use the stock broker and result backend. This class installs ratchet
-in its constructor instead, before any configuration is read, so every entry point sees a
-ratchet app.
+It is ``celery.Celery`` with ``RatchetTask`` as its default task class, installing ratchet in
+its constructor, before any configuration is read. ``Celery("shop",
+task_cls="celery_ratchet:RatchetTask")`` gets the same from ``first_use``, which looks at
+every app of the process as it is made; this class does not depend on that (a process
+running celery_ratchet from a source tree, without its entry points, still gets a ratchet app
+from its first call).
 """
 
 from __future__ import annotations

@@ -4,19 +4,24 @@ Everything of theirs that is private (an underscore name, a method a subclass he
 an object replaced in place) is reached through this module only. tests/unit/test_compat.py
 checks every name against the installed releases, one test per name, so a release that
 moves one fails the test named after it.
+
+Importing this module imports nothing of Celery's app module: ``first_use`` uses it while
+kombu is being imported by Celery (see ``celery_ratchet.celery.autoload``).
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+import weakref
 from collections.abc import Callable, Mapping
 from types import CodeType, FrameType
-from typing import Any
-
-from celery import Celery, current_app, current_task
+from typing import TYPE_CHECKING, Any
 
 from celery_ratchet.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 # -- the app and Celery's proxies ------------------------------------------------------------
 
@@ -29,6 +34,8 @@ def forget_cached_backend(app: Celery) -> None:
 
 def current_app_object() -> Celery:
     """The app behind Celery's ``current_app`` proxy (``Proxy._get_current_object``)."""
+    from celery import current_app
+
     app: Celery = current_app._get_current_object()
     return app
 
@@ -36,6 +43,8 @@ def current_app_object() -> Celery:
 def current_task_object() -> Any:
     """The task running now, or None: what Celery's ``current_task`` proxy stands for
     (``Proxy._get_current_object``)."""
+    from celery import current_task
+
     return current_task._get_current_object()
 
 
@@ -43,6 +52,94 @@ def unproxied(obj: Any) -> Any:
     """``obj`` itself, or the object behind it when it is one of Celery's proxies (a task
     decorated before its app is finalized; ``Proxy._get_current_object``)."""
     return obj._get_current_object() if hasattr(obj, "_get_current_object") else obj
+
+
+def build_backend(app: Celery) -> Any:
+    """A new result backend for ``app``, from its ``result_backend`` setting (or its
+    ``backend_cls``), as ``app.backend`` makes one (``Celery._get_backend``)."""
+    return app._get_backend()
+
+
+_NEW_APP_CALLBACKS: list[Callable[[Any], None]] = []
+
+
+class _AppsCallingBack(weakref.WeakSet):  # type: ignore[type-arg]
+    def add(self, item: Any) -> None:
+        super().add(item)
+        for callback in list(_NEW_APP_CALLBACKS):
+            callback(item)
+
+
+#: Celery's app module: imported before any app can be made, and after ``celery._state``
+#: (which ``celery.app`` imports first) has been imported whole.
+_APP_MODULE = "celery.app.base"
+
+
+def on_every_new_app(callback: Callable[[Any], None]) -> Callable[[], None]:
+    """Call ``callback(app)`` for each Celery app as its constructor ends, and now for each
+    app made already. Celery's constructor ends by adding the app to ``celery._state._apps``
+    (a WeakSet of every app, ``_register_app``): that set is replaced by one calling back as
+    it adds, at once if Celery's app module is imported, else as soon as its import ends
+    (kombu, which loads ``celery_ratchet.celery.autoload``, is imported while
+    ``celery._state`` still is). Returns what takes the callback out again."""
+    if callback not in _NEW_APP_CALLBACKS:
+        _NEW_APP_CALLBACKS.append(callback)
+        if _APP_MODULE in sys.modules:
+            from celery import _state
+
+            _follow_new_apps()
+            for app in list(_state._apps):
+                callback(app)
+        elif not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
+            sys.meta_path.insert(0, _AfterImport(_APP_MODULE, _follow_new_apps))
+
+    def remove() -> None:
+        if callback in _NEW_APP_CALLBACKS:
+            _NEW_APP_CALLBACKS.remove(callback)
+
+    return remove
+
+
+def _follow_new_apps() -> None:
+    from celery import _state
+
+    if not isinstance(_state._apps, _AppsCallingBack):
+        _state._apps = _AppsCallingBack(_state._apps)
+
+
+class _AfterImport:
+    """A finder (first on ``sys.meta_path``) that finds nothing itself: when ``name`` is
+    imported, it has the other finders find it and runs ``action()`` once the module has been
+    executed, then leaves ``sys.meta_path``."""
+
+    def __init__(self, name: str, action: Callable[[], None]) -> None:
+        self.name = name
+        self.action = action
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None:  # pragma: no cover - a legacy loader: nothing to follow
+            return spec
+        action = self.action
+
+        def exec_then_act(module: Any) -> None:
+            exec_module(module)
+            action()
+
+        # On the loader instance (one per module), so the module keeps its own loader.
+        loader.exec_module = exec_then_act
+        return spec
 
 
 def signature_app(sig: Any) -> Celery | None:

@@ -11,17 +11,22 @@ from celery import Celery, Task
 
 from celery_ratchet.celery.aio import wrap_async
 from celery_ratchet.celery.compat import django_task_method
+from celery_ratchet.celery.first_use import watch_new_apps
 from celery_ratchet.celery.install import install
 from celery_ratchet.celery.retry import refuse_do_not_retry
 from celery_ratchet.celery.sender import follow_in_open_batch
+
+# Installed packages watch every app from Celery's import on (celery_ratchet.celery.autoload);
+# a process that runs celery_ratchet from a source tree watches from here.
+watch_new_apps()
 
 
 class RatchetTask(Task):
     """A Celery task whose sends land in the job store and whose runs are claimed from it.
 
-    Binding any task of this class to an app installs ratchet on that app; an app made with
-    ``celery_ratchet.Celery`` has it installed from its creation on, which a process that
-    sends by name (``send_task``) or reads results before binding a task needs.
+    An app whose task class this is (or a subclass) is a ratchet app from its first send,
+    result read or control call on (``first_use``), and binding a task of this class to an
+    app installs ratchet on that app too.
     """
 
     Request = "celery_ratchet.celery.request:RatchetRequest"

@@ -2,7 +2,9 @@
 
 Each case runs a fresh interpreter that imports an app module defining no task, then sends by
 name, reads the result's state and pings the workers through the store, with ``broker_url``
-pointing at a local socket that counts connections: nothing may reach it.
+pointing at a local socket that counts connections: nothing may reach it. The app is made
+with ``celery_ratchet.Celery``, or with ``celery.Celery`` and only ``task_cls`` naming
+``RatchetTask`` (or a subclass in a module nothing imported yet), importing no celery_ratchet.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from sqlalchemy import select
 
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.store.schema import scheduler_control, scheduler_job
+from tests.conftest import Servers, empty_store
 from tests.helpers import Tripwire
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,6 +62,34 @@ APPS = {
     """,
 }
 
+#: The same apps with only the task class swapped: the switch is the same on every database,
+#: so these run on SQLite only.
+TASK_CLS_APPS = {
+    "task_cls": """
+        import os
+        from celery import Celery
+        app = Celery("shop", task_cls="celery_ratchet:RatchetTask")
+        app.conf.ratchet_url = os.environ["SHOP_DB"]
+        app.conf.broker_url = os.environ["SHOP_BROKER"]
+    """,
+    "task_cls django": """
+        from celery import Celery
+        app = Celery("shop", task_cls="celery_ratchet:RatchetTask")
+        app.config_from_object("django.conf:settings", namespace="CELERY")
+    """,
+    "task_cls subclass": """
+        from celery import Celery
+        app = Celery("shop", task_cls="shopbase:ShopTask")
+        app.config_from_object("shopconfig")
+    """,
+}
+
+SHOPBASE = """
+from celery_ratchet import RatchetTask
+class ShopTask(RatchetTask):
+    pass
+"""
+
 SHOPCONFIG = """
 import os
 ratchet_url = os.environ["SHOP_DB"]
@@ -83,9 +114,10 @@ def tripwire() -> Iterator[Tripwire]:
 
 
 def run_client(tmp_path: Path, variant: str, db_url: str, broker_port: int) -> dict[str, object]:
-    (tmp_path / "shopapp.py").write_text(textwrap.dedent(APPS[variant]))
+    (tmp_path / "shopapp.py").write_text(textwrap.dedent({**APPS, **TASK_CLS_APPS}[variant]))
     (tmp_path / "shopconfig.py").write_text(SHOPCONFIG)
     (tmp_path / "shopsettings.py").write_text(DJANGO_SETTINGS)
+    (tmp_path / "shopbase.py").write_text(SHOPBASE)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
@@ -93,7 +125,7 @@ def run_client(tmp_path: Path, variant: str, db_url: str, broker_port: int) -> d
         "SHOP_BROKER": f"amqp://guest:guest@127.0.0.1:{broker_port}//",
     }
     env.pop("DJANGO_SETTINGS_MODULE", None)
-    if variant == "django":
+    if variant.endswith("django"):
         env["DJANGO_SETTINGS_MODULE"] = "shopsettings"
     done = subprocess.run(
         [sys.executable, "-c", CLIENT],
@@ -111,8 +143,23 @@ def run_client(tmp_path: Path, variant: str, db_url: str, broker_port: int) -> d
 def test_fresh_process_sends_reads_and_pings_through_the_store(
     tmp_path: Path, variant: str, db_url: str, store: JobStore, tripwire: Tripwire
 ) -> None:
-    seen = run_client(tmp_path, variant, db_url, tripwire.port)
+    assert_sends_reads_and_pings_through_the_store(tmp_path, variant, db_url, store, tripwire)
 
+
+@pytest.mark.parametrize("variant", sorted(TASK_CLS_APPS))
+def test_fresh_process_with_only_the_task_class_swapped_uses_the_store_too(
+    tmp_path: Path, variant: str, servers: Servers, tripwire: Tripwire
+) -> None:
+    url = servers.url("sqlite")
+    assert_sends_reads_and_pings_through_the_store(
+        tmp_path, variant, url, empty_store(url), tripwire
+    )
+
+
+def assert_sends_reads_and_pings_through_the_store(
+    tmp_path: Path, variant: str, db_url: str, store: JobStore, tripwire: Tripwire
+) -> None:
+    seen = run_client(tmp_path, variant, db_url, tripwire.port)
     with store.engine.connect() as conn:
         row = conn.execute(
             select(scheduler_job.c.task_name, scheduler_job.c.status).where(

@@ -7,8 +7,10 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,6 +36,7 @@ from celery_ratchet.celery.compat import (
     REQUEST_ANNOUNCE_REVOKED_METHOD,
     argument_reprs,
     billiard_pool_of,
+    build_backend,
     cache_producer_pool,
     cached_producer_pool,
     close_pool_at_once,
@@ -51,6 +54,7 @@ from celery_ratchet.celery.compat import (
     is_lazy_generator_result,
     offer_pool,
     on_every_cli_app,
+    on_every_new_app,
     pool_input_queue,
     pool_processes,
     pool_state,
@@ -74,6 +78,8 @@ from celery_ratchet.celery.compat import (
 )
 from celery_ratchet.celery.task import RatchetTask
 from celery_ratchet.errors import ConfigurationError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _app() -> Celery:
@@ -172,6 +178,50 @@ def test_forget_cached_backend_drops_the_backend_in_app_local() -> None:
     assert app.backend is before  # cached: the new setting is not seen yet
     forget_cached_backend(app)
     assert type(app.backend).__name__ == "CacheBackend"
+
+
+def test_build_backend_makes_a_new_backend_from_the_setting() -> None:
+    app = _app()
+    before = app.backend
+    app.conf.result_backend = "cache+memory://"
+    built = build_backend(app)
+    assert type(built).__name__ == "CacheBackend"
+    assert app.backend is before  # what app.backend keeps is left alone
+
+
+def test_on_every_new_app_calls_back_as_each_app_is_constructed() -> None:
+    made = _app()
+    seen: list[Any] = []
+    remove = on_every_new_app(seen.append)
+    try:
+        assert made in seen
+        app = _app()
+        assert seen[-1] is app
+        assert app.main == "compat"  # called once the constructor has run
+    finally:
+        remove()
+    count = len(seen)
+    _app()
+    assert len(seen) == count
+
+
+def test_on_every_new_app_waits_for_celerys_app_module_when_it_is_not_imported() -> None:
+    check = textwrap.dedent(
+        """
+        import sys
+        from celery_ratchet.celery.compat import on_every_new_app
+        assert "celery.app.base" not in sys.modules
+        seen = []
+        on_every_new_app(seen.append)
+        from celery import Celery
+        app = Celery("late", set_as_current=False)
+        assert seen == [app], seen
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_current_app_object_is_the_app_behind_the_current_app_proxy() -> None:
