@@ -2,9 +2,43 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 
 class RatchetError(Exception):
-    """Base class of every celery_ratchet error."""
+    """Base class of every celery_ratchet error.
+
+    An error whose message is made from fields (its constructor takes them) keeps the fields
+    as its ``args`` and tells its message as ``str()``: Celery rebuilds a task's failure from
+    its stored form as ``cls(*args)``, and pickle rebuilds it from the same, so a rebuilt error
+    is the error it was, not one that takes its own message for its first field."""
+
+    _message: str | None = None
+
+    def _made_of(self, message: str, *fields: Any) -> None:
+        Exception.__init__(self, *fields)
+        self._message = message
+
+    def __str__(self) -> str:
+        return self._message if self._message is not None else super().__str__()
+
+    def __reduce__(self) -> Any:
+        if self._message is not None:
+            return (type(self), self.args)
+        return super().__reduce__()
+
+
+def rebuilt_message(exc_type: str, module: str | None, args: Sequence[Any]) -> str | None:
+    """The message of one of these errors, rebuilt from its stored type and ``args`` (Celery's
+    JSON form of a failure); None for any other exception."""
+    kind = globals().get(exc_type) if module == __name__ else None
+    if not (isinstance(kind, type) and issubclass(kind, RatchetError)):
+        return None
+    try:
+        return str(kind(*args))
+    except Exception:
+        return None
 
 
 class ConfigurationError(RatchetError, ValueError):
@@ -56,10 +90,13 @@ class PayloadTooLarge(RatchetError, ValueError):
         self.task_name = task_name
         self.size_bytes = size_bytes
         self.limit_kb = limit_kb
-        super().__init__(
+        self._made_of(
             f"payload of task {task_name!r} is {size_bytes / 1024:.1f} KB, over the limit of "
             f"{limit_kb} KB (ratchet_max_payload_kb); pass a reference instead of the data "
-            f"(a primary key, a file path, an object-store key)"
+            f"(a primary key, a file path, an object-store key)",
+            task_name,
+            size_bytes,
+            limit_kb,
         )
 
 
@@ -71,13 +108,15 @@ class MessageTooLarge(PayloadTooLarge):
         self.task_name = task_name
         self.size_bytes = size_bytes
         self.limit_kb = limit_bytes // 1024
-        RatchetError.__init__(
-            self,
+        self._made_of(
             f"message of task {task_name!r} is {size_bytes / 2**20:.1f} MB with its headers "
             "and the workflow Celery carries in it (the rest of a chain, a chord's header, "
             "callbacks), over "
             f"the {limit_bytes / 2**20:.0f} MB a job row holds; send a large chord on its own "
             "rather than inside a chain, or pass references instead of data",
+            task_name,
+            size_bytes,
+            limit_bytes,
         )
 
 
@@ -89,22 +128,30 @@ class CompressedPayloadTooLarge(PayloadTooLarge):
         self.task_name = task_name
         self.size_bytes = limit_bytes + 1  # at least: decompression stops there
         self.limit_kb = limit_kb
-        RatchetError.__init__(
-            self,
+        self._made_of(
             f"the payload of task {task_name!r} decompresses to more than "
             f"{limit_bytes // 1024} KB, {limit_bytes // (limit_kb * 1024)} times "
             f"ratchet_max_payload_kb = {limit_kb}; pass a reference instead of the data, or "
             "raise ratchet_max_payload_kb on senders and workers alike",
+            task_name,
+            limit_bytes,
+            limit_kb,
         )
 
 
 class DuplicateJob(RatchetError):
     """A job with this task id is already pending or running; or, with ``business_key``
     set, the job's business key is held by an active job (PENDING, WAITING or RUNNING),
-    whose id is ``job_id``. Nothing was written."""
+    whose id is ``job_id``. Nothing was written.
+
+    The key itself is kept in ``business_key`` only: the fields the error is stored and
+    rebuilt from (``args``) say ``HELD`` in its place."""
+
+    #: What a rebuilt DuplicateJob has for the business key it does not carry.
+    HELD = "held"
 
     def __init__(
-        self, job_id: str, *, business_key: str | None = None, reason: str | None = None
+        self, job_id: str, business_key: str | None = None, reason: str | None = None
     ) -> None:
         self.job_id = job_id
         self.business_key = business_key
@@ -120,7 +167,7 @@ class DuplicateJob(RatchetError):
                 f"WAITING or RUNNING), so no second job was created; "
                 + (reason or "use AsyncResult(job_id) to follow that one, or revoke it first")
             )
-        super().__init__(message)
+        self._made_of(message, job_id, None if business_key is None else self.HELD, reason)
 
 
 class SerializerNotAllowed(RatchetError, ValueError):
@@ -128,10 +175,11 @@ class SerializerNotAllowed(RatchetError, ValueError):
 
     def __init__(self, serializer: str) -> None:
         self.serializer = serializer
-        super().__init__(
+        self._made_of(
             f"serializer {serializer!r} is refused: celery_ratchet stores json; set "
             f"ratchet_allow_pickle = True (env RATCHET_ALLOW_PICKLE=true) only if every "
-            f"process that can write to the job store is trusted"
+            f"process that can write to the job store is trusted",
+            serializer,
         )
 
 
@@ -150,7 +198,7 @@ class InvalidJob(RatchetError, ValueError):
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
-        super().__init__(message)
+        self._made_of(message, field, message)
 
 
 class ValueRefused(RatchetError, ValueError):
@@ -167,10 +215,11 @@ class PredicateNotAllowed(RatchetError, ValueError):
 
     def __init__(self, path: str) -> None:
         self.path = path
-        super().__init__(
+        self._made_of(
             f"predicate {path!r} is not allowed: decorate the function with "
             f"@celery_ratchet.predicate (in a module the worker imports), or list its package "
-            f"in ratchet_predicate_modules; a workflow condition never runs any other function"
+            f"in ratchet_predicate_modules; a workflow condition never runs any other function",
+            path,
         )
 
 
@@ -192,9 +241,11 @@ class StreamAbandoned(RatchetError):
     def __init__(self, batch_id: str, lease_seconds: float | None = None) -> None:
         self.batch_id = batch_id
         held = f" ({lease_seconds:g} s)" if lease_seconds is not None else ""
-        super().__init__(
+        self._made_of(
             f"batch {batch_id} is no longer open: it was failed while its stream was being "
             f"written, most likely because no chunk arrived within its lease{held}; raise "
             "ratchet_batch_stream_lease_seconds (or stream(..., lease_seconds=...)) if the "
-            "iterator can take longer than that between two items"
+            "iterator can take longer than that between two items",
+            batch_id,
+            lease_seconds,
         )

@@ -105,10 +105,15 @@ def type_name(value: Any) -> str:
 
 
 def exception_record(exc: BaseException) -> str:
-    """Celery's JSON form of an exception, as stored in ``last_error``."""
+    """Celery's JSON form of an exception, as stored in ``last_error``: its ``args``, which
+    Celery rebuilds it from (``cls(*args)``), kept as JSON holds them."""
     kind = type(exc)
-    messages = [str(a) for a in exc.args] if exc.args else [str(exc)]
+    messages = [_json_arg(a) for a in exc.args] if exc.args else [str(exc)]
     return error_record(kind.__qualname__, messages, kind.__module__)
+
+
+def _json_arg(value: Any) -> Any:
+    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
 
 
 class RatchetBackend(BaseBackend):

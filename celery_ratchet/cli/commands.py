@@ -301,7 +301,7 @@ def _schedule_action(name: str, action: Callable[[JobStore, str], None], done: s
         try:
             action(cli.store, business_key)
         except (LookupError, ValueError) as exc:
-            fail(str(exc.args[0]) if exc.args else str(exc))
+            fail(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))
         click.echo(f"{business_key}: {done}")
 
     command.__doc__ = f"{done.capitalize()} the recurring job BUSINESS_KEY."

@@ -250,6 +250,7 @@ class JobSummary:
     tags: str | None = None
 
 
-def error_record(exc_type: str, messages: Sequence[str], module: str) -> str:
-    """An exception as stored in ``last_error``: the JSON form Celery's backends use."""
+def error_record(exc_type: str, messages: Sequence[object], module: str) -> str:
+    """An exception as stored in ``last_error``: the JSON form Celery's backends use (its
+    ``exc_message`` is the exception's args)."""
     return json.dumps({"exc_type": exc_type, "exc_message": list(messages), "exc_module": module})

@@ -20,6 +20,7 @@ from typing import Any
 
 from celery_ratchet.domain.dlq_alert import AlertWindow, alert_id, alert_shown, summarize
 from celery_ratchet.domain.job import JobStatus, JobSummary, NewJob
+from celery_ratchet.errors import rebuilt_message
 from celery_ratchet.store.ports import DeadLetterStore
 
 logger = logging.getLogger(__name__)
@@ -66,7 +67,9 @@ def _exception(stored: str | None) -> str | None:
     if isinstance(record, dict) and "exc_type" in record:
         message = record.get("exc_message")
         if isinstance(message, list):
-            message = ", ".join(str(m) for m in message)
+            message = rebuilt_message(
+                str(record["exc_type"]), record.get("exc_module"), message
+            ) or ", ".join(str(m) for m in message)
         return f"{record['exc_type']}: {message}"
     return str(record)
 

@@ -207,7 +207,7 @@ class EnqueueOps(RowWriter):
                     holder = next(iter(held.values()))
                     raise DuplicateJob(
                         holder,
-                        business_key="held",
+                        business_key=DuplicateJob.HELD,
                         reason="a streaming batch counts its own children, so none can stand "
                         "in for another job: give its children no business key, or keys no "
                         "active job holds",

@@ -158,7 +158,8 @@ class Dashboard:
         try:
             outcome = action(form)
         except (LookupError, ValueError) as exc:
-            message = str(exc.args[0]) if exc.args else str(exc)
+            # A KeyError's str() quotes its message; ratchet's own errors tell theirs.
+            message = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
             return self._send(start_response, "409 Conflict", self._error(message))
         if isinstance(outcome, str):  # a confirmation page
             html = page("Confirm", outcome, active="", note=None, read_only=False)
