@@ -40,7 +40,14 @@ if not DIALECTS or not set(DIALECTS) <= set(ALL_DIALECTS):
 
 ACCEPTANCE = Path(__file__).parent / "acceptance"
 #: Fixtures that start a server of the test's own.
-PRIVATE_SERVERS = {"private_postgres", "private_mariadb", "pair", "bouncer", "galera"}
+PRIVATE_SERVERS = {
+    "private_postgres",
+    "private_mariadb",
+    "pair",
+    "bouncer",
+    "galera",
+    "private_redis",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

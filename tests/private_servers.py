@@ -390,3 +390,46 @@ class PrivateGalera:
         for node in reversed(self.nodes):
             node.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PrivateRedis:
+    """A redis-server of the test's own on a free port, keeping nothing on disk: a broker whose
+    queues a test may fill, kill the consumers of, and empty, with no other run's keys in it."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            unavailable("redis-server is not installed (Debian: redis-server)", "a private Redis")
+        self.directory = Path(tempfile.mkdtemp(prefix="ratchet-redis-"))
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.directory)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while True:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn,
+            ):
+                conn.sendall(b"PING\r\n")
+                if conn.recv(16).startswith(b"+PONG"):
+                    break
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                self.destroy()
+                raise RuntimeError(f"the private redis-server on port {self.port} did not start")
+            time.sleep(0.05)
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def destroy(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
+        shutil.rmtree(self.directory, ignore_errors=True)

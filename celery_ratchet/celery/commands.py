@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from celery_ratchet.celery.broker_import.command import import_broker
 from celery_ratchet.celery.compat import offer_pool, on_every_cli_app
 from celery_ratchet.celery.install import install
 from celery_ratchet.celery.recurring import (
@@ -54,6 +55,7 @@ def ratchet(ctx: click.Context) -> None:
 
 
 add_commands(ratchet)
+ratchet.add_command(import_broker)
 
 
 @ratchet.command("import-beat")

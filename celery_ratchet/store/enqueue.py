@@ -60,6 +60,26 @@ from celery_ratchet.store.units import Unit, connection_of, is_callers
 logger = logging.getLogger(__name__)
 
 
+#: Job ids looked up in one statement when jobs are moved in from a broker.
+_IDS_PER_LOOKUP = 1000
+
+
+def _present(conn: Connection, ids: Sequence[str]) -> set[str]:
+    if conn.dialect.name == "postgresql":
+        # One array parameter: an IN list of a thousand is compiled anew for every look-up.
+        rows = conn.exec_driver_sql(
+            f"SELECT job_id FROM {job.name} WHERE job_id = ANY(%(ids)s)", {"ids": list(ids)}
+        )
+        return {str(found) for (found,) in rows}
+    return {
+        str(found)
+        for start in range(0, len(ids), _IDS_PER_LOOKUP)
+        for found in conn.execute(
+            select(job.c.job_id).where(job.c.job_id.in_(ids[start : start + _IDS_PER_LOOKUP]))
+        ).scalars()
+    }
+
+
 @dataclass(frozen=True)
 class _Taken:
     """A plain insert found its job id taken; ``maybe_ours``: by a try of its own."""
@@ -148,6 +168,42 @@ class EnqueueOps(RowWriter):
                 return self._insert_each(conn, jobs, params, retried, lambda: savepoint(conn))
 
         return self._run(work, "no job was enqueued")
+
+    def import_jobs(self, moved: Sequence[tuple[NewJob, Sequence[NewJob]]]) -> set[str]:
+        """Write jobs moved from a broker, each with the chain steps stored ahead of it, in one
+        transaction: a job whose id the store holds already, in any state, is left as it is
+        (it was moved before, by a run that did not get to delete it from the broker), never
+        re-armed or run again, and its steps are not written. Returns those ids."""
+        if not moved:
+            return set()
+        jobs = [j for j, _ in moved]
+        self._check_packet(jobs, [w for _, steps in moved for w in steps])
+        ids = [j.job_id for j in jobs]
+
+        def work(conn: Connection) -> set[str]:
+            with transaction(conn):
+                present = _present(conn, ids)
+                fresh = [(j, steps) for j, steps in moved if j.job_id not in present]
+                if fresh:
+                    params = [_params(j) for j, _ in fresh]
+                    try:
+                        with savepoint(conn):  # the fast path (COPY on PostgreSQL)
+                            self._insert_many(conn, params)
+                    except IntegrityError:
+                        # Another writer took one of the ids since the look-up: it stays.
+                        self._insert_many(conn, params, ignore_existing=True)
+                    self._insert_waiting(conn, [w for _, steps in fresh for w in steps])
+            return present
+
+        found: set[str] = self._run(work, "no job was moved")
+        return found
+
+    def existing_job_ids(self, ids: Sequence[str]) -> set[str]:
+        """Which of ``ids`` the store holds, in any state."""
+        if not ids:
+            return set()
+        found: set[str] = self._run(lambda conn: _present(conn, ids), "no job was read")
+        return found
 
     def _insert_plain(self, params: dict[str, Any], what: str) -> _Taken | None:
         """Insert one row through the driver itself (see store/raw.py): None when inserted,

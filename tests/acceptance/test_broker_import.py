@@ -1,0 +1,182 @@
+"""``celery -A app ratchet import-broker redis://…``: what a stock Celery fleet left in a real
+Redis (a private redis-server) moved into the store and run by ratchet workers, on PostgreSQL
+and MariaDB; the ETA tasks a stock worker held when it was killed; a run killed with kill -9
+and run again loses and doubles nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from sqlalchemy import func, select
+
+from celery_ratchet.celery.state import ratchet_state
+from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.schema import scheduler_job
+from tests.acceptance.conftest import ROOT, Cluster, group_members, side_effects
+from tests.helpers import wait_until
+from tests.private_servers import PrivateRedis
+
+pytestmark = [pytest.mark.slow, pytest.mark.infra]
+
+
+@pytest.fixture
+def private_redis() -> Iterator[PrivateRedis]:
+    server = PrivateRedis()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+def stock_sends(url: str, *request: str) -> dict[str, Any]:
+    """What the fleet's stock senders send (tests/acceptance/stock_app.py), by task id."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.acceptance.stock_app", *request],
+        cwd=ROOT, env={**os.environ, "STOCK_BROKER_URL": url, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return found
+
+
+def import_broker(
+    url: str, store_url: str, *extra: str, wait: bool = True
+) -> subprocess.CompletedProcess[str] | subprocess.Popen[str]:
+    command = [sys.executable, "-m", "celery", "-A", "tests.acceptance.app", "ratchet",
+               "import-broker", url, *extra]  # fmt: skip
+    env = {**os.environ, "RATCHET_URL": store_url, "PYTHONPATH": str(ROOT)}
+    if not wait:
+        return subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, start_new_session=True,
+        )  # fmt: skip
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def broker_keys(url: str) -> dict[str, int]:
+    """Every key of the broker's database holding messages (lists, the unacked hash)."""
+    client = redis.Redis.from_url(url)
+    found = {}
+    for key in client.keys("*"):
+        kind = client.type(key)
+        if kind == b"list":
+            found[key.decode()] = int(client.llen(key))
+        elif kind == b"hash":
+            found[key.decode()] = int(client.hlen(key))
+    return found
+
+
+def test_a_stock_fleets_broker_is_moved_and_run_by_ratchet_workers(
+    server_app: Celery, server_cluster: Cluster, private_redis: PrivateRedis, tmp_path: Path
+) -> None:
+    url = private_redis.url(2)
+    # A stock worker takes three ETA tasks (it holds them unacknowledged until they are
+    # due), and is killed: they stay in the transport's unacked hash.
+    log = tmp_path / "stock.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tests.acceptance.stock_app", "worker",
+             "-P", "solo", "-l", "info", "--without-mingle", "--without-gossip"],
+            cwd=ROOT, env={**os.environ, "STOCK_BROKER_URL": url, "PYTHONPATH": str(ROOT)},
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    client = redis.Redis.from_url(url)
+    try:
+        wait_until(lambda: b"ready" in log.read_bytes(), 60, "the stock worker to start")
+        eta = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(hours=1)
+        held = stock_sends(url, "eta", eta.isoformat())["held"]
+        wait_until(lambda: client.hlen("unacked") == 3, 60, "the stock worker to take them")
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(30)
+        wait_until(lambda: not group_members(worker.pid), 30, "the stock worker's end")
+    assert client.hlen("unacked") == 3
+    sent = stock_sends(url, "fleet")
+    plain, soon, urgent, retried = sent["plain"], sent["soon"], sent["urgent"], sent["retried"]
+    expired, unknown = sent["expired"], sent["unknown"]
+
+    store = ratchet_state(server_app).store
+    dry = import_broker(url, store.url, "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert store.list_jobs(limit=10) == []
+    done = import_broker(url, store.url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[1].split() == ["celery", "19", "0", "0"], (
+        done.stdout + done.stderr + repr(broker_keys(url))
+    )
+    assert broker_keys(url) == {}, "the broker still holds messages"
+
+    jobs = {j.job_id: j for j in store.list_jobs(limit=100)}
+    for task_id in (*held, *plain, soon, urgent, retried, expired, unknown, sent["chained"]):
+        assert task_id in jobs, task_id
+    for task_id in held:  # the same ETA, still an hour away
+        assert jobs[task_id].scheduled_time == eta
+    assert jobs[urgent].priority == 7 and jobs[plain[0]].priority == 4
+    assert jobs[retried].attempts == 2
+    retried_job = store.result(retried)
+    assert retried_job is not None and json.loads(retried_job.headers or "")["tenant"] == "acme"
+
+    server_cluster.start("w1", pool="threads", concurrency=4)
+    wait_until(
+        lambda: (
+            {"chain1:0", "chain1:1", "link1:6", "err1:0", "chord1"}
+            <= {key for key, _ in side_effects(store)}
+        ),
+        120,
+        f"the canvas to run\n{server_cluster.logs()}",
+    )
+    for task_id in (*plain, soon, urgent, retried):
+        assert server_app.AsyncResult(task_id).get(timeout=60) is not None
+    assert server_app.AsyncResult(sent["chorded"]).get(timeout=60) == 6
+    assert server_app.AsyncResult(sent["chained"]).get(timeout=60) == 2
+    assert server_app.AsyncResult(expired).state == "REVOKED"
+    assert server_app.AsyncResult(unknown).state == "FAILURE"
+    assert server_app.AsyncResult(sent["errback"]).state == "FAILURE"
+    assert server_app.AsyncResult(sent["linked"]).get(timeout=60) == 6
+    for task_id in held:  # not due for an hour: waiting in the store, not in a worker
+        record = store.result(task_id)
+        assert record is not None and record.status.value == "PENDING"  # type: ignore[union-attr]
+
+
+def test_an_import_killed_with_kill_9_and_run_again_moves_each_message_once(
+    servers: object, private_redis: PrivateRedis
+) -> None:
+    from tests.conftest import empty_store
+
+    store: JobStore = empty_store(servers.url("postgresql"))  # type: ignore[attr-defined]
+    url = private_redis.url(1)
+    sent = set(stock_sends(url, "many", "20000")["sent"])
+
+    def stored() -> int:
+        with store.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(scheduler_job)).scalar())
+
+    first = import_broker(url, store.url, "--batch-size", "200", wait=False)
+    assert isinstance(first, subprocess.Popen)
+    wait_until(lambda: stored() >= 3000 or first.poll() is not None, 300, "the first batches")
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(30)
+    assert stored() < 20_000, "the run ended before it was killed: kill it earlier"
+    left = sum(broker_keys(url).values())
+    assert stored() + left >= 20_000, "messages were lost"
+
+    again = import_broker(url, store.url, "--batch-size", "200")
+    assert isinstance(again, subprocess.CompletedProcess)
+    assert again.returncode == 0, again.stdout + again.stderr
+    with store.engine.connect() as conn:
+        ids = [r for r in conn.execute(select(scheduler_job.c.job_id)).scalars()]
+    assert len(ids) == len(set(ids)) == 20_000
+    assert set(ids) == sent
+    assert broker_keys(url) == {}
