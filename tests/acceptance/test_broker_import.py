@@ -180,3 +180,83 @@ def test_an_import_killed_with_kill_9_and_run_again_moves_each_message_once(
     assert len(ids) == len(set(ids)) == 20_000
     assert set(ids) == sent
     assert broker_keys(url) == {}
+
+
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
+
+
+@pytest.fixture
+def amqp_queue() -> Iterator[str]:
+    """A queue of the shared RabbitMQ named for this test alone, deleted after it."""
+    import uuid
+
+    from kombu import Connection
+
+    name = f"ratchet-import-{uuid.uuid4().hex[:12]}"
+    try:
+        with Connection(AMQP_URL, connect_timeout=5) as conn:
+            conn.ensure_connection(max_retries=1)
+    except Exception as exc:
+        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+            pytest.fail(f"RabbitMQ is not reachable at 127.0.0.1:5672: {exc}")
+        pytest.skip(f"RabbitMQ is not reachable at 127.0.0.1:5672: {exc}")
+    yield name
+    with Connection(AMQP_URL) as conn:
+        conn.default_channel.queue_delete(name)
+
+
+def test_a_rabbitmq_queue_is_moved_acknowledged_only_after_the_commit(
+    servers: object, amqp_queue: str
+) -> None:
+    from kombu import Connection, Consumer, Queue
+
+    from tests.conftest import empty_store
+
+    store: JobStore = empty_store(servers.url("postgresql"))  # type: ignore[attr-defined]
+    sent = set(stock_sends(AMQP_URL, "many", "3000", amqp_queue)["sent"])
+    eta = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(hours=1)
+    canvas = stock_sends(AMQP_URL, "canvas", amqp_queue, eta.isoformat())
+    sent |= {canvas["urgent"], canvas["head"]}
+
+    # A live consumer holds one message unacknowledged: it cannot be moved, and is named.
+    held: list[object] = []
+    with Connection(AMQP_URL) as conn:
+        consumer = Consumer(
+            conn.channel(), [Queue(amqp_queue, no_declare=True)], callbacks=[
+                lambda body, message: held.append(message)
+            ], prefetch_count=1,
+        )  # fmt: skip
+        consumer.consume()
+        conn.drain_events(timeout=10)
+        assert len(held) == 1
+        first = import_broker(AMQP_URL, store.url, "--queue", amqp_queue, "--batch-size", "200",
+                              wait=False)  # fmt: skip
+        assert isinstance(first, subprocess.Popen)
+
+        def stored() -> int:
+            with store.engine.connect() as db:
+                return int(db.execute(select(func.count()).select_from(scheduler_job)).scalar())
+
+        wait_until(lambda: stored() >= 600 or first.poll() is not None, 300, "the first batches")
+        os.killpg(first.pid, signal.SIGKILL)  # its unacknowledged messages go back
+        first.wait(30)
+        assert stored() < len(sent) - 1, "the run ended before it was killed: kill it earlier"
+        again = import_broker(AMQP_URL, store.url, "--queue", amqp_queue)
+        assert isinstance(again, subprocess.CompletedProcess)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert f"{amqp_queue}: 1 consumers are attached" in again.stderr
+        consumer.cancel()
+    held_id = held[0].headers["id"]  # type: ignore[attr-defined]
+    with store.engine.connect() as db:
+        ids = list(db.execute(select(scheduler_job.c.job_id)).scalars())
+    assert len(ids) == len(set(ids))
+    assert {i for i in ids if i in sent} == sent - {held_id}
+    jobs = {j.job_id: j for j in store.list_jobs(limit=5000)}
+    urgent = next(j for j in jobs.values() if j.priority == 7)
+    assert urgent.scheduled_time == eta
+    assert canvas["chained"] in ids, "the chain's second step is stored ahead"
+    # The held message went back to the queue with its consumer: the next run moves it.
+    last = import_broker(AMQP_URL, store.url, "--queue", amqp_queue)
+    assert isinstance(last, subprocess.CompletedProcess)
+    assert last.returncode == 0, last.stdout + last.stderr
+    assert store.result(held_id) is not None

@@ -174,3 +174,11 @@ def test_a_chord_is_moved_only_whole(app: Celery, store: JobStore) -> None:
     chord = ratchet_state(app).batches.get("whole")
     assert chord is not None and chord.kind is BatchKind.CHORD and chord.total == 2
     assert {j.job_id for j in store.list_jobs(limit=10)} == {"w-0", "w-1"}
+
+
+def test_a_chord_is_refused_where_the_source_cannot_count_its_header(app: Celery) -> None:
+    body = dict(STOCK.signature("t.tsum"))
+    member = message("t.add", (1, 1), task_id="a-0", group_id="amqp", group_index=0, chord=body)
+    summary = Mover(app, ListSource([member], members=None)).run()
+    [(key, count)] = summary.reasons.items()
+    assert count == 1 and "chords are moved from Redis brokers only" in key[1]

@@ -101,6 +101,8 @@ def import_broker(
             chord_states.close()
     progress(summary, final=True)
     _print_summary(summary, dry_run)
+    for note in getattr(source, "notes", ()):
+        click.echo(f"note: {note}", err=True)
     refused = sum(c.refused for c in summary.queues.values())
     if refused:
         raise CommandFailed(

@@ -189,6 +189,13 @@ class Mover:
         body needs every member's result, and one that ran left its result with the old
         result backend, where the store's chord cannot count it. Celery keeps the chord's
         size in that backend too (not in the messages)."""
+        if members is None:
+            return Refused(
+                f"a task of chord {chord.group_id}: chords are moved from Redis brokers only "
+                "(whether the queues hold its whole header cannot be told before taking it); "
+                "let a Celery worker on the broker finish it",
+                moved.job.job_id,
+            )
         size, returned = chord.size, 0
         if self.chord_states is not None:
             state = self.chord_states.of(chord.group_id)
