@@ -12,6 +12,8 @@ CREATE TABLE scheduler_batch (
 	failed INTEGER NOT NULL DEFAULT '0',
 	written INTEGER NOT NULL DEFAULT '0',
 	lease_until DATETIME(6),
+	progress_written SMALLINT NOT NULL DEFAULT '0',
+	progress_ended SMALLINT NOT NULL DEFAULT '0',
 	on_success MEDIUMTEXT,
 	on_failure MEDIUMTEXT,
 	on_progress MEDIUMTEXT,

@@ -12,6 +12,8 @@ CREATE TABLE scheduler_batch (
 	failed INTEGER DEFAULT '0' NOT NULL,
 	written INTEGER DEFAULT '0' NOT NULL,
 	lease_until TIMESTAMP WITH TIME ZONE,
+	progress_written SMALLINT DEFAULT '0' NOT NULL,
+	progress_ended SMALLINT DEFAULT '0' NOT NULL,
 	on_success TEXT,
 	on_failure TEXT,
 	on_progress TEXT,

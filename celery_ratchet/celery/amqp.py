@@ -13,6 +13,7 @@ from kombu.connection import Connection
 
 from celery_ratchet.celery import alike_groups
 from celery_ratchet.celery import options as options_
+from celery_ratchet.celery.batches import PROGRESS_ENDED_TASK, progress_ended
 from celery_ratchet.celery.chain_handoff import handed_to_this_worker
 from celery_ratchet.celery.compat import cache_producer_pool, cached_producer_pool
 from celery_ratchet.celery.events import send_task_sent
@@ -91,6 +92,11 @@ class RatchetAMQP(AMQP):
             confirm_timeout: float | None = None,
             **kwargs: Any,
         ) -> None:
+            if name == PROGRESS_ENDED_TASK:
+                # A batch's progress report ended (its link): the batch releases the next
+                # report here and now; the link itself is never a job.
+                progress_ended(app, **message[2][1])
+                return
             alike_groups.offer(name, message, {
                 "exchange": exchange, "routing_key": routing_key, "queue": queue,
                 "event_dispatcher": event_dispatcher, "retry": retry,

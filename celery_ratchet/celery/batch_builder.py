@@ -14,7 +14,11 @@ from kombu.utils.uuid import uuid
 
 from celery_ratchet.celery import streams
 from celery_ratchet.celery.batches import BATCH_MARKER_TASK, batch_progress, encode_signature
-from celery_ratchet.celery.compat import current_app_object, signature_app
+from celery_ratchet.celery.compat import (
+    current_app_object,
+    is_composite_signature,
+    signature_app,
+)
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.celery.transactions import joined
 from celery_ratchet.domain.batch import BatchKind, BatchSummary, NewBatch
@@ -45,7 +49,8 @@ class BatchBuilder:
     transaction). When the last one finishes, exactly one of ``on_success`` (with the
     children's results, in order) or ``on_failure`` (with a summary naming the failed
     children) is sent. ``on_progress`` gets a summary each time another whole percent of
-    the children is done (at most 100 calls). ``celery -A app ratchet batches`` lists them.
+    the children is done (at most 100 calls), one at a time and in order, the last at 100 %.
+    ``celery -A app ratchet batches`` lists them.
     """
 
     def __init__(self, name: str, app: Celery | None = None) -> None:
@@ -83,7 +88,15 @@ class BatchBuilder:
         return self
 
     def on_progress(self, sig: Any) -> BatchBuilder:
-        self._on_progress = _signature(sig, "on_progress")
+        """One task's signature, sent a summary at each whole percent of the children done:
+        one report per percent reached, the last at 100 %, run one at a time, in order."""
+        found = _signature(sig, "on_progress")
+        if is_composite_signature(found):
+            raise TypeError(
+                f"on_progress: expected one task's signature (task.s()), got {sig!r}; each "
+                "report is one job, run after the one before it ended"
+            )
+        self._on_progress = found
         return self
 
     def stream(

@@ -10,6 +10,7 @@ swap rolls back, and the orphan scan of any node finishes the batch). No polling
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -22,6 +23,7 @@ from celery.exceptions import ChordError
 from celery.result import GroupResult, allow_join_result
 from kombu.utils import json as kjson
 
+from celery_ratchet.celery.sender import JobBatch
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.celery.transactions import joined, transaction
 from celery_ratchet.domain.batch import (
@@ -32,8 +34,10 @@ from celery_ratchet.domain.batch import (
     BatchSummary,
     NewBatch,
     percent_done,
-    progress_step,
+    percent_reached,
+    progress_report_id,
 )
+from celery_ratchet.domain.job import JobType, NewJob
 from celery_ratchet.store.batch_rows import BatchRecord, Progress
 from celery_ratchet.store.db_errors import (
     is_retryable_conflict,
@@ -45,6 +49,8 @@ logger = logging.getLogger(__name__)
 #: The chord body of a ``celery_ratchet.batch()``: never run, it marks the children so that
 #: each reports its end to the batch.
 BATCH_MARKER_TASK = "celery_ratchet.batch_done"
+#: A progress report's link and errback: the batch releases its next report.
+PROGRESS_ENDED_TASK = "celery_ratchet.batch_progress_ended"
 #: An open batch all of whose children finished this long ago is finished by the orphan scan.
 STALLED_AFTER_SECONDS = 10.0
 
@@ -118,8 +124,8 @@ def on_part_return(backend: Any, request: Any, state: str, result: Any, token: s
             part.batch_id,
         )
         return
-    if record.kind in _BUILT and record.on_progress and record.total:
-        _report_progress(app, record)
+    if progress_owed(record):
+        report_progress(app, record.batch_id)
     expected = record.expected
     if (
         record.state is BatchState.OPEN
@@ -348,16 +354,103 @@ def _summary_payload(record: BatchRecord, progress: Progress, total: int) -> dic
     }
 
 
-def _report_progress(app: Celery, record: BatchRecord) -> None:
-    progress, total = record.progress, record.expected or 0
-    if progress_step(progress.done, total) is None:
+def progress_owed(record: BatchRecord) -> bool:
+    """Whether the batch's count reached a whole percent its progress reports lack."""
+    return (
+        record.kind in _BUILT
+        and bool(record.on_progress)
+        and bool(record.expected)
+        and percent_reached(record.done, record.expected or 0) > record.progress_written
+    )
+
+
+def report_progress(app: Celery, batch_id: str) -> None:
+    """Write the batch's progress reports owed, each whole percent once, and release the
+    next one due (see :mod:`celery_ratchet.store.batch_progress`). Advisory: a failure is
+    logged, never raised to the child that ended; the housekeeping writes them later."""
+    state = ratchet_state(app)
+    stored: list[Callable[[], None]] = []
+
+    def make(record: BatchRecord, due: Sequence[tuple[int, int]]) -> list[NewJob]:
+        stored.clear()  # a try the database rolled back (a lock conflict) made them too
+        callback = decode_signature(app, record.on_progress)
+        if callback is None:
+            return []
+        total = record.expected or 0
+        reports = []
+        for percent, done in due:
+            progress = Progress(done, min(record.failed, done))
+            jobs, on_stored = _built(
+                app, _progress_report(app, callback, record, percent, progress, total)
+            )
+            reports += [dataclasses.replace(j, job_type=JobType.SINGLE) for j in jobs]
+            stored.extend(on_stored)
+        return reports
+
+    try:
+        writes = state.batches.write_progress(batch_id, make, _report_id)
+    except Exception as exc:  # progress is advisory: never fail the child for it
+        logger.warning("ratchet: progress of batch %s not reported now: %s", batch_id, exc)
         return
-    callback = decode_signature(app, record.on_progress)
-    if callback is not None:
-        try:
-            callback.delay(_summary_payload(record, progress, total))
-        except Exception as exc:  # progress is advisory: never fail the child for it
-            logger.warning("ratchet: progress of batch %s not reported: %s", record.batch_id, exc)
+    for published in stored:  # after the commit: after_task_publish, task-sent
+        published()
+    if writes.released:
+        state.published(sorted(set(writes.released)))
+
+
+def progress_ended(app: Celery, batch_id: str, percent: int) -> None:
+    """The batch's report at ``percent`` ended (its link, or its errback): release the next."""
+    state = ratchet_state(app)
+    try:
+        released = state.batches.progress_ended(batch_id, percent, _report_id)
+    except Exception as exc:  # the housekeeping releases it later
+        logger.warning(
+            "ratchet: the progress report after %d%% of batch %s not released now: %s",
+            percent, batch_id, exc,
+        )  # fmt: skip
+        return
+    if released:
+        state.published(sorted(set(released)))
+
+
+def report_lagging_progress(app: Celery) -> None:
+    """Housekeeping: reports that ended without saying so, and reports never written."""
+    for batch_id in ratchet_state(app).batches.progress_behind():
+        report_progress(app, batch_id)
+
+
+def _report_id(record: BatchRecord, percent: int) -> str:
+    """The report's id, from the id the progress callback was frozen with at submit."""
+    stored = kjson.loads(record.on_progress or "{}")
+    return progress_report_id(str((stored.get("options") or {}).get("task_id")), percent)
+
+
+def _progress_report(
+    app: Celery,
+    callback: Signature,
+    record: BatchRecord,
+    percent: int,
+    progress: Progress,
+    total: int,
+) -> Signature:
+    """The report at ``percent``: the callback with the summary, under the report's own id,
+    telling the batch when it ends, whichever way."""
+    report = callback.clone(args=(_summary_payload(record, progress, total),))
+    report.set(task_id=progress_report_id(str(callback.id), percent))
+    ended = app.signature(
+        PROGRESS_ENDED_TASK, kwargs={"batch_id": record.batch_id, "percent": percent}
+    )
+    report.link(ended)
+    report.link_error(ended)
+    return report
+
+
+def _built(app: Celery, sig: Signature) -> tuple[list[NewJob], list[Callable[[], None]]]:
+    """The jobs Celery's own send path makes of ``sig``, not written."""
+    batch = JobBatch(app)
+    sig.apply_async(producer=batch)
+    jobs, waiting, on_stored = batch.take()
+    return jobs + waiting, on_stored
 
 
 def _finish_batch(app: Celery, record: BatchRecord, parts: Sequence[BatchPart]) -> None:
@@ -418,3 +511,10 @@ def register_tasks(app: Celery) -> None:
     def batch_done(batch_id: str, *args: Any) -> None:
         """Never sent: a batch's completion is decided in the job store."""
         logger.warning("ratchet: batch marker for %s ran; nothing to do", batch_id)
+
+    @app.task(name=PROGRESS_ENDED_TASK, shared=False, bind=True)
+    def batch_progress_ended(self: Any, *args: Any, batch_id: str, percent: int) -> None:
+        """A progress report's link and errback: Celery calls an errback of more than one
+        argument in the process that ran the report, and the send of a link is taken by the
+        sender (``amqp``) and done there too: never stored as a job."""
+        progress_ended(self.app, batch_id, percent)

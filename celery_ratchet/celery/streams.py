@@ -28,6 +28,9 @@ from celery_ratchet.celery.batches import (
     fail_stream,
     finish,
     finish_stalled,
+    progress_owed,
+    report_lagging_progress,
+    report_progress,
 )
 from celery_ratchet.celery.compat import is_composite_signature
 from celery_ratchet.celery.sender import JobBatch
@@ -143,6 +146,8 @@ def stream(
         _fail_quietly(app, batch_id, exc)
         raise
     logger.info("ratchet: batch %s (%s) streamed %d children", batch_id, plan.name, record.total)
+    if progress_owed(record):  # children that finished before the total was known
+        report_progress(app, batch_id)
     if record.all_children_ended:  # every child finished before the stream ended
         finish(app.backend, record)
     return StreamedBatch(app, batch_id, plan.name, writer.written, writer.item_count)
@@ -239,9 +244,13 @@ def fail_abandoned(app: Celery) -> int:
 
 
 def housekeeping(app: Celery) -> None:
-    """A worker's batch housekeeping: finish stalled batches, fail abandoned streams."""
-    finish_stalled(app)
-    fail_abandoned(app)
+    """A worker's batch housekeeping: finish stalled batches, fail abandoned streams, and
+    write or release the progress reports that lag."""
+    try:
+        finish_stalled(app)
+        fail_abandoned(app)
+    finally:
+        report_lagging_progress(app)
 
 
 __all__ = ["StreamPlan", "StreamedBatch", "fail_abandoned", "housekeeping", "stream"]

@@ -114,11 +114,42 @@ def percent_done(done: int, total: int | None) -> float:
     return round(100.0 * min(done, total) / total, 1)
 
 
-def progress_step(done: int, total: int, steps: int = 100) -> int | None:
-    """The progress step (0..steps) reached exactly when the ``done``-th child finished, or
-    ``None`` when that child did not cross into a new step: progress callbacks fire at most
-    ``steps`` times, whatever the batch's size."""
-    if total <= 0 or done <= 0 or done > total:
+#: Progress is reported at each whole percent a batch's count of finished children reaches.
+PERCENT = 100
+
+
+def percent_reached(done: int, total: int) -> int:
+    """The whole percent of a batch's children done (0-100)."""
+    if total <= 0 or done <= 0:
+        return 0
+    return min(done, total) * PERCENT // total
+
+
+def progress_reports_due(reported: int, done: int, total: int) -> list[tuple[int, int]]:
+    """The progress reports a batch owes once ``done`` of its ``total`` children finished,
+    when its reports up to the whole percent ``reported`` were made: ``(percent, done at
+    it)`` for each whole percent reached after ``reported``, in order. A percent is reached
+    when a child's end crosses into it, so a batch of 10 reports at 10, 20, ... 100 and one
+    of 1,000 every tenth child; never more than 100 reports."""
+    due = []
+    reached = percent_reached(done, total)
+    percent = reported + 1
+    while percent <= reached:
+        first = -(-percent * total // PERCENT)  # the first count at this percent or past it
+        actual = percent_reached(first, total)
+        due.append((actual, first))
+        percent = actual + 1
+    return due
+
+
+def next_progress_report(percent: int, total: int) -> int | None:
+    """The percent of the report that follows the one at ``percent`` (None after 100)."""
+    if total <= 0 or percent >= PERCENT:
         return None
-    step = done * steps // total
-    return step if step != (done - 1) * steps // total else None
+    return percent_reached(-(-(percent + 1) * total // PERCENT), total)
+
+
+def progress_report_id(callback_id: str, percent: int) -> str:
+    """The task id of a batch's progress report at ``percent``, derived from the id its
+    progress callback was frozen with: the same report is always the same job."""
+    return f"{callback_id}-progress-{percent:03d}"

@@ -48,6 +48,9 @@ class BatchRecord:
     failed: int
     #: Children written so far (a streaming batch).
     written: int = 0
+    #: The whole percent up to which progress reports are written, and up to which they ran.
+    progress_written: int = 0
+    progress_ended: int = 0
 
     @property
     def progress(self) -> Progress:
@@ -114,4 +117,6 @@ def _record(row: Any) -> BatchRecord:
         done=row.done,
         failed=row.failed,
         written=row.written,
+        progress_written=row.progress_written,
+        progress_ended=row.progress_ended,
     )

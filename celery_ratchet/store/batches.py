@@ -29,6 +29,7 @@ from celery_ratchet.domain.batch import (
     parse_known,
 )
 from celery_ratchet.domain.job import TERMINAL_STATUSES, JobStatus
+from celery_ratchet.store.batch_progress import ProgressOps
 from celery_ratchet.store.batch_rows import BatchRecord, BatchRows, Progress
 from celery_ratchet.store.batch_streams import StreamOps
 from celery_ratchet.store.db_clock import (
@@ -63,7 +64,7 @@ condition = scheduler_workflow_condition
 _FINISHED = [s.value for s in TERMINAL_STATUSES]
 
 
-class BatchStore(StreamOps, ConditionOps, BatchRows):
+class BatchStore(StreamOps, ConditionOps, ProgressOps, BatchRows):
     """Batch operations on a :class:`~celery_ratchet.store.jobstore.JobStore`'s database."""
 
     # -- batches ----------------------------------------------------------------------------

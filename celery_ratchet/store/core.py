@@ -27,6 +27,7 @@ from celery_ratchet.domain.job import (
 from celery_ratchet.domain.priority import DEFAULT_BOOST_MINUTES
 from celery_ratchet.errors import (
     SchemaMissing,
+    SchemaOutdated,
     StoreBusy,
     StoreUnavailable,
 )
@@ -39,6 +40,7 @@ from celery_ratchet.store.db_clock import (
 )
 from celery_ratchet.store.db_errors import (
     cancelled,
+    is_missing_column,
     is_missing_table,
     is_prepared_statement_conflict,
     is_read_only,
@@ -366,6 +368,14 @@ class StoreCore:
                     conflicts += 1
                     time.sleep(0.005 * conflicts)
                     continue
+                if is_missing_column(exc):
+                    raise SchemaOutdated(
+                        f"the job store at {self.display_url} lacks a column this version "
+                        f"uses ({_first_line(exc.orig)}): its tables were made by an earlier "
+                        "version; bring them up to date with `ratchet --url URL schema "
+                        "apply`, or start a process with ratchet_create_schema on; "
+                        f"{what}"
+                    ) from exc
                 if is_unavailable(exc):
                     # A read-only server refused the statement: nothing of it was written.
                     maybe_sent = maybe_sent or (connected and not is_read_only(exc))
@@ -437,3 +447,11 @@ class StoreCore:
                     job.c.job_id.in_(list(job_ids))
                 )
             )
+
+
+def _first_line(orig: Any) -> str:
+    """The database's own message, its first line: for a missing column, which one (the
+    statement and its parameters are on the lines after it, or not in it at all)."""
+    args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
+    text_ = args[1] if len(args) > 1 and isinstance(args[1], str) else str(orig)
+    return text_.strip().splitlines()[0] if text_.strip() else type(orig).__name__

@@ -99,6 +99,19 @@ def is_missing_table(exc: BaseException) -> bool:
     return type(orig).__name__ == "OperationalError" and "no such table" in str(orig)
 
 
+def is_missing_column(exc: BaseException) -> bool:
+    """True when ``exc`` says a column does not exist (tables of an earlier version)."""
+    if not isinstance(exc, DBAPIError) or exc.orig is None:
+        return False
+    orig = exc.orig
+    if sqlstate_of(orig) == "42703":  # PostgreSQL: undefined_column
+        return True
+    args = getattr(orig, "args", ())
+    if args and args[0] == 1054:  # MySQL / MariaDB: ER_BAD_FIELD_ERROR
+        return True
+    return type(orig).__name__ == "OperationalError" and "no such column" in str(orig)
+
+
 def _is_lock_error(exc: DBAPIError) -> bool:
     if sqlstate_of(exc.orig) == "55P03":  # PostgreSQL: lock_timeout ran out
         return True

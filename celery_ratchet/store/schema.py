@@ -350,6 +350,11 @@ scheduler_batch = Table(
     #: an open stream whose lease ran out lost its producer and is failed by housekeeping.
     Column("written", Integer, nullable=False, server_default="0"),
     Column("lease_until", UTCDateTime),
+    #: Progress reports (``on_progress``), one per whole percent reached: the percent up to
+    #: which they are written, and up to which they have run (each is held until the one
+    #: before it ended, so they run one at a time, in order).
+    Column("progress_written", SmallInteger, nullable=False, server_default="0"),
+    Column("progress_ended", SmallInteger, nullable=False, server_default="0"),
     #: JSON signatures: the chord body (``on_success`` of a batch), and a batch's others.
     Column("on_success", _long_text()),
     Column("on_failure", _long_text()),

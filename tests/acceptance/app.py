@@ -196,6 +196,20 @@ def until(n: int, moment: float) -> int:
     return n
 
 
+@app.task(name="acc.progress_report")
+def progress_report(summary: dict[str, Any], key: str) -> None:
+    """A batch's progress report: notes its percent and how many reports of its batch had
+    ended when it started (run one at a time and in order, that is its place)."""
+    with ratchet_state(app).store.engine.connect() as conn:
+        ended = conn.execute(
+            text(f"SELECT COUNT(*) FROM {SIDE_EFFECTS} WHERE run_key LIKE :ends"),
+            {"ends": f"progress-end|{key}|%"},
+        ).scalar()
+    record_run(f"progress|{key}|{summary['percent_done']}|{ended}")
+    time.sleep(0.02)  # a report running beside another would overlap it
+    record_run(f"progress-end|{key}|{summary['percent_done']}")
+
+
 @app.task(name="acc.chord_body")
 def chord_body(results: list[int], key: str) -> int:
     record_run(key)

@@ -13,6 +13,7 @@ import uuid
 import pytest
 from celery import Celery, chain, chord, group
 
+import celery_ratchet
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.batch import BatchState
 from celery_ratchet.domain.job import JobStatus
@@ -195,3 +196,55 @@ def test_a_worker_killed_mid_chord_leaves_the_chord_to_complete_once(
     assert runs_of(server_app, key) == 1
     summary = ratchet_state(server_app).batches.summaries(batch_id=result.parent.id)[0]
     assert (summary.state, summary.done) == (BatchState.SUCCEEDED, 300)
+
+
+def _progress_reports(app: Celery, key: str) -> list[tuple[float, int]]:
+    """(percent, reports of the batch ended when it started) of each report run."""
+    found = []
+    for run_key, _ in side_effects(ratchet_state(app).store):
+        kind, _, rest = run_key.partition("|")
+        batch_key, percent, ended = rest.split("|") if kind == "progress" else ("", "0", "0")
+        if batch_key == key:
+            found.append((float(percent), int(ended)))
+    return found
+
+
+def test_progress_reports_each_whole_percent_once_one_at_a_time_in_order(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    """Two workers end batch children at the same instant: every whole percent reached is
+    reported once, the reports run one after another in order, the last at 100 %."""
+    until, report = server_app.tasks["acc.until"], server_app.tasks["acc.progress_report"]
+    store = ratchet_state(server_app).store
+    server_cluster.start("w1", concurrency=4)
+    server_cluster.start("w2", concurrency=4)
+    wait_until(lambda: len(store.list_nodes()) == 2, 60, "both workers registered")
+    moment = time.time() + 2.0
+    sizes = {"ten": 10, "wide": 150}  # reports at 10, 20, ... 100; at each of 1 ... 100
+    submitted = [
+        celery_ratchet.batch(key, app=server_app)
+        .for_each(range(size), lambda i: until.si(i, moment))
+        .on_progress(report.s(key))
+        .submit()
+        for key, size in sizes.items()
+    ]
+    for batch in submitted:
+        batch.results.get(timeout=120)
+    expected = {"ten": 10, "wide": 100}
+    try:
+        wait_until(
+            lambda: all(len(_progress_reports(server_app, k)) >= n for k, n in expected.items()),
+            180,
+            "every progress report",
+        )
+        _wait_until_settled(server_app)
+    except AssertionError:
+        print(server_cluster.logs())
+        raise
+    for key, count in expected.items():
+        runs = _progress_reports(server_app, key)
+        percents = sorted(percent for percent, _ in runs)
+        assert len(runs) == count and len(set(percents)) == count, (key, sorted(runs))
+        assert percents[-1] == 100.0
+        # Each started once every report before it had ended, and none after it had.
+        assert sorted(runs) == [(percent, place) for place, percent in enumerate(percents)]
