@@ -88,28 +88,26 @@ def _is_packet_too_large(exc: DBAPIError) -> bool:
 
 def is_missing_table(exc: BaseException) -> bool:
     """True when ``exc`` says a table does not exist (the schema was never created)."""
-    if not isinstance(exc, DBAPIError) or exc.orig is None:
-        return False
-    orig = exc.orig
-    if sqlstate_of(orig) == "42P01":  # PostgreSQL: undefined_table
-        return True
-    args = getattr(orig, "args", ())
-    if args and args[0] == 1146:  # MySQL / MariaDB: ER_NO_SUCH_TABLE
-        return True
-    return type(orig).__name__ == "OperationalError" and "no such table" in str(orig)
+    # PostgreSQL undefined_table; MySQL / MariaDB ER_NO_SUCH_TABLE.
+    return _missing(exc, "42P01", 1146, "no such table")
 
 
 def is_missing_column(exc: BaseException) -> bool:
     """True when ``exc`` says a column does not exist (tables of an earlier version)."""
+    # PostgreSQL undefined_column; MySQL / MariaDB ER_BAD_FIELD_ERROR.
+    return _missing(exc, "42703", 1054, "no such column")
+
+
+def _missing(exc: BaseException, sqlstate: str, mysql_code: int, sqlite_text: str) -> bool:
     if not isinstance(exc, DBAPIError) or exc.orig is None:
         return False
     orig = exc.orig
-    if sqlstate_of(orig) == "42703":  # PostgreSQL: undefined_column
+    if sqlstate_of(orig) == sqlstate:
         return True
     args = getattr(orig, "args", ())
-    if args and args[0] == 1054:  # MySQL / MariaDB: ER_BAD_FIELD_ERROR
+    if args and args[0] == mysql_code:
         return True
-    return type(orig).__name__ == "OperationalError" and "no such column" in str(orig)
+    return type(orig).__name__ == "OperationalError" and sqlite_text in str(orig)
 
 
 def _is_lock_error(exc: DBAPIError) -> bool:
