@@ -13,6 +13,7 @@ from typing import Any
 from celery import Celery
 from celery.utils.imports import symbol_by_name
 
+from celery_ratchet.celery.django_store import with_django_defaults
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.engine import EngineOptions
@@ -46,7 +47,9 @@ class RatchetState:
     @property
     def settings(self) -> RatchetSettings:
         if self._settings is None:
-            self._settings = RatchetSettings.from_sources(self.app.conf, os.environ)
+            # In a Django project with celery_ratchet.contrib.django: Django's database.
+            conf = with_django_defaults(self.app.conf)
+            self._settings = RatchetSettings.from_sources(conf, os.environ)
         return self._settings
 
     @property

@@ -14,12 +14,13 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine
 from sqlalchemy.dialects import registry
 from sqlalchemy.dialects.postgresql.psycopg2 import PGDialect_psycopg2
-from sqlalchemy.engine import URL, Engine
+from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.pool import NullPool
 
 from celery_ratchet.errors import ConfigurationError
@@ -159,3 +160,50 @@ def reaches_store(
     job store ``store``."""
     other = URL.create(vendor, host=host, port=port, database=database)
     return same_database(store.engine.url, other)
+
+
+def url_reaches(
+    url: str, *, vendor: str, host: str | None, port: int | None, database: str | None
+) -> bool:
+    """Whether the job store URL ``url`` reaches a ``vendor`` database at
+    ``host:port/database`` (another process's connection settings, Django's)."""
+    return same_database(make_url(url), URL.create(vendor, host=host, port=port, database=database))
+
+
+#: The database kinds a job store can be, by the vendor name Django (and SQLAlchemy) give.
+_STORE_KINDS = {"postgresql": "postgresql", "mysql": "mysql", "sqlite": "sqlite"}
+
+
+def url_of_database(
+    vendor: str,
+    *,
+    user: str | None,
+    password: str | None,
+    host: str | None,
+    port: int | None,
+    database: str | None,
+    options: dict[str, Any] | None = None,
+) -> str:
+    """The job store URL of a database another framework names by its parts (Django's
+    ``DATABASES`` entry): the same server, database, user and password. A host that is a
+    directory is a Unix socket's (PostgreSQL); string options go along as URL parameters."""
+    kind = _STORE_KINDS.get(vendor)
+    if kind is None:
+        raise ConfigurationError(
+            f"a {vendor} database cannot be the job store: use PostgreSQL, MySQL/MariaDB or SQLite"
+        )
+    if kind == "sqlite":
+        if not database or database == ":memory:" or str(database).startswith("file::memory:"):
+            raise ConfigurationError(
+                "an in-memory SQLite database cannot be the job store (each connection would "
+                "see a database of its own): give the database a file"
+            )
+        return f"sqlite:///{Path(database).resolve()}"
+    query = {k: v for k, v in (options or {}).items() if isinstance(v, str)}
+    if host and host.startswith("/"):
+        query["host"], host = host, None
+    url = URL.create(
+        kind, username=user or None, password=password or None, host=host or None,
+        port=port, database=database or None, query=query,
+    )  # fmt: skip
+    return url.render_as_string(hide_password=False)

@@ -23,6 +23,7 @@ import pytest
 from sqlalchemy import text
 
 from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.schema import metadata
 from tests.acceptance.conftest import ROOT
 from tests.conftest import Servers, empty_store
 from tests.helpers import Tripwire, wait_until
@@ -87,10 +88,13 @@ def shop(servers: Servers, tmp_path: Path) -> Iterator[tuple[str, Processes, Job
     pytest.importorskip("django")
     url = servers.url("postgresql")
     store = empty_store(url)
-    with store.engine.connect() as conn:
-        # Django's tables from an earlier run on this database: migrate makes them afresh.
+    with store.engine.begin() as conn:
+        # Django's tables and the job store's from an earlier run on this database: migrate
+        # makes them afresh (celery_ratchet.contrib.django makes the store's).
         conn.execute(text("DROP TABLE IF EXISTS orders_order"))
         conn.execute(text("DROP TABLE IF EXISTS django_migrations"))
+        for table in reversed(metadata.sorted_tables):
+            conn.execute(text(f"DROP TABLE IF EXISTS {table.name} CASCADE"))
     wire = Tripwire()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RATCHET_")}
     env.update(
@@ -107,6 +111,7 @@ def shop(servers: Servers, tmp_path: Path) -> Iterator[tuple[str, Processes, Job
         timeout=120,
     )
     assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    assert "Applying celery_ratchet.0001_job_store... OK" in migrated.stdout
     processes = Processes(tmp_path, env)
     port = _free_port()
     processes.start("worker", "-m", "celery", "-A", "shop", "worker", "-P", "ratchet", "-c", "2")

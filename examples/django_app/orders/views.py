@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 from celery.result import AsyncResult
-from django.db import connection, transaction
+from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 from shop.celery import app
 
-import celery_ratchet
 from orders.models import Order
 from orders.tasks import ship
 
@@ -33,9 +32,8 @@ def place_order(request: HttpRequest) -> JsonResponse:
         with transaction.atomic():
             order = Order.objects.create(item=wanted["item"], quantity=wanted["quantity"])
             # The job row is written through Django's connection, in this transaction: it
-            # exists if and only if the order does.
-            with celery_ratchet.transaction(connection):
-                task_id = ship.delay(order.id).id
+            # exists if and only if the order does (celery_ratchet.contrib.django).
+            task_id = ship.delay(order.id).id
             if order.quantity > STOCK:
                 raise OutOfStock(f"only {STOCK} left")
     except OutOfStock as exc:

@@ -1,4 +1,5 @@
-"""Settings of the shop example: one PostgreSQL database for Django's tables and the jobs.
+"""Settings of the shop example: one PostgreSQL database for Django's tables and the jobs
+(no CELERY_RATCHET_URL: with celery_ratchet.contrib.django the store is DATABASES["default"]).
 
 ``SHOP_DATABASE_URL`` says where (default ``postgresql://postgres@127.0.0.1:5432/shop``).
 """
@@ -19,7 +20,9 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-INSTALLED_APPS = ["orders"]
+# celery_ratchet's Django app: migrate makes the job store's tables in DATABASES["default"],
+# which is the job store, and a send inside transaction.atomic() is written in it.
+INSTALLED_APPS = ["celery_ratchet.contrib.django", "orders"]
 MIDDLEWARE: list[str] = []
 
 DATABASES = {
@@ -33,8 +36,6 @@ DATABASES = {
     }
 }
 
-# The job store is Django's own database: jobs can then be written in Django's transactions.
-CELERY_RATCHET_URL = DATABASE_URL
 # Never contacted: there is no broker.
 CELERY_BROKER_URL = "amqp://unused:unused@127.0.0.1:1//"
 CELERY_TASK_TRACK_STARTED = True

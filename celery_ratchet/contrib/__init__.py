@@ -1,0 +1,1 @@
+"""Integrations with frameworks beyond Celery: each may import its framework."""
