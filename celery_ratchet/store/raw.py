@@ -22,6 +22,8 @@ from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.pool import PoolProxiedConnection
 
+from celery_ratchet.store.db_errors import is_read_only
+
 
 @dataclass(frozen=True)
 class RawStatement:
@@ -187,7 +189,7 @@ def _translated(
     """A driver error as SQLAlchemy's own execution raises it (parameters hidden); a lost
     connection is invalidated with the pool's others, as SQLAlchemy does."""
     dialect = engine.dialect
-    lost = bool(dialect.is_disconnect(orig, connection, cursor))
+    lost = bool(dialect.is_disconnect(orig, connection, cursor)) or is_read_only(orig)
     if lost:
         engine.pool._invalidate(connection, orig)
         if owner is not None and not owner.invalidated:

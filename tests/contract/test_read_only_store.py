@@ -13,6 +13,7 @@ a database turned read-only under running workers are in tests/acceptance/test_r
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import event
 
 from celery_ratchet.domain.job import JobStatus, Settlement
 from celery_ratchet.errors import StoreUnavailable
@@ -77,3 +78,22 @@ def test_every_write_to_a_read_only_server_is_an_outage_that_wrote_nothing(
     assert status_of(plain, held.job_id) is JobStatus.RUNNING
     plain.settle([outcome])
     assert status_of(plain, held.job_id) is JobStatus.SUCCEEDED
+
+
+def test_a_read_only_connection_is_dropped_not_kept_in_the_pool(
+    servers: Servers, server_dialect: str
+) -> None:
+    """Sessions of a read-only server stay read-only (a primary demoted, a standby): the
+    pool drops each connection that met it, so that each try connects anew, through the
+    driver's own execution (the claim) as through SQLAlchemy's (the heartbeat)."""
+    plain, read_only = _read_only_twin(servers, server_dialect)
+    plain.enqueue_many([new_job()])
+    plain.register_node("n", "host", 1, ["celery"], 1)
+    connects = []
+    event.listen(read_only.engine, "connect", lambda *_: connects.append(1))
+    for write in (lambda: read_only.claim("n", ["celery"], 10), lambda: read_only.heartbeat("n")):
+        for _ in range(2):
+            made = len(connects)
+            with pytest.raises(StoreUnavailable):
+                write()
+            assert len(connects) > made, "a read-only connection was kept for the next try"
