@@ -206,6 +206,12 @@ class ValueRefused(RatchetError, ValueError):
     The message carries the database's reason, never the statement's parameters."""
 
 
+class StatementTooLarge(ValueRefused):
+    """A statement larger than the database server takes (MySQL/MariaDB's
+    ``max_allowed_packet``), a job's result say; nothing was written, and sending it again
+    cannot help. The message names the limit and the setting."""
+
+
 class SchemaMissing(RatchetError):
     """The database has no job-store tables (or not all of them): nothing was read or written."""
 

@@ -68,6 +68,7 @@ from celery_ratchet.store.job_rows import (
     _new_job_values,
     job,
 )
+from celery_ratchet.store.packets import dropped_for_size, too_large
 from celery_ratchet.store.raw import raw_statement
 from celery_ratchet.store.redact import mask_url
 from celery_ratchet.store.schema import (
@@ -357,6 +358,8 @@ class StoreCore:
                     raise prepared_statement_conflict(exc, what) from exc
                 if is_statement_cancelled(exc):
                     raise cancelled(exc, what) from exc
+                if self.family == "mysql" and dropped_for_size(self.engine, exc):
+                    raise too_large(self.engine, exc, what) from exc
                 if is_retryable_conflict(exc):
                     if conflicts >= conflict_retries:
                         raise StoreBusy(

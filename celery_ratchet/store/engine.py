@@ -25,6 +25,7 @@ from celery_ratchet.errors import (
     ConfigurationError,
 )
 from celery_ratchet.store.db_errors import is_read_only
+from celery_ratchet.store.packets import read_limit
 from celery_ratchet.store.redact import mask_url
 
 logger = logging.getLogger(__name__)
@@ -216,6 +217,7 @@ def _configure_mysql(engine: Engine, lock_wait_seconds: float | None = None) -> 
             "CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_TRANS_TABLES')"
         )
         cursor.close()
+        read_limit(engine, dbapi_connection)  # a statement over it is refused before sent
 
 
 def _drop_read_only(context: ExceptionContext) -> None:

@@ -33,6 +33,7 @@ from celery_ratchet.store.job_rows import (
     _bytes,
     job,
 )
+from celery_ratchet.store.packets import refuse_oversized
 from celery_ratchet.store.schema import (
     scheduler_group_result,
 )
@@ -146,6 +147,7 @@ class ResultOps(StoreCore):
             "last_error": error,
             "error_traceback": traceback,
         }
+        refuse_oversized(self.engine, result_values, f"the result of {job_id} was not stored")
 
         # A revoked job never ran, so it cannot have failed since: it stays REVOKED and keeps
         # the error (Celery writes a failed chain step's exception to the steps after it).

@@ -61,6 +61,7 @@ from celery_ratchet.store.job_rows import (
     job,
     storable,
 )
+from celery_ratchet.store.packets import refuse_oversized
 from celery_ratchet.store.raw import RawStatement, execute_on, fetch_on, raw_statement
 from celery_ratchet.store.schema import (
     UTCDateTime,
@@ -231,6 +232,10 @@ class ClaimOps(StoreCore):
             first.setdefault((s.job_id, s.token), s)
         settlements = list(first.values())
         results = [s for s in settlements if s.result is not None]
+        for s in results:
+            refuse_oversized(
+                self.engine, _result_params(s), f"the result of job {s.job_id} was not stored"
+            )
         params = [
             {"p_job_id": s.job_id, "p_token": s.token, "p_status": s.status.value,
              "p_error": storable(s.error), "p_traceback": storable(s.traceback)}
@@ -447,6 +452,7 @@ class ClaimOps(StoreCore):
             "p_traceback": storable(traceback),
         }
         cancels = status.value in _CANCELS_DOWNSTREAM
+        refuse_oversized(self.engine, params, f"the result of job {job_id} was not stored")
 
         def work(conn: Connection) -> bool:
             if part is None and not cancels:

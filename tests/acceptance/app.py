@@ -189,6 +189,11 @@ def value(n: int, pause: float = 0.0) -> int:
     return n
 
 
+@app.task(name="acc.big")
+def big(size: int) -> str:
+    return "x" * size
+
+
 @app.task(name="acc.until")
 def until(n: int, moment: float) -> int:
     """Finish at the wall-clock ``moment``: two of them end at the same instant."""
