@@ -248,6 +248,9 @@ class JobSummary:
     last_error: str | None = None
     business_key: str | None = None
     tags: str | None = None
+    #: When its node claimed it, and when it started (Celery's ``task_track_started``).
+    claimed_at: datetime | Unreadable | None = None
+    started_at: datetime | Unreadable | None = None
 
 
 def error_record(exc_type: str, messages: Sequence[object], module: str) -> str:

@@ -22,6 +22,10 @@ from celery_ratchet.domain.cron import CronExpression
 
 DEFAULT_CATCH_UP = 11
 
+#: The job id of a recurring master is this prefix and its business key; each occurrence's
+#: is the master's, ``@`` and its fire time (runtime/recurring.py makes both).
+MASTER_PREFIX = "recurring:"
+
 
 class Schedule(Protocol):
     def next_after(self, moment: datetime) -> datetime | None: ...

@@ -1,18 +1,24 @@
-"""The worker side of remote control through the store: read the broadcasts addressed to this
-node, have them run, write the replies."""
+"""Remote control through the store: the worker side (read the broadcasts addressed to this
+node, have them run, write the replies) and the sender's (write a broadcast, gather its
+replies), whichever codec each end uses."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from celery_ratchet.domain.control import ControlCommand
 from celery_ratchet.errors import StoreUnavailable
-from celery_ratchet.store.ports import ControlCommands
+from celery_ratchet.store.ports import ControlBroadcasts, ControlCommands
 
 logger = logging.getLogger(__name__)
+
+#: How often the sender looks for replies while it waits.
+GATHER_POLL_SECONDS = 0.05
 
 #: Runs one command; returns the reply as JSON text, or None for no reply (the command is
 #: not for this node, the sender wants none, or the node is shutting down).
@@ -102,3 +108,66 @@ class ControlLoop:
 
     def _problem_ended(self) -> None:
         self._warned = False
+
+
+def send(
+    control: ControlBroadcasts,
+    command: str,
+    arguments: str,
+    *,
+    destination: str | None,
+    ticket: str | None,
+    ttl_seconds: float,
+    pattern: str | None = None,
+    matcher: str | None = None,
+    announce: Callable[[], object] | None = None,
+) -> None:
+    """Write one broadcast (``arguments`` and ``destination`` as JSON text); the nodes
+    that read it reply under ``ticket`` when it is given."""
+    control.broadcast(
+        command,
+        arguments,
+        destination=destination,
+        pattern=pattern,
+        matcher=matcher,
+        ticket=ticket,
+        ttl_seconds=ttl_seconds,
+    )
+    if announce is not None:
+        announce()
+
+
+def gather(
+    control: ControlBroadcasts,
+    ticket: str,
+    *,
+    timeout: float,
+    limit: int | None,
+    decode: Callable[[str], Any],
+    callback: Callable[[Any], object] | None = None,
+) -> list[Any]:
+    """The replies to ``ticket`` as Celery's mailbox gathers them: each waited for
+    ``timeout`` seconds at most, at most ``limit`` of them, ``callback`` called with each as
+    it arrives; the replies are deleted once gathered."""
+    responses: list[Any] = []
+    last = 0
+    deadline = time.monotonic() + (timeout or 0.0)
+    try:
+        while True:
+            found = control.replies(ticket, last)
+            for row in found:
+                last = row.id
+                body = decode(row.reply)
+                if callback is not None:
+                    callback(body)
+                responses.append(body)
+                if limit and len(responses) >= limit:
+                    return responses
+            now = time.monotonic()
+            if found:
+                deadline = now + (timeout or 0.0)
+            if now >= deadline:
+                return responses
+            time.sleep(min(GATHER_POLL_SECONDS, deadline - now))
+    finally:
+        control.drop_replies(ticket)

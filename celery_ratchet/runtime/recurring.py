@@ -9,13 +9,10 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from celery_ratchet.domain.job import SCHEDULES_QUEUE, JobStatus, JobType, Message, NewJob
-from celery_ratchet.domain.schedule import MasterSpec
+from celery_ratchet.domain.schedule import MASTER_PREFIX, MasterSpec
 from celery_ratchet.store.ports import ScheduleStore
 
 logger = logging.getLogger(__name__)
-
-MASTER_PREFIX = "recurring:"
-
 
 #: Longest business key whose occurrence ids ("recurring:<key>@<UTC ISO time>") fit a job id.
 MAX_KEY_LENGTH = 255 - len(MASTER_PREFIX) - len("@2026-01-01T00:00:00+00:00")
@@ -96,6 +93,14 @@ def resume(store: ScheduleStore, business_key: str, now: datetime | None = None)
         )
     if not store.set_master_status(master["job_id"], JobStatus.PENDING, due=due):
         _explain(store, business_key, "resume", "PAUSED")
+
+
+def run_now(store: ScheduleStore, business_key: str) -> None:
+    """Fire the schedule now, once, besides its fire times: its master becomes due now, so
+    the next node to look fires it through the usual path (one occurrence, whose id is its
+    fire time), and its next due time is the fire time it had."""
+    if not store.run_master_now(master_id(business_key)):
+        _explain(store, business_key, "run", "PENDING with a fire time ahead")
 
 
 def cancel(store: ScheduleStore, business_key: str) -> None:

@@ -29,6 +29,7 @@ from celery_ratchet.domain.job import (
     JobSummary,
     NewJob,
 )
+from celery_ratchet.domain.schedule import MASTER_PREFIX
 from celery_ratchet.store import dlq_alerts
 from celery_ratchet.store.claim import RETURNED, MalformedRow, to_claimed
 from celery_ratchet.store.core import StoreCore
@@ -40,6 +41,7 @@ from celery_ratchet.store.engine import (
     savepoint,
     transaction,
 )
+from celery_ratchet.store.id_bounds import created_id_bounds
 from celery_ratchet.store.job_rows import (
     _CLEARED_CLAIM,
     _CLEARED_RESULT,
@@ -262,16 +264,31 @@ class AdminOps(StoreCore):
         limit: int = 50,
         include_schedules: bool = False,
         before_job_id: str | None = None,
+        task_contains: str | None = None,
+        ticks: bool = True,
+        created_since: datetime | None = None,
+        created_until: datetime | None = None,
     ) -> list[JobSummary]:
         """Jobs, newest first; recurring masters (schedules) only with ``include_schedules``.
         ``before_job_id``: the next page, the jobs older than that one (a keyset: no OFFSET,
-        so a page deep in a million rows costs what the first one does)."""
+        so a page deep in a million rows costs what the first one does).
+        ``task_contains``: task names holding this text, in any case; ``ticks=False``
+        leaves out the occurrences of recurring schedules; ``created_since`` /
+        ``created_until``: jobs created in [since, until)."""
         conditions: list[Any] = []
         if before_job_id is not None:
             cursor = select(job.c.id).where(job.c.job_id == before_job_id).scalar_subquery()
             conditions.append(job.c.id < cursor)
         if not include_schedules:
             conditions.append(_JOBS_ONLY)
+        if task_contains is not None:
+            conditions.append(job.c.task_name.icontains(task_contains, autoescape=True))
+        if not ticks:
+            conditions.append(~job.c.job_id.startswith(MASTER_PREFIX, autoescape=True))
+        if created_since is not None:
+            conditions.append(job.c.created_at >= created_since)
+        if created_until is not None:
+            conditions.append(job.c.created_at < created_until)
         if tag is not None:
             # A tag is matched as written: % and _ in it are no wildcards.
             conditions.append(job.c.tags.contains(f",{tag},", autoescape=True))
@@ -298,12 +315,19 @@ class AdminOps(StoreCore):
                 job.c.last_error,
                 job.c.business_key,
                 job.c.tags,
+                _listed(job.c.claimed_at),
+                _listed(job.c.started_at),
             )
             .where(and_(*conditions))
             .order_by(job.c.id.desc())
             .limit(limit)
         )
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "jobs were not listed")
+
+        def work(conn: Connection) -> list[Any]:
+            bounds = created_id_bounds(conn, created_since, created_until)
+            return list(conn.execute(stmt.where(*bounds)).all())
+
+        rows = self._run(work, "jobs were not listed")
         return [_summary(r) for r in rows]
 
     # -- dead-letter alerts -------------------------------------------------------------------

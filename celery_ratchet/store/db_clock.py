@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import Float
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
@@ -63,3 +64,33 @@ def _ago_mysql(element: db_now_minus, compiler: SQLCompiler, **kw: Any) -> str:
 def _ago_sqlite(element: db_now_minus, compiler: SQLCompiler, **kw: Any) -> str:
     # A signed modifier: "--5 seconds" (minus a negative age) would be NULL in SQLite.
     return f"(strftime('%Y-%m-%d %H:%M:%f', 'now', '{-element.seconds:+.3f} seconds') || '000')"
+
+
+class seconds_between(FunctionElement[Any]):
+    """``later - earlier`` in seconds (a float), per dialect: run and wait times."""
+
+    type = Float()
+    inherit_cache = True
+    name = "seconds_between"
+
+    def __init__(self, later: Any, earlier: Any) -> None:
+        super().__init__(later, earlier)
+
+
+@compiles(seconds_between, "postgresql")
+def _between_pg(element: seconds_between, compiler: SQLCompiler, **kw: Any) -> str:
+    later, earlier = (compiler.process(c, **kw) for c in element.clauses)
+    return f"EXTRACT(EPOCH FROM ({later} - {earlier}))"
+
+
+@compiles(seconds_between, "mysql")
+@compiles(seconds_between, "mariadb")
+def _between_mysql(element: seconds_between, compiler: SQLCompiler, **kw: Any) -> str:
+    later, earlier = (compiler.process(c, **kw) for c in element.clauses)
+    return f"(TIMESTAMPDIFF(MICROSECOND, {earlier}, {later}) / 1000000.0)"
+
+
+@compiles(seconds_between, "sqlite")
+def _between_sqlite(element: seconds_between, compiler: SQLCompiler, **kw: Any) -> str:
+    later, earlier = (compiler.process(c, **kw) for c in element.clauses)
+    return f"((julianday({later}) - julianday({earlier})) * 86400.0)"

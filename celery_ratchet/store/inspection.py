@@ -10,15 +10,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection
 
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.store.db_clock import (
     db_now,
     db_now_minus,
+    seconds_between,
 )
-from celery_ratchet.store.job_rows import _RAN_TO_AN_END
+from celery_ratchet.store.job_rows import _JOBS_ONLY, _RAN_TO_AN_END
 from celery_ratchet.store.schema import (
     scheduler_job,
     scheduler_resource,
@@ -26,6 +27,11 @@ from celery_ratchet.store.schema import (
 )
 
 job = scheduler_job
+#: When a job started running: when its task said so (``task_track_started``), else when its
+#: node claimed it.
+_STARTED = func.coalesce(job.c.started_at, job.c.claimed_at)
+_RUN_SECONDS = seconds_between(job.c.finished_at, _STARTED)
+_WAIT_SECONDS = seconds_between(_STARTED, job.c.scheduled_time)
 #: Steps waiting on one job that a job page lists.
 DEPENDENTS_SHOWN = 20
 
@@ -82,6 +88,7 @@ class Inspection:
             job.c.scheduled_time,
             job.c.created_at,
             job.c.started_at,
+            job.c.claimed_at,
             job.c.claims,
             job.c.root_id,
             job.c.parent_id,
@@ -150,3 +157,106 @@ class Inspection:
 
         result: list[dict[str, Any]] = self._run(work, "resources were not read")
         return result
+
+    def task_stats(self, window_seconds: float) -> list[dict[str, Any]]:
+        """Per task name, the jobs that ended in the last ``window_seconds`` (database
+        clock): how many succeeded, failed and were revoked, and their mean and longest run
+        and wait times in seconds (run: start to end; wait: due to start). One range of
+        the (status, finished_at) index."""
+        stmt = (
+            select(
+                job.c.task_name,
+                *_outcome_counts(),
+                func.avg(_RUN_SECONDS).label("run_avg"),
+                func.max(_RUN_SECONDS).label("run_max"),
+                func.avg(_WAIT_SECONDS).label("wait_avg"),
+                func.max(_WAIT_SECONDS).label("wait_max"),
+            )
+            .where(
+                job.c.status.in_(_RAN_TO_AN_END),
+                job.c.finished_at >= db_now_minus(window_seconds),
+            )
+            .group_by(job.c.task_name)
+            .order_by(job.c.task_name)
+        )
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "task statistics were not read")
+        return [_floats(r._asdict()) for r in rows]
+
+    def task_series(
+        self, task_name: str | None, window_seconds: float, buckets: int
+    ) -> dict[str, Any]:
+        """The jobs of ``task_name`` (None: every task) that ended in the last
+        ``window_seconds``, in ``buckets`` equal spans of time, oldest first: per span how
+        many succeeded, failed and were revoked, and the mean and longest run time.
+        ``now`` is the database clock the spans end at."""
+        if not 1 <= buckets <= 500:
+            raise ValueError(f"buckets={buckets}: between 1 and 500")
+        width = window_seconds / buckets
+        since = db_now_minus(window_seconds)
+        bucket = func.floor(seconds_between(job.c.finished_at, since) / width).label("bucket")
+        conditions = [job.c.status.in_(_RAN_TO_AN_END), job.c.finished_at >= since]
+        if task_name is not None:
+            conditions.append(job.c.task_name == task_name)
+        stmt = (
+            select(
+                bucket,
+                *_outcome_counts(),
+                func.avg(_RUN_SECONDS).label("run_avg"),
+                func.max(_RUN_SECONDS).label("run_max"),
+            )
+            .where(*conditions)
+            .group_by(bucket)
+        )
+
+        def work(conn: Connection) -> dict[str, Any]:
+            now = conn.execute(select(db_now())).scalar_one()
+            spans = [_floats({"succeeded": 0, "failed": 0, "revoked": 0}) for _ in range(buckets)]
+            for row in conn.execute(stmt):
+                if row.bucket is None:
+                    continue
+                at = min(max(int(row.bucket), 0), buckets - 1)  # the clock moved meanwhile
+                found = _floats(row._asdict())
+                for name in ("succeeded", "failed", "revoked"):
+                    spans[at][name] += found[name]
+                for name in ("run_avg", "run_max"):
+                    if found[name] is not None:
+                        spans[at][name] = max(spans[at].get(name) or 0.0, found[name])
+            return {"now": now, "width_seconds": width, "spans": spans}
+
+        result: dict[str, Any] = self._run(work, "the task's history was not read")
+        return result
+
+    def scheduled_later(self) -> dict[str, int]:
+        """Per queue, the pending jobs due later than now (a countdown, an ETA, a retry's
+        back-off): the ready index's rows past the database clock."""
+        stmt = (
+            select(job.c.queue, func.count())
+            .where(
+                job.c.status == JobStatus.PENDING.value,
+                job.c.scheduled_time > db_now(),
+                _JOBS_ONLY,
+            )
+            .group_by(job.c.queue)
+        )
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "scheduled jobs were not counted")
+        return {queue: int(count) for queue, count in rows}
+
+
+def _outcome_counts() -> list[Any]:
+    return [
+        func.sum(case((job.c.status == status.value, 1), else_=0)).label(status.value.lower())
+        for status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.REVOKED)
+    ]
+
+
+def _floats(values: dict[str, Any]) -> dict[str, Any]:
+    """Counts as ints and durations as floats, whatever numeric type the driver returns."""
+    shown: dict[str, Any] = {}
+    for name, value in values.items():
+        if name in ("succeeded", "failed", "revoked"):
+            shown[name] = int(value or 0)
+        elif name.startswith(("run_", "wait_")):
+            shown[name] = None if value is None else float(value)
+        else:
+            shown[name] = value
+    return shown

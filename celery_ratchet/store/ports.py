@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from celery_ratchet.domain.control import ControlCommand
+from celery_ratchet.domain.control import ControlCommand, ControlReply
 from celery_ratchet.domain.dlq_alert import AlertWindow
 from celery_ratchet.domain.job import (
     ClaimedJob,
@@ -102,6 +102,8 @@ class ScheduleStore(QueueStore, Protocol):
         self, job_id: str, status: JobStatus, *, due: datetime | None = None
     ) -> bool: ...
 
+    def run_master_now(self, job_id: str) -> bool: ...
+
     def fire_master(
         self, master: ClaimedJob, occurrences: Sequence[NewJob], next_due: datetime | None
     ) -> bool: ...
@@ -168,3 +170,23 @@ class ControlCommands(Protocol):
     def commands_since(self, since: datetime) -> list[ControlCommand]: ...
 
     def reply(self, command: ControlCommand, hostname: str, reply: str) -> None: ...
+
+
+class ControlBroadcasts(Protocol):
+    """What the sender of a broadcast needs (``store.control.ControlStore``)."""
+
+    def broadcast(
+        self,
+        command: str,
+        arguments: str,
+        *,
+        destination: str | None = None,
+        pattern: str | None = None,
+        matcher: str | None = None,
+        ticket: str | None = None,
+        ttl_seconds: float,
+    ) -> None: ...
+
+    def replies(self, ticket: str, after: int = 0) -> list[ControlReply]: ...
+
+    def drop_replies(self, ticket: str) -> int: ...

@@ -204,6 +204,31 @@ class MasterOps(EnqueueOps):
 
         return self._run(work, "the recurring job was not changed")
 
+    def run_master_now(self, job_id: str) -> bool:
+        """Make a PENDING recurring master due now (by the database clock), when its next
+        fire time is later; False when it was not in that state. Its firing plans the one
+        fire time now and resumes at the next one of its schedule, the time it had."""
+        now = db_now()
+        stmt = (
+            update(job)
+            .where(
+                job.c.job_id == job_id,
+                job.c.job_type == JobType.RECURRING.value,
+                job.c.status == JobStatus.PENDING.value,
+                job.c.scheduled_time > now,
+            )
+            .values(scheduled_time=now)
+        )
+
+        def work(conn: Connection) -> bool:
+            with transaction(conn):
+                changed = conn.execute(stmt).rowcount == 1
+                if changed:  # the nodes' schedule checks sleep until the due time they knew
+                    self._announce(conn, SCHEDULES_QUEUE)
+            return changed
+
+        return self._run(work, "the recurring job was not made due")
+
     def list_masters(self, *, include_cancelled: bool = False) -> list[dict[str, Any]]:
         conditions = [job.c.job_type == JobType.RECURRING.value]
         if not include_cancelled:

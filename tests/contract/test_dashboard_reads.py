@@ -90,3 +90,86 @@ def test_the_database_clock_is_an_aware_utc_time(store: JobStore) -> None:
     now = Inspection(store).database_now()
     assert now.tzinfo is not None and now.utcoffset() == timedelta(0)
     assert now > before
+
+
+def _ended(store: JobStore, outcomes: dict[str, JobStatus]) -> None:
+    claimed = {j.job_id: j for j in store.claim("n", ["celery"], 100)}
+    store.settle(
+        [Settlement(i, claimed[i].token, status, error="{}") for i, status in outcomes.items()]
+    )
+
+
+def test_search_by_part_of_a_task_name_in_any_case_and_ticks_left_out(store: JobStore) -> None:
+    store.enqueue_many(
+        [
+            new_job("a", task="shop.Charge_card"),
+            new_job("b", task="shop.refund"),
+            new_job("c", task="shop%charge"),
+            new_job("recurring:nightly@2026-01-01T03:00:00+00:00", task="shop.charge_card"),
+        ]
+    )
+    found = store.list_jobs(task_contains="CHARGE", ticks=False)
+    assert [j.job_id for j in found] == ["c", "a"]
+    assert [j.job_id for j in store.list_jobs(task_contains="%")] == ["c"]  # no wildcard
+    assert len(store.list_jobs(task_contains="charge")) == 3  # ticks by default, as before
+
+
+def test_a_creation_time_range_lists_the_jobs_created_in_it(store: JobStore) -> None:
+    store.enqueue_many([new_job(f"t{i}") for i in range(6)])
+    stamps = {j.job_id: j.created_at for j in store.list_jobs()}
+    now = Inspection(store).database_now()
+    assert {j.job_id for j in store.list_jobs(created_since=now - timedelta(minutes=1))} == set(
+        stamps
+    )
+    assert store.list_jobs(created_since=now + timedelta(minutes=1)) == []
+    assert store.list_jobs(created_until=now - timedelta(minutes=1)) == []
+    middle = sorted(stamps.values())[3]
+    newer = store.list_jobs(created_since=middle)
+    assert {j.job_id for j in newer} == {i for i, at in stamps.items() if at >= middle}
+    older = store.list_jobs(created_until=middle)
+    assert {j.job_id for j in older} == {i for i, at in stamps.items() if at < middle}
+
+
+def test_listed_jobs_carry_when_they_were_claimed(store: JobStore) -> None:
+    store.enqueue_many([new_job("x")])
+    _ended(store, {"x": JobStatus.SUCCEEDED})
+    [x] = store.list_jobs()
+    assert isinstance(x.claimed_at, datetime) and isinstance(x.finished_at, datetime)
+    assert x.claimed_at <= x.finished_at
+
+
+def test_task_stats_and_series_count_outcomes_and_time_runs(store: JobStore) -> None:
+    store.enqueue_many(
+        [new_job(f"ok{i}", task="t.ok") for i in range(3)]
+        + [new_job("bad", task="t.ok"), new_job("other", task="t.other")]
+    )
+    _ended(
+        store,
+        {
+            "ok0": JobStatus.SUCCEEDED,
+            "ok1": JobStatus.SUCCEEDED,
+            "ok2": JobStatus.SUCCEEDED,
+            "bad": JobStatus.FAILED,
+            "other": JobStatus.SUCCEEDED,
+        },
+    )
+    stats = {r["task_name"]: r for r in Inspection(store).task_stats(3600)}
+    assert set(stats) == {"t.ok", "t.other"}
+    ok = stats["t.ok"]
+    assert (ok["succeeded"], ok["failed"], ok["revoked"]) == (3, 1, 0)
+    assert ok["run_avg"] is not None and 0 <= ok["run_avg"] < 60
+    assert ok["wait_max"] is not None and ok["wait_max"] >= 0
+    series = Inspection(store).task_series("t.ok", 3600, 60)
+    assert len(series["spans"]) == 60
+    assert sum(s["succeeded"] for s in series["spans"]) == 3
+    assert series["spans"][-1]["failed"] == 1  # the newest span: ended just now
+    everything = Inspection(store).task_series(None, 3600, 12)
+    assert sum(s["succeeded"] + s["failed"] for s in everything["spans"]) == 5
+
+
+def test_due_later_jobs_are_counted_per_queue(store: JobStore) -> None:
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    store.enqueue_many(
+        [new_job("now"), new_job("soon", due=later), new_job("q2", queue="q2", due=later)]
+    )
+    assert Inspection(store).scheduled_later() == {"celery": 1, "q2": 1}

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from celery_ratchet.domain.job import SCHEDULES_QUEUE, JobStatus, JobType
-from celery_ratchet.domain.schedule import MasterSpec
+from celery_ratchet.domain.schedule import MasterSpec, plan
 from celery_ratchet.runtime import recurring
 from celery_ratchet.store.jobstore import JobStore
 from tests.helpers import new_job
@@ -157,3 +157,33 @@ def test_a_lost_claim_among_masters_fired_together_stops_only_its_own(
     assert store.fire_masters(firings) == [True, False]
     assert store.result("occurrence-of-recurring:kept") is not None
     assert store.result("occurrence-of-recurring:lost") is None
+
+
+def test_run_now_makes_a_waiting_master_due_once_and_keeps_its_next_fire_time(
+    store: JobStore,
+) -> None:
+    template = new_job("template", task="tests.tick")
+    daily = MasterSpec("cron:0 0 3 * * ?", "UTC")
+    recurring.register(store, "daily", daily, task_name="tests.tick", priority=4,
+                       message=template.message)  # fmt: skip
+    [before] = store.list_masters()
+    assert store.claim("n", [SCHEDULES_QUEUE], 5) == []  # its fire time is hours away
+    recurring.run_now(store, "daily")
+    [master] = store.claim("n", [SCHEDULES_QUEUE], 5)
+    decided = plan(daily.timetable, master.scheduled_time, master.scheduled_time, daily.policy)
+    assert decided.fire == (master.scheduled_time,)
+    assert decided.next_due == before["scheduled_time"]
+    assert master.scheduled_time < before["scheduled_time"]
+    with pytest.raises(ValueError, match="RUNNING"):  # claimed: firing already
+        recurring.run_now(store, "daily")
+
+
+def test_run_now_refuses_a_paused_schedule_and_names_an_unknown_one(store: JobStore) -> None:
+    template = new_job("template", task="tests.tick")
+    recurring.register(store, "k", SPEC, task_name="tests.tick", priority=4,
+                       message=template.message)  # fmt: skip
+    recurring.pause(store, "k")
+    with pytest.raises(ValueError, match="PAUSED"):
+        recurring.run_now(store, "k")
+    with pytest.raises(LookupError, match="nobody"):
+        recurring.run_now(store, "nobody")
