@@ -38,7 +38,7 @@ my_admin "DROP DATABASE IF EXISTS $db; CREATE DATABASE $db CHARACTER SET utf8mb4
 
 # extra | job store for the quickstart | events worker?
 for spec in "none|sqlite|no" "postgres|postgresql://$PG/$db|no" "mysql|mysql://$MYSQL/$db|no" \
-            "redis|sqlite|yes" "postgres,redis|postgresql://$PG/$db|yes"; do
+            "redis|sqlite|yes" "postgres,redis|postgresql://$PG/$db|yes" "web|sqlite|no"; do
   IFS='|' read -r extra store events <<<"$spec"
   name="${extra//,/-}"
   venv="$work/venv-$name"
@@ -63,6 +63,10 @@ for spec in "none|sqlite|no" "postgres|postgresql://$PG/$db|no" "mysql|mysql://$
     >"$run/quickstart.log" 2>&1 || { cat "$run/quickstart.log" >&2; exit 1; }
   grep -q "add(2, 3)       = 5" "$run/quickstart.log" || { cat "$run/quickstart.log" >&2; exit 1; }
   echo "    quickstart on ${store%%:*}: ok"
+  case "$extra" in
+    none) (cd "$run" && "$venv/bin/python" "$root/.ci/smoke_web.py" bare) ;;
+    web) (cd "$run" && "$venv/bin/python" "$root/.ci/smoke_web.py" with-extra) ;;
+  esac
   if [ "$events" = yes ]; then
     store_url="$store"
     [ "$store" = sqlite ] && store_url="sqlite:///$run/events.db"

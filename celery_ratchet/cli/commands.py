@@ -365,31 +365,35 @@ def web(
     insecure_no_auth: bool,
     allowed_hosts: tuple[str, ...],
 ) -> None:
-    """Serve the dashboard: queues, jobs, dead letters, schedules, batches, resources, nodes.
+    """Serve the dashboard: jobs, tasks, queues, workers, dead letters, schedules, batches,
+    resources; with their actions (cancel, terminate, retry, run now, pool size...).
 
     Credentials: RATCHET_WEB_AUTH (or the app's ratchet_web_auth), user:password for HTTP
     basic auth or a token; without them, only a loopback address is served."""
     from celery_ratchet.web.app import Dashboard
     from celery_ratchet.web.guard import Guard, HostAllowlist, check_bind
-    from celery_ratchet.web.server import make
+    from celery_ratchet.web.server import serve
+    from celery_ratchet.web.templating import environment
 
+    environment()  # without the web extra's Jinja2, say so before listening
     auth = cli.web_auth()
     check_bind(host, Guard(auth), insecure_no_auth=insecure_no_auth)
     hosts = HostAllowlist.for_bind(host, allowed_hosts)
     dashboard = Dashboard(cli.store, auth=auth, read_only=read_only, hosts=hosts)
-    server = make(host, port, dashboard)
+    server = serve(host, port, dashboard)
     bare = host.strip("[]")
     shown_host = f"[{bare}]" if ":" in bare else bare
     click.echo(
-        f"ratchet web on http://{shown_host}:{server.server_port}/ for {mask_url(cli.store.url)}"
-        f"{' (read-only)' if read_only else ''}{'' if auth else ' (no auth)'}; Ctrl-C stops"
+        f"ratchet web on http://{shown_host}:{server.port}/ for {mask_url(cli.store.url)}"
+        f"{' (read-only)' if read_only else ''}{'' if auth else ' (no auth)'}, "
+        f"served by {server.kind}; Ctrl-C stops"
     )
     try:
-        server.serve_forever()
+        server.serve()
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
+        server.close()
 
 
 COMMANDS: Iterable[click.Command] = (

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, unquote, urlencode
 
 import pytest
 from click.testing import CliRunner
@@ -29,6 +29,7 @@ from celery_ratchet.domain.schedule import MasterSpec
 from celery_ratchet.runtime import recurring
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.batches import BatchStore
+from celery_ratchet.store.inspection import Inspection
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.web.app import Dashboard
 from celery_ratchet.web.guard import HostAllowlist
@@ -52,12 +53,14 @@ def call(
     path: str,
     *,
     method: str = "GET",
-    form: dict[str, str] | None = None,
+    form: dict[str, str] | list[tuple[str, str]] | None = None,
     headers: dict[str, str] | None = None,
+    script_name: str = "",
 ) -> Answer:
     path, _, query = path.partition("?")
     data = urlencode(form or {}).encode()
     environ: dict[str, Any] = {
+        "SCRIPT_NAME": script_name,
         "REQUEST_METHOD": method,
         "PATH_INFO": path,
         "QUERY_STRING": query,
@@ -171,9 +174,11 @@ def test_what_the_database_holds_is_shown_as_text_never_as_markup(store: JobStor
     for path in ("/job?id=bad-1", "/dlq", "/batches", "/batch?id=batch-1", "/jobs"):
         answer = call(app, path)
         assert HOSTILE not in answer.body, path
-        assert "<script" not in answer.body, path
+        assert answer.body.count("<script") == 1, path  # the dashboard's own file only
+        assert '<script src="/static/dashboard.js?v=' in answer.body, path
     assert "&lt;script&gt;" in call(app, "/job?id=bad-1").body
-    assert "script-src" not in call(app, "/").headers["Content-Security-Policy"]
+    policy = call(app, "/").headers["Content-Security-Policy"]
+    assert "script-src 'self'" in policy and "unsafe" not in policy
 
 
 def test_an_action_without_the_csrf_token_is_refused(store: JobStore) -> None:
@@ -226,9 +231,8 @@ def test_a_schedule_is_paused_resumed_and_removed_from_the_page(store: JobStore)
 def test_read_only_shows_no_action_and_refuses_them(store: JobStore) -> None:
     app = Dashboard(store, read_only=True)
     page = call(app, "/dlq").body
-    assert "bad-1" in page and "<form" not in page.split("</header>")[1].replace(
-        '<form method="get"', ""
-    )
+    assert "bad-1" in page and 'method="post"' not in page
+    assert 'method="post"' not in call(app, "/jobs").body
     assert post(app, "/dlq/retry", job_id="bad-1").status == 403
     assert store.result("bad-1").status is JobStatus.FAILED  # type: ignore[union-attr]
 
@@ -420,19 +424,20 @@ def test_the_cli_passes_allowed_hosts_and_shows_an_ipv6_host_once_bracketed(
     made: dict[str, Any] = {}
 
     class Stopped:
-        server_port = 5999
+        port = 5999
+        kind = "a stand-in"
 
-        def serve_forever(self) -> None:
+        def serve(self) -> None:
             raise KeyboardInterrupt
 
-        def server_close(self) -> None:
+        def close(self) -> None:
             pass
 
-    def fake_make(host: str, port: int, app: Dashboard) -> Stopped:
+    def fake_serve(host: str, port: int, app: Dashboard) -> Stopped:
         made["app"] = app
         return Stopped()
 
-    monkeypatch.setattr("celery_ratchet.web.server.make", fake_make)
+    monkeypatch.setattr("celery_ratchet.web.server.serve", fake_serve)
     url = f"sqlite:///{tmp_path / 'web.db'}"
     empty_store(url)
     args = ["--url", url, "web", "--host", "[::1]", "--allowed-host", "box.lan"]
@@ -484,3 +489,166 @@ def test_settings_repr_hides_the_web_credentials_and_masks_url_passwords() -> No
     settings = RatchetSettings(url="postgresql://ops:hunter2@db/shop", web_auth="ops:s3cret")
     shown = repr(settings)
     assert "s3cret" not in shown and "hunter2" not in shown and "db/shop" in shown
+
+
+def _rows(body: str) -> list[str]:
+    """The job ids of a jobs list, in order."""
+    return [unquote(i) for i in re.findall(r'<td><a href="/job\?id=([^"]+)">', body)]
+
+
+def test_a_search_names_a_job_or_finds_task_names_holding_the_text(store: JobStore) -> None:
+    app = Dashboard(store)
+    found = call(app, "/jobs?q=ok-1")
+    assert found.status == 303 and found.headers["Location"] == "/job?id=ok-1"
+    assert _rows(call(app, "/jobs?q=FAIL").body) == ["bad-1"]
+    assert _rows(call(app, "/jobs?q=nothing-like-it").body) == []
+
+
+def test_recurring_ticks_are_hidden_until_asked_for(store: JobStore) -> None:
+    tick = "recurring:nightly@2026-01-01T03:00:00+00:00"
+    store.enqueue_many([new_job(tick, task="tests.tick")])
+    app = Dashboard(store)
+    assert tick not in _rows(call(app, "/jobs").body)
+    assert tick in _rows(call(app, "/jobs?ticks=1").body)
+
+
+def test_the_creation_time_filters(store: JobStore) -> None:
+    app = Dashboard(store)
+    assert "ok-1" in _rows(call(app, "/jobs?range=15m").body)
+    assert _rows(call(app, "/jobs?since=2999-01-01T00:00").body) == []
+    assert _rows(call(app, "/jobs?until=2000-01-01T00:00").body) == []
+    assert "ok-1" in _rows(call(app, "/jobs?since=2000-01-01T00:00&until=2999-01-01").body)
+    bad = call(app, "/jobs?since=yesterday")
+    assert bad.status == 400 and "since=" in bad.body
+    assert call(app, "/jobs?range=forever").status == 400
+
+
+def test_wait_and_run_columns_and_the_job_page_timings(store: JobStore) -> None:
+    app = Dashboard(store)
+    jobs = call(app, "/jobs").body
+    assert "<th>wait</th><th>run</th>" in jobs
+    assert re.search(r'<td class="num">\d+\.\d\d s</td>', jobs)
+    page = call(app, "/job?id=ok-1").body
+    assert re.search(r"run \(start → end\)</th><td>\d+\.\d\d s<", page)
+
+
+def test_an_error_is_its_type_and_message_and_the_traceback_its_frames(store: JobStore) -> None:
+    job_id = "tb-1"
+    store.enqueue_many([new_job(job_id, queue="tb")])
+    [claimed] = store.claim("node-1", ["tb"], 1)
+    traceback = (
+        "Traceback (most recent call last):\n"
+        '  File "/srv/venv/lib/python3.12/site-packages/celery/app/trace.py", line 453, in trace\n'
+        "    R = retval = fun(*args, **kwargs)\n"
+        '  File "/srv/shop/tasks.py", line 12, in charge\n'
+        "    raise ValueError(f'card {card} declined')\n"
+        "ValueError: card 42 declined\n"
+    )
+    store.settle(
+        [
+            Settlement(
+                job_id,
+                claimed.token,
+                JobStatus.FAILED,
+                error=json.dumps({"exc_type": "ValueError", "exc_message": ["card 42 declined"],
+                                  "exc_module": "builtins"}),
+                traceback=traceback,
+            )
+        ]
+    )  # fmt: skip
+    page = call(Dashboard(store), f"/job?id={job_id}").body
+    assert "<b>ValueError</b>: card 42 declined" in page
+    assert "exc_type" not in page.split("<details>")[0]  # not the stored JSON
+    assert re.search(r'class="frame app"><span class="where">/srv/shop/tasks.py:12</span>', page)
+    assert 'class="frame lib"' in page
+    assert "<b>ValueError</b>: card 42 declined" in call(Dashboard(store), "/dlq").body
+
+
+def test_cancel_and_terminate_ask_first_then_revoke_pending_and_mark_running(
+    store: JobStore,
+) -> None:
+    store.enqueue_many([new_job("p-1"), new_job("p-2"), new_job("r-1", queue="run")])
+    [running] = store.claim("node-1", ["run"], 1)
+    app = Dashboard(store)
+    asked = call(app, "/jobs/cancel", method="POST",
+                 form={"csrf": app.guard.csrf_token, "job_id": "p-1"})  # fmt: skip
+    assert asked.status == 200 and "cancel p-1?" in asked.body
+    assert store.result("p-1").status is JobStatus.PENDING  # type: ignore[union-attr]
+    form = [
+        ("csrf", app.guard.csrf_token),
+        ("job_id", "p-1"),
+        ("job_id", "p-2"),
+        ("job_id", "ok-1"),
+        ("confirmed", "yes"),
+        ("back", "/jobs?status=PENDING"),
+    ]
+    done = call(app, "/jobs/cancel", method="POST", form=form)
+    assert done.status == 303
+    assert done.headers["Location"].startswith("/jobs?status=PENDING&note=cancelled")
+    assert "1+already+finished" in done.headers["Location"]
+    for job_id in ("p-1", "p-2"):
+        assert store.result(job_id).status is JobStatus.REVOKED  # type: ignore[union-attr]
+    assert post(app, "/jobs/terminate", job_id="r-1", confirmed="yes").status == 303
+    assert store.revocations("node-1") == [("r-1", running.token, "SIGTERM")]
+    assert post(app, "/jobs/cancel").status == 400  # no job ticked
+
+
+def test_run_now_makes_the_schedule_due(store: JobStore) -> None:
+    app = Dashboard(store)
+    assert ">run now<" in call(app, "/schedules").body
+    done = post(app, "/schedules/run", key="nightly")
+    assert done.status == 303 and "due+now" in done.headers["Location"]
+    [master] = store.list_masters()
+    assert master["scheduled_time"] <= Inspection(store).database_now()
+    assert post(app, "/schedules/run", key="nobody").status == 409
+
+
+def test_the_queues_page_and_its_purge(store: JobStore) -> None:
+    app = Dashboard(store)
+    page = call(app, "/queues").body
+    assert "slow" in page and "host-a" in page  # node-1 consumes celery
+    assert post(app, "/queues/purge", queue="slow").status == 200  # asks first
+    assert post(app, "/queues/purge", queue="slow", confirmed="yes").status == 303
+    assert store.result("waiting") is None
+
+
+def test_the_tasks_pages_chart_what_ended(store: JobStore) -> None:
+    app = Dashboard(store)
+    tasks = call(app, "/tasks").body
+    assert "tests.fail" in tasks and "100.0 %" in tasks
+    page = call(app, "/task?name=tests.add&window=1h").body
+    assert page.count("<svg") == 3
+    assert 'data-succeeded="1"' in page
+    assert call(app, "/task?name=tests.add&window=1y").status == 400
+
+
+def test_worker_commands_without_a_worker_say_none_answered(store: JobStore) -> None:
+    app = Dashboard(store)
+    app.workers.timeout = 0.1
+    page = call(app, "/node?id=node-1").body
+    assert "did not answer" in page and ">grow pool<" in page
+    done = post(app, "/nodes/pool-grow", node="w1@host-a", node_id="node-1", n="2")
+    assert done.status == 303 and "no+worker+answered" in done.headers["Location"]
+    assert done.headers["Location"].startswith("/node?id=node-1&")
+    assert post(app, "/nodes/pool-grow", node="w1@host-a", n="many").status == 400
+    assert post(app, "/tasks/rate-limit", task="tests.add", rate="lots").status == 400
+    assert post(app, "/nodes/shutdown", node="w1@host-a").status == 200  # asks first
+    assert call(app, "/node?id=nobody").status == 404
+
+
+def test_mounted_under_a_prefix_every_link_and_redirect_keeps_it(store: JobStore) -> None:
+    app = Dashboard(store)
+    page = call(app, "/jobs", script_name="/ops/ratchet")
+    links = re.findall(r'(?:href|action|src)="([^"]+)"', page.body)
+    assert links and all(link.startswith("/ops/ratchet/") for link in links), links
+    moved = call(app, "/jobs?q=ok-1", script_name="/ops/ratchet")
+    assert moved.headers["Location"] == "/ops/ratchet/job?id=ok-1"
+
+
+def test_static_files_are_served_with_their_types(store: JobStore) -> None:
+    app = Dashboard(store)
+    script = call(app, "/static/dashboard.js")
+    assert script.status == 200 and script.headers["Content-Type"].startswith("text/javascript")
+    assert "data-live" in script.body
+    assert call(app, "/static/dashboard.css").headers["Content-Type"].startswith("text/css")
+    assert call(app, "/static/../app.py").status == 404
