@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +58,21 @@ FROM generate_series(1, :rows) AS g
 PAGES = (
     "/",
     "/jobs",
+    "/jobs?q=task_7",
+    "/jobs?q=none-such",
+    "/jobs?range=15m",
+    "/jobs?range=1h&status=FAILED",
+    "/jobs?until={hour_ago}",
+    "/jobs?since={two_hours_ago}&until={hour_ago}&q=task_7",
+    "/jobs?ticks=1",
+    "/jobs?q=bench-123456",
+    "/tasks?window=15m",
+    "/tasks",
+    "/task?name=bench.task_7&window=15m",
+    "/task?name=bench.task_7",
+    "/queues",
+    "/schedules",
+    "/static/dashboard.js",
     "/jobs?status=FAILED",
     "/jobs?queue=q3",
     "/jobs?tag=nightly",
@@ -129,10 +145,16 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        print(f"{'page':32} {'median ms':>10} {'max ms':>8}  (whole request, {args.repeat} runs)")
-        for page in PAGES:
+        print(f"{'page':56} {'median ms':>10} {'max ms':>8}  (whole request, {args.repeat} runs)")
+        now = datetime.now(timezone.utc)
+        moments = {
+            "hour_ago": (now - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M"),
+            "two_hours_ago": (now - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M"),
+        }
+        for template in PAGES:
+            page = template.format(**moments)
             times = [_timed(base + page) * 1000 for _ in range(args.repeat)]
-            print(f"{page:32} {statistics.median(times):10.1f} {max(times):8.1f}")
+            print(f"{template:56} {statistics.median(times):10.1f} {max(times):8.1f}")
     finally:
         if server is not None:
             server.terminate()

@@ -56,22 +56,33 @@ def restart_retries(headers: str) -> str:
     return json.dumps(values)
 
 
-def _exception(stored: str | None) -> str | None:
-    """``Type: message`` from Celery's stored exception record."""
+def exception_parts(stored: str | None) -> tuple[str, str, str | None] | None:
+    """(type, message, module) of Celery's stored exception record; text that is no such
+    record is its own message, of type ``error``."""
     if not stored:
         return None
     try:
         record = json.loads(stored)
     except ValueError:
-        return stored
-    if isinstance(record, dict) and "exc_type" in record:
-        message = record.get("exc_message")
-        if isinstance(message, list):
-            message = rebuilt_message(
-                str(record["exc_type"]), record.get("exc_module"), message
-            ) or ", ".join(str(m) for m in message)
-        return f"{record['exc_type']}: {message}"
-    return str(record)
+        return "error", stored, None
+    if not isinstance(record, dict) or "exc_type" not in record:
+        return "error", str(record), None
+    message = record.get("exc_message")
+    module = record.get("exc_module")
+    if isinstance(message, list):
+        message = rebuilt_message(str(record["exc_type"]), module, message) or ", ".join(
+            str(m) for m in message
+        )
+    return str(record["exc_type"]), "" if message is None else str(message), module
+
+
+def _exception(stored: str | None) -> str | None:
+    """``Type: message`` from Celery's stored exception record."""
+    parts = exception_parts(stored)
+    if parts is None:
+        return None
+    kind, message, _ = parts
+    return message if kind == "error" else f"{kind}: {message}"
 
 
 def _arguments(payload: bytes | None, content_type: str | None) -> tuple[Any, Any]:

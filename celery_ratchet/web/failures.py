@@ -4,10 +4,10 @@ from the libraries' (site-packages, the standard library)."""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+
+from celery_ratchet.runtime.dlq import exception_parts
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+)(?:, in (?P<where>.*))?$')
 #: Paths of code that is not the application's: a frame there is folded away.
@@ -43,25 +43,13 @@ class Traceback:
 
 
 def exception_of(stored: str | None) -> Exception_ | None:
-    """The exception of Celery's stored record (``{"exc_type": ..., "exc_message": [...]}``);
-    anything else is its own message."""
-    if not stored:
+    """The exception of Celery's stored record (``{"exc_type": ..., "exc_message": [...]}``),
+    read as the dead-letter listing reads it; anything else is its own message."""
+    parts = exception_parts(stored)
+    if parts is None:
         return None
-    try:
-        record: Any = json.loads(stored)
-    except ValueError:
-        return Exception_("error", stored, None)
-    if not isinstance(record, dict) or "exc_type" not in record:
-        return Exception_("error", stored, None)
-    message = record.get("exc_message")
-    if isinstance(message, (list, tuple)):
-        message = ", ".join(str(m) for m in message)
-    module = record.get("exc_module")
-    return Exception_(
-        str(record["exc_type"]),
-        "" if message is None else str(message),
-        str(module) if module and module != "builtins" else None,
-    )
+    kind, message, module = parts
+    return Exception_(kind, message, module if module and module != "builtins" else None)
 
 
 def traceback_of(text: str | None) -> Traceback | None:

@@ -402,4 +402,3 @@ def task(view: View, query: Query) -> Page:
             )
         ),
     }
-
