@@ -48,10 +48,13 @@ class Workers:
         )
         return ticket
 
-    def _gather(self, ticket: str, limit: int | None) -> dict[str, Any]:
+    def _gather(
+        self, ticket: str, limit: int | None, timeout: float | None = None
+    ) -> dict[str, Any]:
         replies: dict[str, Any] = {}
+        waited = self.timeout if timeout is None else timeout
         for body in remote.gather(
-            control_store(self.store), ticket, timeout=self.timeout, limit=limit, decode=decode
+            control_store(self.store), ticket, timeout=waited, limit=limit, decode=decode
         ):
             if isinstance(body, dict):
                 replies.update(body)
@@ -70,6 +73,9 @@ class Workers:
         task names it has registered), both asked at once; empty when it did not answer."""
         tickets = {name: self._send(name, {}, [hostname]) for name in ("stats", "registered")}
         found: dict[str, Any] = {}
+        timeout = self.timeout
         for name, ticket in tickets.items():
-            found[name] = self._gather(ticket, 1).get(hostname)
+            found[name] = self._gather(ticket, 1, timeout).get(hostname)
+            if found[name] is None:  # not answering: its second reply is not waited for
+                timeout = 0.0
         return found
