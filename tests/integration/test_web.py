@@ -33,7 +33,7 @@ from celery_ratchet.store.inspection import Inspection
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.web.app import Dashboard
 from celery_ratchet.web.guard import HostAllowlist
-from celery_ratchet.web.server import make
+from celery_ratchet.web.server import make, serve
 from tests.conftest import empty_store
 from tests.helpers import new_job, wait_until
 
@@ -652,3 +652,16 @@ def test_static_files_are_served_with_their_types(store: JobStore) -> None:
     assert "data-live" in script.body
     assert call(app, "/static/dashboard.css").headers["Content-Type"].startswith("text/css")
     assert call(app, "/static/../app.py").status == 404
+
+
+def _app(environ: object, start_response: object) -> list[bytes]:
+    return []
+
+
+def test_waitress_serves_when_installed_and_the_standard_library_when_asked() -> None:
+    for prefer_stdlib, kind in ((False, "waitress"), (True, "the standard library")):
+        server = serve("127.0.0.1", 0, _app, prefer_stdlib=prefer_stdlib)
+        try:
+            assert server.kind.startswith(kind) and server.port > 0
+        finally:
+            server.close()
