@@ -162,6 +162,10 @@ class RatchetSettings:
     connect_args: dict[str, Any] = field(default_factory=dict)
     #: Redis URL for wake-ups on any database (``redis://host:6379/0``); optional.
     events_url: str | None = None
+    #: The result backend of the fleet before the cutover (Celery's URL form:
+    #: ``redis://old-host:6379/1``, ``db+postgresql://…``), read for a task id the job store
+    #: does not hold: ``AsyncResult(id)`` of a task sent before the move. Never written.
+    legacy_result_backend_url: str | None = None
     #: With a wake-up channel on (LISTEN/NOTIFY or ``events_url``), an idle worker is told of
     #: new jobs, schedule changes and revokes, and sleeps until the next due time it knows
     #: of; it still looks this often (seconds), so a lost notification only delays work.

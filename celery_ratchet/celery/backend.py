@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from celery import states
+from celery.app.backends import by_url
 from celery.backends.base import BaseBackend
 from celery.exceptions import TimeoutError
 from celery.result import GroupResult, result_from_tuple
@@ -40,8 +41,9 @@ from celery_ratchet.domain.job import (
     StoredResult,
     error_record,
 )
-from celery_ratchet.errors import StoreUnavailable
+from celery_ratchet.errors import ConfigurationError, StoreUnavailable
 from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.redact import mask_url
 
 if TYPE_CHECKING:
     from celery_ratchet.runtime.worker import WorkerRuntime
@@ -343,8 +345,30 @@ class RatchetBackend(BaseBackend):
     def _get_task_meta_for(self, task_id: str) -> dict[str, Any]:
         record = self.store.result(task_id)
         if record is None:
+            legacy = self._legacy()
+            if legacy is not None:  # a task sent before the cutover, to the old backend
+                meta: dict[str, Any] = legacy.get_task_meta(task_id)
+                return meta
             return {"status": states.PENDING, "result": None, "task_id": task_id}
         return self._meta(record)
+
+    def _legacy(self) -> Any:
+        """The backend of ``ratchet_legacy_result_backend_url``, made on first use; None
+        without one."""
+        url = ratchet_state(self.app).settings.legacy_result_backend_url
+        if url is None:
+            return None
+        made = getattr(self, "_legacy_backend", None)
+        if made is None or made[0] != url:
+            backend_class, backend_url = by_url(url, self.app.loader)
+            if issubclass(backend_class, RatchetBackend):
+                raise ConfigurationError(
+                    f"ratchet_legacy_result_backend_url = {mask_url(url)!r} is the job store's "
+                    "own backend: name the result backend the fleet used before the cutover"
+                )
+            made = (url, backend_class(app=self.app, url=backend_url))
+            self._legacy_backend = made
+        return made[1]
 
     def _meta(self, record: ResultRecord) -> dict[str, Any]:
         extra = _extra_of(record)
