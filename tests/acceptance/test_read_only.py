@@ -98,7 +98,12 @@ def private_mariadb() -> Iterator[PrivateMariaDB]:
 
 
 @pytest.fixture(
-    params=[("postgresql", "threads"), ("postgresql", "ratchet"), ("mysql", "threads")],
+    params=[
+        ("postgresql", "threads"),
+        ("postgresql", "ratchet"),
+        ("mysql", "threads"),
+        ("mysql", "ratchet"),
+    ],
     ids=lambda p: "-".join(p),
 )
 def switch(request: pytest.FixtureRequest) -> Iterator[tuple[Switch, str]]:
