@@ -20,6 +20,7 @@ from celery_ratchet.store.job_rows import (
     copied_row,
     pipeline_chunks,
 )
+from celery_ratchet.store.packets import packet_limit
 from celery_ratchet.store.raw import copy_in_on, execute_many_on
 
 #: Rows smaller than this are never near a MySQL/MariaDB packet: no check is made.
@@ -59,16 +60,18 @@ class RowWriter(StoreCore):
 
     def _statement_budget(self, conn: Connection | None = None) -> int:
         """The bytes of rows one MySQL/MariaDB statement may carry: escaped for the
-        statement, a row can take up to twice its bytes, within ``max_allowed_packet``."""
-        if self._max_packet is None:
+        statement, a row can take up to twice its bytes, within ``max_allowed_packet`` (as
+        the store's last new connection read it; read here where none did)."""
+        limit = packet_limit(self.engine) or self._max_packet
+        if limit is None:
 
             def read(c: Connection) -> int:
                 return int(c.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one())
 
-            self._max_packet = (
+            limit = self._max_packet = (
                 read(conn) if conn is not None else self._run(read, "the packet size was not read")
             )
-        return self._max_packet // 2 - 64 * 1024
+        return limit // 2 - 64 * 1024
 
     def _insert_many(
         self,
