@@ -13,8 +13,10 @@ def capacity_for(consumer: Any, processes: int | None = None) -> Capacity:
     """Jobs in the pool at once, and claimed ahead, from ``-c`` (or the pool's ``processes``
     now, after ``pool_grow``) and the prefetch multiplier.
 
-    The pool gets twice its concurrency so its processes never wait for the next job to
-    arrive; the rest of the prefetch stays in a local buffer that is handed back on shutdown.
+    Celery's meaning: besides the jobs running, a worker holds at most concurrency x
+    multiplier claimed and not started (none with ``worker_disable_prefetch``). Of those, up
+    to one per process waits in the pool, so its processes never wait for the next job to
+    arrive; the rest stay in a local buffer that is handed back on shutdown.
     """
     if isinstance(consumer.pool, AsyncPool):
         # Coroutines: as many in flight as the limits by kind allow, claimed ahead by batches.
@@ -32,7 +34,22 @@ def capacity_for(consumer: Any, processes: int | None = None) -> Capacity:
         ),
         1,
     )
-    multiplier = int(consumer.app.conf.worker_prefetch_multiplier or 0)
-    running = concurrency * 2
-    total = concurrency * multiplier if multiplier > 0 else running * 2
-    return Capacity(running=running, buffered=max(total - running, concurrency), slots=concurrency)
+    ahead = concurrency * _multiplier(consumer)
+    if consumer.app.conf.get("worker_disable_prefetch"):  # Celery 5.6 and later
+        ahead = 0
+    in_pool = min(concurrency, ahead)
+    return Capacity(running=concurrency + in_pool, buffered=ahead - in_pool, slots=concurrency)
+
+
+def _multiplier(consumer: Any) -> int:
+    """The worker's multiplier: ``--prefetch-multiplier``, else ``worker_prefetch_multiplier``
+    (Celery's consumer has resolved the two). Celery takes 0 for no limit; here it keeps
+    the default, 4, since claims ahead beyond that buy nothing (docs/bench.md)."""
+    found = getattr(consumer, "prefetch_multiplier", None)
+    if found is None:
+        found = consumer.app.conf.worker_prefetch_multiplier
+    multiplier = int(found or 0)
+    return multiplier if multiplier > 0 else _DEFAULT_MULTIPLIER
+
+
+_DEFAULT_MULTIPLIER = 4

@@ -116,6 +116,12 @@ def guard(pool: Any, refused: Callable[[str], None]) -> None:
     def on_apply(target: Callable[..., Any], args: Any = None, kwargs: Any = None,
                  **options: Any) -> Any:  # fmt: skip
         args = tuple(args or ())
+        if in_child_processes:
+            # Celery's prefork pool waits in apply_async for a process to be free (its
+            # putlocks): that would stop the claim loop which called it, with jobs of the
+            # node's prefetch neither in the pool nor claimable by it. The node bounds what
+            # it hands the pool (runtime.Capacity); the rest waits in the pool's queue.
+            options["waitforslot"] = False
         try:
             result = apply(guarded, (target, *args), kwargs, **options)
         except RuntimeError:  # a thread pool shut down already

@@ -75,6 +75,17 @@ def sleep(key: str, seconds: float) -> str:
     return key
 
 
+@app.task(name="acc.gated")
+def gated(key: str, gate: str) -> str:
+    """Notes its start, then waits (up to two minutes) until the file ``gate`` exists: jobs
+    held running for as long as a test needs, with no guess at how long that is."""
+    record_run(key)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return key
+
+
 def _note(line: str) -> None:
     """One line in RATCHET_ACCEPTANCE_RUN_LOG, a file, not the job store."""
     fd = os.open(os.environ["RATCHET_ACCEPTANCE_RUN_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
@@ -246,6 +257,10 @@ def on_dead_letters(summary: dict[str, object]) -> dict[str, object]:
     """The dead-letter alert task of the workers started with RATCHET_DLQ_ALERT_TASK."""
     return summary
 
+
+# Celery's setting, for tests of it set in the app rather than by --prefetch-multiplier.
+if os.environ.get("RATCHET_ACCEPTANCE_PREFETCH_MULTIPLIER"):
+    app.conf.worker_prefetch_multiplier = int(os.environ["RATCHET_ACCEPTANCE_PREFETCH_MULTIPLIER"])
 
 # The serializers the app accepts, set per test (RATCHET_ACCEPTANCE_ACCEPT_CONTENT=json,pickle).
 if os.environ.get("RATCHET_ACCEPTANCE_ACCEPT_CONTENT"):

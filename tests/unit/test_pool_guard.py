@@ -68,3 +68,20 @@ def test_a_job_the_shut_down_pool_refused_is_handed_back() -> None:
 
     assert pool.on_apply(lambda *a: None, ("t.add", "job-2")) is None
     assert refused == ["job-2"]
+
+
+def test_the_prefork_pool_is_never_waited_on_for_a_free_process() -> None:
+    """Celery's prefork pool blocks apply_async until a process is free: the claim loop
+    that hands it jobs would stop with them. The guard asks it not to wait."""
+    from celery.concurrency.prefork import TaskPool
+
+    seen: list[object] = []
+    pool = TaskPool.__new__(TaskPool)
+    pool.on_apply = lambda target, args=None, kwargs=None, **options: seen.append(  # type: ignore[method-assign]
+        options.get("waitforslot")
+    )
+    pool_module.guard(pool, lambda task_id: None)
+
+    pool.on_apply(lambda *a: None, ("t.add", "job-1"), waitforslot=True)
+
+    assert seen == [False]
