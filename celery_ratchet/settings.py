@@ -354,7 +354,12 @@ _SECRET_KEY = re.compile(r"pass|pwd|secret|token|credential|auth|api_?key", re.I
 _URL_START = r"[A-Za-z][A-Za-z0-9+.\-]*://"
 #: ``scheme://user:password@``: the password runs to the last ``@`` of the line before the
 #: next URL (it may hold spaces, ``/``, ``:`` or an unencoded ``@``).
-_USERINFO = re.compile(rf"(?P<head>{_URL_START}[^\s:/@]*:)(?:(?!{_URL_START})[^\n])*@")
+#: A password masked already (``***@`` and a host with no ``@``) is left alone: masked
+#: again, it would run on to an ``@`` later in the message (MySQL's ``'user'@'host'``) and
+#: hide the text in between.
+_USERINFO = re.compile(
+    rf"(?P<head>{_URL_START}[^\s:/@]*:)(?!\*\*\*@[^\s@]*(?:\s|$))(?:(?!{_URL_START})[^\n])*@"
+)
 #: ``key=value`` of a credential, in a URL's query or a ``key=value`` connection string.
 _SECRET_PAIR = re.compile(
     r"(?P<head>(?:^|(?<=[\s?&;,(]))(?P<key>[\w.\-]+)\s*=\s*)"

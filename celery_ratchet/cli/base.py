@@ -3,6 +3,7 @@ errors as one line and exit status 2."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -14,6 +15,7 @@ import click
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.errors import RatchetError
 from celery_ratchet.settings import RatchetSettings, mask_password
+from celery_ratchet.store.core import outages_said_by_caller
 from celery_ratchet.store.jobstore import JobStore
 
 
@@ -86,10 +88,14 @@ class RatchetGroup(click.Group):
     message and exit status 2 instead of a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except RatchetError as exc:
-            raise CommandFailed(str(exc)) from exc
+        # A command's store error is its one line of output: the store's own line for an
+        # outage (meant for long-running processes, as the dashboard is) would say it twice.
+        serving = ctx.protected_args[:1] == ["web"]
+        with contextlib.nullcontext() if serving else outages_said_by_caller():
+            try:
+                return super().invoke(ctx)
+            except RatchetError as exc:
+                raise CommandFailed(str(exc)) from exc
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")

@@ -3,10 +3,11 @@ prepared statements and the wake-ups."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -42,11 +43,13 @@ from celery_ratchet.store.db_errors import (
     cancelled,
     is_missing_column,
     is_missing_table,
+    is_not_a_database,
     is_prepared_statement_conflict,
     is_read_only,
     is_retryable_conflict,
     is_statement_cancelled,
     is_unavailable,
+    not_a_database,
     prepared_statement_conflict,
     refused,
     unavailable,
@@ -123,6 +126,17 @@ def quiet_outages() -> None:
     """In this process, log the job store's outages at DEBUG: another process (the worker's
     main process) reports them."""
     Reachability.level = logging.DEBUG
+
+
+@contextlib.contextmanager
+def outages_said_by_caller() -> Iterator[None]:
+    """Within, the job store's outages are logged at DEBUG: the caller (a CLI command)
+    says its error itself, as its one line."""
+    level, Reachability.level = Reachability.level, logging.DEBUG
+    try:
+        yield
+    finally:
+        Reachability.level = level
 
 
 T = TypeVar("T")
@@ -388,6 +402,8 @@ class StoreCore:
                     raise unavailable(self.url, exc, what, sent=maybe_sent) from exc
                 if isinstance(exc, DataError):
                     raise refused(exc, what) from exc
+                if is_not_a_database(exc):
+                    raise not_a_database(self.display_url, exc) from exc
                 if is_missing_table(exc):
                     raise SchemaMissing(
                         f"the job store at {self.display_url} has no ratchet tables (or not all "

@@ -14,6 +14,7 @@ from sqlalchemy.exc import DataError, DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from celery_ratchet.errors import (
+    ConfigurationError,
     PreparedStatementConflict,
     StatementCancelled,
     StoreBusy,
@@ -110,6 +111,30 @@ def _missing(exc: BaseException, sqlstate: str, mysql_code: int, sqlite_text: st
     return type(orig).__name__ == "OperationalError" and sqlite_text in str(orig)
 
 
+#: SQLite's SQLITE_NOTADB: the file at the URL's path is something else (a text file, a
+#: database of another program's format).
+_SQLITE_NOT_A_DATABASE = 26
+
+
+def is_not_a_database(exc: BaseException) -> bool:
+    """True when the URL names a file SQLite cannot read as a database."""
+    if not isinstance(exc, DBAPIError) or exc.orig is None:
+        return False
+    orig = exc.orig
+    if getattr(orig, "sqlite_errorcode", None) == _SQLITE_NOT_A_DATABASE:
+        return True
+    return type(orig).__module__ == "sqlite3" and "is not a database" in str(orig)
+
+
+def not_a_database(display_url: str, exc: DBAPIError) -> ConfigurationError:
+    reason = str(exc.orig).strip().splitlines()[0]
+    return ConfigurationError(
+        f"the job store at {display_url} is not a SQLite database ({reason}): check the "
+        "path in the URL; `ratchet --url URL schema apply` creates a store at a path where "
+        "no file is yet"
+    )
+
+
 def _is_lock_error(exc: DBAPIError) -> bool:
     if sqlstate_of(exc.orig) == "55P03":  # PostgreSQL: lock_timeout ran out
         return True
@@ -173,12 +198,22 @@ def refused(exc: DBAPIError, what: str) -> ValueRefused:
     return ValueRefused(f"the job store refused a value ({reason or type(exc).__name__}); {what}")
 
 
+#: SQLite's words for a file it may not open or write (CANTOPEN, READONLY).
+_SQLITE_FILE_REASONS = {"unable to open database file", "attempt to write a readonly database"}
+_SQLITE_FILE_HINT = (
+    "SQLite writes the file and, beside it, its -wal and -shm files: check that the "
+    "directory exists and that this user may write the file and the directory"
+)
+
+
 def unavailable(url: str, exc: BaseException, what: str, *, sent: bool = False) -> StoreUnavailable:
     """The error of a store that cannot be reached. ``sent``: the connection was lost after a
     statement went out, so the database may have committed it (a lost reply): say that the
     outcome is unknown instead of claiming ``what``."""
     reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
     reason = mask_secrets_of(url, reason)
+    if url.startswith("sqlite") and reason in _SQLITE_FILE_REASONS:
+        reason = f"{reason}: {_SQLITE_FILE_HINT}"
     if sent:
         consequence = (
             "the connection was lost after the request was sent, so its outcome is unknown: "

@@ -37,6 +37,7 @@ _DRIVERS = {
     "mariadb": "mysql+pymysql",
 }
 _EXTRAS = {"postgresql": "postgres", "mysql": "mysql"}
+_FAMILIES = {"postgresql", "mysql", "sqlite"}
 
 
 def normalize_url(url: str) -> str:
@@ -296,6 +297,12 @@ def build_engine(url: str, options: EngineOptions | None = None) -> Engine:
     except (ArgumentError, ValueError) as exc:
         raise ConfigurationError(f"ratchet_url {mask_url(url)!r}: {exc}") from exc
     kind = family(parsed.get_backend_name())
+    if kind not in _FAMILIES:
+        raise ConfigurationError(
+            f"unsupported database {parsed.get_backend_name()!r} in ratchet_url "
+            f"{mask_url(url)}: the job store runs on PostgreSQL (postgresql://), MySQL or "
+            "MariaDB (mysql://, mariadb://) and SQLite (sqlite:///path)"
+        )
     engine_options: dict[str, Any] = {
         "isolation_level": "AUTOCOMMIT",
         # Autocommit connections hold no transaction when returned; a reset ROLLBACK would
@@ -331,9 +338,9 @@ def build_engine(url: str, options: EngineOptions | None = None) -> Engine:
     try:
         engine = create_engine(parsed, **engine_options)
     except (NoSuchModuleError, ImportError) as exc:
-        extra = _EXTRAS.get(kind, kind)
         raise ConfigurationError(
-            f"no driver for {parsed.get_backend_name()}: install celery-ratchet[{extra}] ({exc})"
+            f"no driver for {parsed.get_backend_name()}: install celery-ratchet[{_EXTRAS[kind]}] "
+            f"({exc})"
         ) from exc
     if kind == "sqlite":
         _configure_sqlite(engine)

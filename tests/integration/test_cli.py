@@ -17,7 +17,7 @@ from celery_ratchet.domain.job import JobStatus, Settlement
 from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.ddl import ddl_script
 from celery_ratchet.store.jobstore import JobStore
-from tests.conftest import empty_store
+from tests.conftest import MYSQL_HOST, PG_HOST, _reachable, empty_store
 from tests.helpers import new_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -272,3 +272,71 @@ def test_batches_show_how_much_of_an_open_stream_was_written(tmp_path: Path) -> 
     assert listed.exit_code == 0, listed.output
     [row] = json.loads(listed.output)
     assert (row["kind"], row["state"], row["total"], row["written"]) == ("STREAM", "OPEN", None, 3)
+
+
+def _bad_urls(tmp_path: Path) -> dict[str, tuple[str, str]]:
+    """URL -> (what the error must say, a secret it must not show)."""
+    garbage = tmp_path / "notes.txt"
+    garbage.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    pg_host = PG_HOST.rpartition("@")[2]
+    mysql_host = MYSQL_HOST.rpartition("@")[2]
+    return {
+        f"sqlite:///{garbage}": ("is not a SQLite database", ""),
+        f"sqlite:///{tmp_path}": ("may write the file and the directory", ""),
+        "foo://u:hunter2@db.example/x": ("unsupported database 'foo'", "hunter2"),
+        "postgresql://u:hunter2@127.0.0.1:1/x": ("cannot reach the job store", "hunter2"),
+        f"mysql://root:hunter2@{mysql_host}/x": ("Access denied", "hunter2"),
+        f"postgresql://no_such_role:hunter2@{pg_host}/postgres": (
+            'role "no_such_role" does not exist',
+            "hunter2",
+        ),
+    }
+
+
+def test_a_bad_url_is_one_clear_line_for_every_command(tmp_path: Path) -> None:
+    """Not a database, an unknown scheme, no server, a refused login: each command says
+    what is wrong in one line, exit status 2, no traceback, no password."""
+    commands = [["jobs"], ["stats"], ["nodes"], ["dlq", "list"], ["schedules"], ["batches"],
+                ["schema", "check"], ["schema", "apply"], ["archive"]]  # fmt: skip
+    runner = CliRunner()
+    for url, (says, secret) in _bad_urls(tmp_path).items():
+        server = url.partition("://")[0] in ("postgresql", "mysql") and ":1/" not in url
+        if server and not _reachable(url.rpartition("@")[2].partition("/")[0]):
+            continue
+        for command in commands:
+            result = runner.invoke(cli, ["--url", url, *command])
+            shown = f"{url} {command}: {result.output!r} {result.exception!r}"
+            assert result.exit_code == 2, shown
+            assert says in result.output and result.output.count(says) == 1, shown
+            assert not secret or secret not in result.output, shown
+
+
+def _ratchet(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "celery_ratchet.cli.main", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_file_that_is_no_database_prints_no_traceback(tmp_path: Path) -> None:
+    """As run from a shell: ``ratchet --url sqlite:////etc/passwd jobs``."""
+    garbage = tmp_path / "passwd"
+    garbage.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    out = _ratchet("--url", f"sqlite:///{garbage}", "jobs")
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"Error: the job store at sqlite:///{garbage} is not a SQLite database (file is not "
+        "a database): check the path in the URL; `ratchet --url URL schema apply` creates a "
+        "store at a path where no file is yet"
+    ]
+
+
+def test_an_unreachable_store_is_said_once() -> None:
+    out = _ratchet("--url", "postgresql://u:hunter2@127.0.0.1:1/x", "stats")
+    assert out.returncode == 2 and out.stdout == ""
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("Error: cannot reach the job store at postgresql://u:***@127.0.0.1:1/x")

@@ -76,6 +76,19 @@ def test_free_text_keeps_each_url_and_masks_each_secret() -> None:
     assert mask_password(masked) == masked  # masking twice changes nothing
 
 
+def test_a_message_masked_once_keeps_its_text_when_masked_again() -> None:
+    """MySQL names the user as 'root'@'host' after the URL: masking the masked message
+    again must not hide everything up to that ``@``."""
+    once = (
+        f"cannot reach the job store at {mask_url('mysql://root:s3cr3t@127.0.0.1:3306/x')} "
+        "((1045, \"Access denied for user 'root'@'127.0.0.1' (using password: YES)\"))"
+    )
+    assert "mysql://root:***@127.0.0.1:3306/x ((1045" in once
+    assert mask_password(once) == once
+    # A password that itself starts with the mask is still hidden whole.
+    assert mask_password("mysql://u:***@s3cr3t@h/db x") == "mysql://u:***@h/db x"
+
+
 def test_celery_report_and_conf_listings_mask_ratchet_urls() -> None:
     app = Celery("report", task_cls="celery_ratchet:RatchetTask", set_as_current=False)
     app.conf.update(
