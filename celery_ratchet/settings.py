@@ -136,6 +136,10 @@ class RatchetSettings:
     #: dead-letter queue instead of running again; claims of a job handed back by a live
     #: node count too. 0: never run again a job whose node died.
     max_recoveries: int = 5
+    #: A job of a task this worker does not know (a rolling deploy: the task is newer than
+    #: the worker) is handed back for other workers for this long from its first refusal
+    #: here, then fails as NotRegistered; 0 fails it at once.
+    unknown_task_grace_seconds: float = 600.0
     #: Finer control of the orphan scan; wins over the minutes setting when set.
     orphan_scan_interval_seconds: float | None = None
     #: Aging: a waiting job rises one priority level per this many minutes; 0 disables.
@@ -303,6 +307,11 @@ class RatchetSettings:
             raise ConfigurationError(
                 "ratchet_priority_boost_interval_minutes must be 0 (no aging) or positive, "
                 f"got {self.priority_boost_interval_minutes!r}"
+            )
+        if self.unknown_task_grace_seconds < 0:
+            raise ConfigurationError(
+                "ratchet_unknown_task_grace_seconds must be 0 (fail at once) or positive, "
+                f"got {self.unknown_task_grace_seconds!r}"
             )
         if self.max_recoveries < 0:
             raise ConfigurationError(

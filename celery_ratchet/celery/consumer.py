@@ -42,6 +42,7 @@ from celery_ratchet.celery.retry import install_retries
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.celery.transport import wake as wake_main_loop
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
+from celery_ratchet.domain.unknown_tasks import HAND_BACK_DELAY_SECONDS, UnknownTasks
 from celery_ratchet.errors import (
     CompressedPayloadTooLarge,
     ConfigurationError,
@@ -50,6 +51,7 @@ from celery_ratchet.errors import (
     StoreBusy,
     StoreUnavailable,
 )
+from celery_ratchet.runtime.base import Declined
 from celery_ratchet.runtime.dlq import DeadLetterAlerts
 from celery_ratchet.runtime.fence import current_fence
 from celery_ratchet.runtime.worker import WorkerRuntime
@@ -73,6 +75,7 @@ class Dispatcher:
         #: A compressed body decompresses to at most a multiple of this (celery/inflate.py).
         self.max_payload_kb = settings.max_payload_kb
         self.runtime: WorkerRuntime | None = None
+        self.unknown_tasks = UnknownTasks(settings.unknown_task_grace_seconds)
 
     def __call__(self, job: ClaimedJob) -> None:
         content_type = job.message.content_type
@@ -125,6 +128,19 @@ class Dispatcher:
         self._on_end(job, JobStatus.FAILED, exception_record(exc), None)
 
     def _unknown(self, job: ClaimedJob) -> None:
+        """A task this worker does not know: handed back for workers that do, for a while
+        (a rolling deploy brings them), then failed."""
+        if self.unknown_tasks.hand_back(job.job_id, time.monotonic()):
+            if self.unknown_tasks.first_of(job.task_name):
+                logger.warning(
+                    "ratchet: task %r is not registered on worker %s: its jobs are handed "
+                    "back for workers that know it (a rolling deploy?), each for up to %ss "
+                    "(ratchet_unknown_task_grace_seconds), then fail as NotRegistered",
+                    job.task_name,
+                    self.consumer.hostname,
+                    f"{self.unknown_tasks.grace_seconds:g}",
+                )
+            raise Declined(HAND_BACK_DELAY_SECONDS)
         exc = NotRegistered(
             f"task {job.task_name!r} is not registered on worker {self.consumer.hostname}; "
             "import its module in the worker (include=, imports=, autodiscover_tasks) or route "

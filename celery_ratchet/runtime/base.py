@@ -71,6 +71,16 @@ class WakeupSource(Protocol):
     def stop(self) -> None: ...
 
 
+class Declined(Exception):
+    """Raised by a node's ``dispatch`` for a job it will not start here (its task unknown
+    to this worker): the job goes back to the store, due ``after_seconds`` from its claim,
+    with no attempt counted."""
+
+    def __init__(self, after_seconds: float) -> None:
+        super().__init__(f"handed back for {after_seconds}s")
+        self.after_seconds = after_seconds
+
+
 #: The circuit breaker a job's task is protected by: (service name, its configuration).
 BreakerLookup = Callable[[ClaimedJob], "tuple[str, BreakerConfig] | None"]
 

@@ -17,6 +17,7 @@ from celery_ratchet.domain.job import (
 from celery_ratchet.errors import StoreBusy, StoreUnavailable
 from celery_ratchet.runtime.base import (
     _DUE_MARGIN_SECONDS,
+    Declined,
 )
 from celery_ratchet.runtime.masters import MasterFiring
 from celery_ratchet.runtime.revocations import Revocations
@@ -39,13 +40,20 @@ class Claiming(MasterFiring, Revocations):
             self._drop_buffer("no heartbeat for too long, the claims may belong to others now")
             return
         deferred: list[tuple[ClaimedJob, datetime]] = []
+        declined: list[tuple[ClaimedJob, datetime]] = []
         try:
-            self._dispatch_until_full(deferred)
+            self._dispatch_until_full(deferred, declined)
         finally:
             if deferred:
-                self._defer(deferred)
+                self._defer(deferred, "ratchet: circuit open; deferred %d jobs (%s)")
+            if declined:
+                self._defer(declined, "ratchet: handed back %d jobs of tasks unknown here (%s)")
 
-    def _dispatch_until_full(self, deferred: list[tuple[ClaimedJob, datetime]]) -> None:
+    def _dispatch_until_full(
+        self,
+        deferred: list[tuple[ClaimedJob, datetime]],
+        declined: list[tuple[ClaimedJob, datetime]],
+    ) -> None:
         while True:
             with self._lock:
                 if self._stopping.is_set():  # stopping: the buffer is handed back instead
@@ -61,10 +69,7 @@ class Claiming(MasterFiring, Revocations):
                 self._count_kind(job)
             until = self._breaker_hold(job)
             if until is not None:
-                with self._lock:
-                    if self._in_flight.get(job.job_id) == job.token:
-                        del self._in_flight[job.job_id]
-                        self._uncount_kind(job.job_id)
+                self._unstart(job)
                 deferred.append((job, until))
                 continue
             with self._lock:
@@ -72,6 +77,10 @@ class Claiming(MasterFiring, Revocations):
                     self._permits[(job.job_id, job.token)] = job.resource
             try:
                 self.dispatch(job)
+            except Declined as declining:
+                self._unstart(job)
+                claimed_at = job.claimed_now or datetime.now(timezone.utc)
+                declined.append((job, claimed_at + timedelta(seconds=declining.after_seconds)))
             except Exception as exc:
                 logger.exception("ratchet: could not start job %s", job.job_id)
                 self.settle(
@@ -82,6 +91,15 @@ class Claiming(MasterFiring, Revocations):
                         error=f"could not start the job: {exc!r}",
                     )
                 )
+
+    def _unstart(self, job: ClaimedJob) -> None:
+        """A job taken from the buffer that does not start here after all: its slot (and
+        its permit's place) is free again."""
+        with self._lock:
+            if self._in_flight.get(job.job_id) == job.token:
+                del self._in_flight[job.job_id]
+                self._uncount_kind(job.job_id)
+            self._permits.pop((job.job_id, job.token), None)
 
     def _next_startable(self) -> ClaimedJob | None:
         """The first buffered job whose kind is under its limit, taken from the buffer
@@ -127,9 +145,9 @@ class Claiming(MasterFiring, Revocations):
         claimed_at = job.claimed_now or datetime.now(timezone.utc)
         return claimed_at + timedelta(seconds=until - now)
 
-    def _defer(self, deferred: list[tuple[ClaimedJob, datetime]]) -> None:
-        """Put jobs whose service's breaker is open back, due when it half-opens; they
-        lose no attempt."""
+    def _defer(self, deferred: list[tuple[ClaimedJob, datetime]], done: str) -> None:
+        """Put jobs back, due at the given times (a service's breaker open: when it
+        half-opens); they lose no attempt."""
         try:
             self.store.defer([(job.job_id, job.token, due) for job, due in deferred])
         except Exception as exc:  # kept claimed and buffered: deferred again next round
@@ -138,7 +156,7 @@ class Claiming(MasterFiring, Revocations):
                 self._ready.extend(job for job, _ in deferred)
             return
         logger.info(
-            "ratchet: circuit open; deferred %d jobs (%s)",
+            done,
             len(deferred),
             ", ".join(sorted({job.task_name for job, _ in deferred})),
         )

@@ -258,6 +258,16 @@ def on_dead_letters(summary: dict[str, object]) -> dict[str, object]:
     return summary
 
 
+# A task of the next release, which only the workers started with
+# RATCHET_ACCEPTANCE_NEXT_RELEASE know: a rolling deploy half done.
+if os.environ.get("RATCHET_ACCEPTANCE_NEXT_RELEASE"):
+
+    @app.task(name="acc.next_release")
+    def next_release(key: str) -> str:
+        record_run(key)
+        return key
+
+
 # Celery's setting, for tests of it set in the app rather than by --prefetch-multiplier.
 if os.environ.get("RATCHET_ACCEPTANCE_PREFETCH_MULTIPLIER"):
     app.conf.worker_prefetch_multiplier = int(os.environ["RATCHET_ACCEPTANCE_PREFETCH_MULTIPLIER"])

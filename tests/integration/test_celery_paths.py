@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from celery import Celery, chain, group, signals
-from celery.exceptions import NotRegistered, TaskRevokedError
+from celery.exceptions import TaskRevokedError
 
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
@@ -165,15 +165,6 @@ def test_revoke_cancels_a_pending_job(worker_app: Celery) -> None:
         result.get(timeout=TIMEOUT)
     assert row(worker_app, result.id).status is JobStatus.REVOKED
     assert key not in RUNS
-
-
-def test_unknown_task_fails_and_stays_inspectable(worker_app: Celery) -> None:
-    result = worker_app.send_task("t.does_not_exist", (1,))
-    with pytest.raises(NotRegistered, match=r"t\.does_not_exist"):
-        result.get(timeout=TIMEOUT)
-    stored = row(worker_app, result.id)
-    assert stored.status is JobStatus.FAILED
-    assert "not registered" in stored.last_error
 
 
 def test_unserialisable_result_is_logged_and_the_job_succeeds(worker_app: Celery) -> None:
