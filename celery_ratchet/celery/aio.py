@@ -48,6 +48,19 @@ class TraceGreenlet(greenlet.greenlet if greenlet is not None else object):  # t
         super().__init__(run)
         self.loop = loop
         self.io = io
+        #: Its code runs on the loop's thread now (rather than waits): read from other
+        #: threads, to tell a coroutine that blocks the loop from one that waits.
+        self.stepping = False
+
+    def step(self, thrown: BaseException | None, *args: Any, **kwargs: Any) -> Any:
+        """Switch into the greenlet (or throw ``thrown`` into it) until it yields or ends."""
+        self.stepping = True
+        try:
+            if thrown is not None:
+                return self.throw(thrown)
+            return self.switch(*args, **kwargs)
+        finally:
+            self.stepping = False
 
 
 def _trace_greenlet() -> TraceGreenlet | None:
@@ -79,14 +92,14 @@ async def drive(
     """Run ``trace`` to its end in its greenlet, waiting on the loop for whatever the
     coroutines inside it wait on. An exception thrown into this task (a cancel) is passed
     into the greenlet, through ``translate`` (a time limit's cancel becomes the limit)."""
-    value = trace.switch(*args, **kwargs)
+    value = trace.step(None, *args, **kwargs)
     while not trace.dead:
         try:
             sent = await _Pass(value)
         except BaseException as exc:  # every interruption goes to the coroutine
-            value = trace.throw(translate(exc) if translate is not None else exc)
+            value = trace.step(translate(exc) if translate is not None else exc)
         else:
-            value = trace.switch(sent)
+            value = trace.step(None, sent)
     return value
 
 

@@ -10,12 +10,20 @@ execution ends with :class:`~celery.exceptions.TimeLimitExceeded` (retried if th
 retries) and the coroutine is cancelled. A revoke with ``terminate`` cancels it too.
 
 Tasks that are not ``async def`` run in a thread executor of ``-c`` threads, as on
-``-P threads`` (no time limits there: a thread cannot be interrupted).
+``-P threads``.
+
+The hard limit is kept on time for code no cancel can reach too: a blocking call inside a
+coroutine (which holds the whole event loop) or a plain task in its thread. A watchdog
+thread fails the job with TimeLimitExceeded at the limit; the code runs on to its end, since
+nothing can stop it, and what it returns then is dropped (logged). No soft limit in a
+thread: it cannot be interrupted to raise SoftTimeLimitExceeded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 import os
 import threading
@@ -45,6 +53,8 @@ logger = logging.getLogger(__name__)
 #: Threads for the blocking calls of async executions (result writes): the job store's
 #: connections are the real limit.
 _IO_THREADS = 16
+#: What the worker says when code failed by its hard time limit ends at last.
+LATE_END = "after its hard time limit"
 #: After this long, a warm stop says which jobs it is still waiting for (it waits on, as
 #: for any pool: a job cut off would run again elsewhere, a thread's even while it runs on).
 _STOP_SECONDS = 60.0
@@ -70,6 +80,40 @@ class Execution:
         self.interrupt: str | None = None
         #: The outcome went to Celery already (at the hard time limit, or a terminate).
         self.reported = False
+        self._report_lock = threading.Lock()
+        #: When the hard time limit failed the job (monotonic).
+        self._limit_at: float | None = None
+        #: The coroutine's code was running, not waiting, when its hard limit came.
+        self._blocking_at_limit = False
+        self._trace: TraceGreenlet | None = None
+
+    def _report_once(self) -> bool:
+        """Whether this caller reports the outcome: the first one does, from whichever
+        thread (the loop's, the job's, the time-limit watchdog)."""
+        with self._report_lock:
+            first, self.reported = not self.reported, True
+            return first
+
+    def _late_end(self, cancelled: bool = False) -> None:
+        """The code ended after its hard time limit failed the job: said, since its end
+        changes nothing (a coroutine cancelled at once by the limit goes unsaid)."""
+        late = time.monotonic() - (self._limit_at or 0.0)
+        if not cancelled:
+            why = "what it returned is dropped"
+        elif self._blocking_at_limit:
+            why = (
+                "a blocking call held the event loop (and every coroutine of this worker) "
+                "until then; it was cancelled at its next wait"
+            )
+        else:
+            return
+        logger.warning(
+            "ratchet: job %s ended %.1fs %s, which failed it already: %s",
+            self.job_id,
+            late,
+            LATE_END,
+            why,
+        )
 
     # -- async tasks, on the loop's thread ---------------------------------------------------
 
@@ -84,25 +128,35 @@ class Execution:
                 self.accept_callback(os.getpid(), time.monotonic())
             if self.soft_timeout:
                 timers.append(loop.call_later(self.soft_timeout, self._soft_limit))
-            if self.timeout:
-                timers.append(loop.call_later(self.timeout, self._hard_limit))
-            trace = TraceGreenlet(self.target, loop, self.pool.io)
+            self._watch_time_limit()
+            self._trace = trace = TraceGreenlet(self.target, loop, self.pool.io)
             result = await drive(trace, self.args, self.kwargs, translate=self._translate)
         except BaseException as exc:  # ends like a lost process
-            if not self.reported:
-                self.reported = True
+            if self._report_once():
                 self._fail(exc)
+            elif self.interrupt == "hard":
+                self._late_end(cancelled=isinstance(exc, asyncio.CancelledError))
             return
         finally:
             for timer in timers:
                 timer.cancel()
             self.pool.done(self)
-        if not self.reported and self.callback is not None:
-            self.reported = True
+        self._report(result)
+
+    def _report(self, result: Any) -> None:
+        if not self._report_once():
+            if self.interrupt == "hard":
+                self._late_end()
+            return
+        if self.callback is not None:
             try:
                 self.callback(result)
-            except Exception:  # the other coroutines go on
+            except Exception:  # the other jobs go on
                 logger.exception("ratchet: outcome of job %s not reported", self.job_id)
+
+    def _watch_time_limit(self) -> None:
+        if self.timeout:
+            self.pool.time_limits.watch(self, time.monotonic() + self.timeout)
 
     def _fail(self, exc: BaseException) -> None:
         if self.error_callback is None:
@@ -133,14 +187,25 @@ class Execution:
         if self.timeout_callback is not None:
             self.timeout_callback(True, self.soft_timeout)
 
-    def _hard_limit(self) -> None:
-        """As a process pool does: the failure first, then the timeout; the coroutine is
-        cancelled, and whatever it does after that is not reported."""
-        if self.task is None or self.task.done() or self.reported:
+    def hard_limit(self) -> None:
+        """At the hard time limit, on the watchdog's thread, as a process pool does: the
+        failure first, then the timeout. A coroutine is cancelled (at its next wait, if a
+        blocking call holds the loop); a thread runs on. Whatever either does after that is
+        not reported."""
+        if not self._report_once():
             return
-        self.reported = True
         self.interrupt = "hard"
-        self.task.cancel()
+        self._limit_at = time.monotonic()
+        self._blocking_at_limit = self._trace is not None and self._trace.stepping
+        if self.task is not None:
+            self.pool.loop.call_soon_threadsafe(self.task.cancel)
+        else:
+            logger.warning(
+                "ratchet: job %s runs in a thread past its hard time limit (%ss): it fails "
+                "with TimeLimitExceeded, but a thread cannot be stopped and runs on",
+                self.job_id,
+                self.timeout,
+            )
         self._fail(TimeLimitExceeded(self.timeout))
         if self.timeout_callback is not None:
             self.timeout_callback(False, self.timeout)
@@ -164,7 +229,7 @@ class Execution:
 
         def cancel() -> None:
             if self.task is not None and not self.task.done():
-                self.reported = True
+                self._report_once()
                 self.interrupt = "terminate"
                 self.task.cancel()
 
@@ -174,10 +239,53 @@ class Execution:
 
     def run_in_thread(self) -> None:
         try:
-            apply_target(self.target, self.args, self.kwargs, self.callback,
+            self._watch_time_limit()
+            apply_target(self.target, self.args, self.kwargs, self._report,
                          self.accept_callback)  # fmt: skip
         finally:
             self.pool.done(self)
+
+
+class TimeLimits:
+    """A thread that calls :meth:`Execution.hard_limit` of each execution watched at its
+    deadline: on time even while a blocking call holds the event loop."""
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, Execution]] = []
+        self._order = itertools.count()
+        self._changed = threading.Condition()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def watch(self, execution: Execution, deadline: float) -> None:
+        with self._changed:
+            heapq.heappush(self._due, (deadline, next(self._order), execution))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="ratchet-async-time-limits", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify()
+
+    def stop(self) -> None:
+        with self._changed:
+            self._stopped = True
+            self._changed.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._stopped and (not self._due or self._due[0][0] > time.monotonic()):
+                    wait = self._due[0][0] - time.monotonic() if self._due else None
+                    self._changed.wait(wait)
+                if self._stopped:
+                    return
+                _, _, execution = heapq.heappop(self._due)
+            if not execution.reported:
+                try:
+                    execution.hard_limit()
+                except Exception:  # the other limits are kept
+                    logger.exception("ratchet: time limit of job %s not applied", execution.job_id)
 
 
 class AsyncPool(BasePool):
@@ -196,6 +304,7 @@ class AsyncPool(BasePool):
             max_workers=max(int(self.limit or 1), 1), thread_name_prefix="ratchet-sync"
         )
         self.loop.set_default_executor(self.io)
+        self.time_limits = TimeLimits()
         self._thread: threading.Thread | None = None
         self._running: set[Execution] = set()
         self._lock = threading.Lock()
@@ -285,6 +394,7 @@ class AsyncPool(BasePool):
                 runtime.request_stop()
 
     def _shutdown(self) -> None:
+        self.time_limits.stop()
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
         if self._thread is not None:

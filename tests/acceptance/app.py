@@ -346,6 +346,32 @@ async def async_soft_limited() -> str:
     return "no limit"
 
 
+def _blocked_until(gate: str) -> None:
+    """Waits (up to two minutes) until the file ``gate`` exists, without ever yielding."""
+    deadline = time.monotonic() + 120
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@app.task(name="acc.async_blocking", time_limit=1)
+async def async_blocking(key: str, gate: str) -> str:
+    """Blocks the event loop past its time limit (a sync call in a coroutine), which no
+    cancel can interrupt; notes its start, and its wake after the block."""
+    await asyncio.to_thread(record_run, f"{key}:start")
+    _blocked_until(gate)
+    record_run(f"{key}:woke")
+    return key
+
+
+@app.task(name="acc.sync_limited", time_limit=1)
+def sync_limited(key: str, gate: str) -> str:
+    """A plain task past its time limit: on -P ratchet-async it runs in a thread."""
+    record_run(f"{key}:start")
+    _blocked_until(gate)
+    record_run(f"{key}:woke")
+    return key
+
+
 @app.task(name="acc.async_flaky", bind=True, max_retries=3)
 async def async_flaky(self, key: str) -> int:  # type: ignore[no-untyped-def]
     """Retried twice by self.retry from inside the coroutine, then succeeds."""

@@ -8,10 +8,11 @@ import json
 import signal
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from celery import Celery, group
-from celery.exceptions import TaskRevokedError
+from celery.exceptions import TaskRevokedError, TimeLimitExceeded
 from celery.result import AsyncResult
 
 from celery_ratchet.celery.state import ratchet_state
@@ -24,6 +25,8 @@ from tests.acceptance.test_faults import SHORT_GRACE
 pytestmark = pytest.mark.slow
 
 POOL = "ratchet-async"
+#: What the worker says when a job failed by its time limit ends at last.
+LATE_END = "after its hard time limit, which failed it already"
 
 
 def run_keys(store: JobStore) -> list[str]:
@@ -258,3 +261,30 @@ def test_the_seeds_virtual_threads_setting_refuses_another_pool_named(
     assert worker.process.wait(60) != 0
     log = server_cluster.whole_logs()
     assert "-P ratchet-async" in log and "-P threads" in log, log
+
+
+@pytest.mark.parametrize("task", ["acc.async_blocking", "acc.sync_limited"])
+def test_code_that_cannot_be_interrupted_fails_at_its_time_limit_and_its_late_end_is_dropped(
+    server_app: Celery, server_cluster: Cluster, task: str, tmp_path: Path
+) -> None:
+    """A blocking call in a coroutine, or a plain task in the pool's threads, outlasts its
+    hard time limit: nothing can interrupt it, so the job fails with TimeLimitExceeded at
+    the limit, and what the code returns when it ends at last changes nothing."""
+    store = ratchet_state(server_app).store
+    gate = tmp_path / "open"
+    result = server_app.tasks[task].delay("blocked", str(gate))
+    worker = server_cluster.start("w1", pool=POOL)
+    try:
+        with pytest.raises(TimeLimitExceeded):
+            result.get(timeout=60)
+        assert run_keys(store) == ["blocked:start"]
+        gate.touch()
+        wait_until(lambda: "blocked:woke" in run_keys(store), 60, "the block to end")
+        wait_until(lambda: LATE_END in worker.log.read_text(), 60, "its late end dropped")
+    except Exception:
+        print(server_cluster.logs())
+        raise
+    log = worker.log.read_text()
+    assert store.count_by_status() == {"FAILED": 1}
+    assert result.state == "FAILURE"
+    assert log.count("Hard time limit (1s) exceeded") == 1, log[-3000:]
