@@ -8,9 +8,10 @@ from typing import Any
 
 from celery import Celery
 
+from celery_ratchet.celery.job_types import sending_as
 from celery_ratchet.celery.sender import JobBatch
 from celery_ratchet.celery.state import is_installed, ratchet_state
-from celery_ratchet.domain.job import NewJob
+from celery_ratchet.domain.job import JobType, NewJob
 from celery_ratchet.errors import ConfigurationError
 from celery_ratchet.runtime.dlq import DeadLetterAlerts
 
@@ -31,7 +32,8 @@ def dead_letter_alerts(app: Celery) -> DeadLetterAlerts | None:
 
     def alert_job(job_id: str, summary: dict[str, Any]) -> NewJob:
         batch = JobBatch(app)
-        app.send_task(task_name, args=[summary], task_id=job_id, producer=batch)
+        with sending_as(JobType.SYSTEM):  # the seeds' DLQ_ALERT
+            app.send_task(task_name, args=[summary], task_id=job_id, producer=batch)
         [job] = batch.jobs
         return job
 

@@ -16,7 +16,8 @@ from celery_ratchet.celery import options as options_
 from celery_ratchet.celery.batches import PROGRESS_ENDED_TASK, progress_ended
 from celery_ratchet.celery.chain_handoff import handed_to_this_worker
 from celery_ratchet.celery.compat import cache_producer_pool, cached_producer_pool
-from celery_ratchet.celery.events import send_task_sent
+from celery_ratchet.celery.events import send_task_sent, type_fields
+from celery_ratchet.celery.job_types import job_type_of
 from celery_ratchet.celery.message import (
     CLAIM_HEADER,
     check_protocol,
@@ -150,6 +151,7 @@ class RatchetAMQP(AMQP):
                 max_payload_kb=settings.max_payload_kb,
                 allow_pickle=settings.allow_pickle,
                 timezone_=app.timezone,
+                job_type=job_type_of(headers2, body),
             )
             retries = default_retry if retry is None else retry
 
@@ -159,7 +161,10 @@ class RatchetAMQP(AMQP):
                     exchange=exchange, routing_key=routing_key,
                 )  # fmt: skip
                 if sent_event:
-                    send_task_sent(app, {**sent_event, "queue": qname, "routing_key": routing_key})
+                    send_task_sent(app, {
+                        **sent_event, "queue": qname, "routing_key": routing_key,
+                        **type_fields(job.job_type),
+                    })  # fmt: skip
 
             if claim is not None:
                 # A retry or a replace of the running job: the same row, rescheduled.

@@ -10,7 +10,6 @@ swap rolls back, and the orphan scan of any node finishes the batch). No polling
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import time
@@ -23,6 +22,7 @@ from celery.exceptions import ChordError
 from celery.result import GroupResult, allow_join_result
 from kombu.utils import json as kjson
 
+from celery_ratchet.celery.job_types import sending_as
 from celery_ratchet.celery.sender import JobBatch
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.celery.transactions import joined, transaction
@@ -162,7 +162,7 @@ def finish(backend: Any, record: BatchRecord) -> None:
     def send_body() -> None:
         with batches.finishing(record.batch_id, BatchState.SUCCEEDED) as unit:
             if unit is not None:
-                send_within(unit, lambda: callback.delay(results))
+                send_within(unit, lambda: callback.delay(results), JobType.WORKFLOW_JOIN)
 
     try:
         retrying_conflicts(send_body, f"body of chord {record.batch_id}")
@@ -229,7 +229,7 @@ def fail_stream(
             summary["failed_ids"] = batches.failed_children(record.batch_id, FAILED_IDS_SHOWN)
             then = decode_signature(app, record.on_failure)
             if then is not None:
-                send_within(unit, lambda: then.delay(summary))
+                send_within(unit, lambda: then.delay(summary), JobType.WORKFLOW_BRANCH)
 
     retrying_conflicts(attempt, f"failure of batch {record.batch_id}")
     if won:
@@ -249,7 +249,7 @@ def _finish_stream(app: Celery, record: BatchRecord) -> None:
     def attempt() -> None:
         with batches.finishing(record.batch_id, state) as unit:
             if unit is not None and then is not None:
-                send_within(unit, lambda: then.delay(summary))
+                send_within(unit, lambda: then.delay(summary), JobType.WORKFLOW_BRANCH)
 
     try:
         retrying_conflicts(attempt, f"outcome of batch {record.batch_id}")
@@ -281,13 +281,15 @@ def retrying_conflicts(attempt: Callable[[], None], what: str) -> None:
             time.sleep(0.01 * tries)
 
 
-def send_within(unit: Unit, send: Callable[[], Any]) -> None:
-    """Send what follows a decision of the store in the unit of work that wrote it."""
-    if not unit.sends_join:
-        send()
-        return
-    with transaction(unit):
-        send()
+def send_within(unit: Unit, send: Callable[[], Any], job_type: JobType) -> None:
+    """Send what follows a decision of the store in the unit of work that wrote it: jobs
+    of ``job_type`` (a chord's body joins its header; a batch's callbacks are branches)."""
+    with sending_as(job_type):
+        if not unit.sends_join:
+            send()
+            return
+        with transaction(unit):
+            send()
 
 
 def _header_results(backend: Any, batch_id: str, parts: Sequence[BatchPart]) -> list[Any]:
@@ -383,7 +385,7 @@ def report_progress(app: Celery, batch_id: str) -> None:
             jobs, on_stored = _built(
                 app, _progress_report(app, callback, record, percent, progress, total)
             )
-            reports += [dataclasses.replace(j, job_type=JobType.SINGLE) for j in jobs]
+            reports += jobs
             stored.extend(on_stored)
         return reports
 
@@ -470,7 +472,7 @@ def _finish_batch(app: Celery, record: BatchRecord, parts: Sequence[BatchPart]) 
         with ratchet_state(app).batches.finishing(record.batch_id, BatchState.FAILED) as unit:
             then = decode_signature(app, record.on_failure)
             if unit is not None and then is not None:
-                send_within(unit, lambda: then.delay(summary))
+                send_within(unit, lambda: then.delay(summary), JobType.WORKFLOW_BRANCH)
         return
     logger.info("ratchet: batch %s (%s) %s", record.batch_id, record.name or "", state.value)
 
@@ -495,7 +497,7 @@ def _send_batch_outcome(
             results = [backend.decode(p.result) if p.result else None for p in parts]
             then, argument = decode_signature(app, record.on_success), results
         if then is not None:
-            send_within(unit, lambda: then.delay(argument))
+            send_within(unit, lambda: then.delay(argument), JobType.WORKFLOW_BRANCH)
 
 
 def batch_progress(app: Celery, batch_id: str) -> BatchSummary:

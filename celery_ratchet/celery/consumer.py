@@ -30,6 +30,7 @@ from celery_ratchet.celery.breaker import lookup as breaker_lookup
 from celery_ratchet.celery.breaker import parse as parse_breaker
 from celery_ratchet.celery.capacity import capacity_for
 from celery_ratchet.celery.compat import request_already_revoked, request_terminates_on_ack
+from celery_ratchet.celery.events import RECEIVING
 from celery_ratchet.celery.fencing import fence_tracers
 from celery_ratchet.celery.housekeeping import register_archiver
 from celery_ratchet.celery.message import JobMessage, runs_code, safe_accept, serializer_name
@@ -94,6 +95,7 @@ class Dispatcher:
             logger.error("ratchet: job %s failed unrun: %s", job.job_id, exc)
             self._on_end(job, JobStatus.FAILED, exception_record(exc), None)
             return
+        receiving = RECEIVING.set(job)  # its task-received event carries its type
         try:
             strategy(message, None, message.ack_log_error, message.reject_log_error, None)
         except _MALFORMED as exc:
@@ -104,6 +106,8 @@ class Dispatcher:
                     InvalidTaskError(f"malformed job row ({type(exc).__name__}: {exc})")
                 ),
             )
+        finally:
+            RECEIVING.reset(receiving)
 
     def _on_end(
         self,

@@ -125,6 +125,7 @@ def job_from_message(
     business_key: str | None = None,
     on_duplicate: str | None = None,
     tags: Sequence[str] = (),
+    job_type: JobType = JobType.SINGLE,
 ) -> NewJob:
     check_serializer(serializer, allow_pickle)
     content_type, content_encoding, data = _dumps(body, serializer)
@@ -174,6 +175,7 @@ def job_from_message(
         root_id=headers.get("root_id"),
         parent_id=headers.get("parent_id"),
         group_id=headers.get("group"),
+        job_type=job_type,
         resource=resource,
         business_key=business_key,
         # A chord's member cannot be stood in for by another job: the chord counts its own.

@@ -42,7 +42,7 @@ from celery_ratchet.celery.batches import decode_signature, encode_signature, se
 from celery_ratchet.celery.compat import current_app_object, signature_app
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.celery.transactions import joined
-from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.domain.job import JobStatus, JobType
 from celery_ratchet.domain.workflow import (
     FAILURE,
     JOIN,
@@ -282,7 +282,7 @@ def advance(app: Celery, parent_id: str, result: Any, failed: bool) -> list[str]
         decided = batches.decide(unit, parent_id, decisions.states)
         for send in decisions.sends(decided):
             sig = _signature_to_send(app, send, by_position, parent_id, result, failed)
-            send_within(unit, sig.apply_async)
+            send_within(unit, sig.apply_async, JobType.WORKFLOW_BRANCH)
             sent.append(str(sig.get("task") or sig.get("subtask_type")))
     for position, refusal in refusals.items():
         if position in decided:

@@ -21,10 +21,11 @@ from celery_ratchet.cli.base import (
 from celery_ratchet.cli.dead_letters import archive, dlq
 from celery_ratchet.domain.batch import BatchKind, BatchState, BatchSummary, shown_value
 from celery_ratchet.domain.cron import CronExpression
-from celery_ratchet.domain.job import JobStatus, error_record, shown_status
+from celery_ratchet.domain.job import JobStatus, error_record, public_type, shown_status
 from celery_ratchet.runtime import recurring
 from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.ddl import DIALECTS, ddl_script
+from celery_ratchet.store.inspection import Inspection
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.store.redact import mask_url
 
@@ -63,12 +64,17 @@ def jobs(
         limit=limit,
     )
     emit(
-        [{**vars(j), "status": shown_status(j.status)} for j in found],
+        [
+            {**vars(j), "status": shown_status(j.status), "public_type": public_type(j.job_type)}
+            for j in found
+        ],
         [
             "job_id",
             "task_name",
             "queue",
             "status",
+            "job_type",
+            *(["public_type"] if as_json else []),
             "priority",
             "attempts",
             "scheduled_time",
@@ -110,6 +116,9 @@ def jobs_show(cli: CliContext, job_id: str, as_json: bool) -> None:
         return
     values = {k: v for k, v in vars(record).items() if k != "payload"}
     values["status"] = shown_status(record.status)
+    links = Inspection(cli.store).job_links(job_id) or {}
+    values["job_type"] = links.get("job_type")
+    values["public_type"] = public_type(links.get("job_type") or "")
     if record.payload is not None:
         values["payload"] = record.payload.decode("utf-8", "replace")
     log = cli.store.job_log(job_id)

@@ -72,14 +72,57 @@ UNREADABLE = Unreadable()
 
 
 class JobType(str, enum.Enum):
+    """The seeds' execution type of a job: its role, stored with it (``job_type``)."""
+
+    #: A job sent on its own (``delay``, ``apply_async``, a callback, a recurring occurrence).
+    SINGLE = "SINGLE"
+    #: A recurring master: the schedule, which fires occurrences (SINGLE jobs).
+    RECURRING = "RECURRING"
+    #: The coordinator of a batch: no job row here, the batch's row in ``scheduler_batch``.
+    BATCH_PARENT = "BATCH_PARENT"
+    #: A member of a group, of a chord's header, of a ``celery_ratchet.batch()``.
+    BATCH_CHILD = "BATCH_CHILD"
+    #: A step of a chain, its first one included.
+    CHAIN_STEP = "CHAIN_STEP"
+    #: A conditional branch: of a ``celery_ratchet.workflow()``, or a batch's on_success or
+    #: on_failure.
+    WORKFLOW_BRANCH = "WORKFLOW_BRANCH"
+    #: A join: a chord's body, a workflow's ``join()``.
+    WORKFLOW_JOIN = "WORKFLOW_JOIN"
+    #: Framework work no user sends: the dead-letter alert (the seeds' DLQ_ALERT).
+    SYSTEM = "SYSTEM"
+
+
+class PublicJobType(str, enum.Enum):
+    """The seeds' public type of a job: the pattern it belongs to, for events and listings."""
+
     SINGLE = "SINGLE"
     RECURRING = "RECURRING"
-    BATCH_PARENT = "BATCH_PARENT"
-    BATCH_CHILD = "BATCH_CHILD"
-    CHAIN_STEP = "CHAIN_STEP"
-    WORKFLOW_BRANCH = "WORKFLOW_BRANCH"
-    WORKFLOW_JOIN = "WORKFLOW_JOIN"
+    BATCH = "BATCH"
+    CHAIN = "CHAIN"
+    WORKFLOW = "WORKFLOW"
     SYSTEM = "SYSTEM"
+
+
+_PUBLIC = {
+    JobType.SINGLE: PublicJobType.SINGLE,
+    JobType.RECURRING: PublicJobType.RECURRING,
+    JobType.BATCH_PARENT: PublicJobType.BATCH,
+    JobType.BATCH_CHILD: PublicJobType.BATCH,
+    JobType.CHAIN_STEP: PublicJobType.CHAIN,
+    JobType.WORKFLOW_BRANCH: PublicJobType.WORKFLOW,
+    JobType.WORKFLOW_JOIN: PublicJobType.WORKFLOW,
+    JobType.SYSTEM: PublicJobType.SYSTEM,
+}
+
+
+def public_type(job_type: JobType | str) -> str:
+    """The public type of a stored execution type; one this version does not know (a row
+    written by hand or by a newer version) shows as ``UNKNOWN(...)``."""
+    try:
+        return _PUBLIC[JobType(job_type)].value
+    except ValueError:
+        return f"UNKNOWN({job_type})"
 
 
 class OnDuplicate(str, enum.Enum):
@@ -251,6 +294,8 @@ class JobSummary:
     #: When its node claimed it, and when it started (Celery's ``task_track_started``).
     claimed_at: datetime | Unreadable | None = None
     started_at: datetime | Unreadable | None = None
+    #: The stored execution type (:class:`JobType`), as text: a row may hold another.
+    job_type: str = JobType.SINGLE.value
 
 
 def error_record(exc_type: str, messages: Sequence[object], module: str) -> str:

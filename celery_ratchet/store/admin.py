@@ -317,6 +317,7 @@ class AdminOps(StoreCore):
                 job.c.tags,
                 _listed(job.c.claimed_at),
                 _listed(job.c.started_at),
+                job.c.job_type,
             )
             .where(and_(*conditions))
             .order_by(job.c.id.desc())

@@ -199,6 +199,7 @@ class StoreCore:
             self._committed_key_holder = self._key_holder
         released = _new_job_values()
         released.pop("group_id")  # a step keeps the group its signature was frozen with
+        released.pop("job_type")  # and its type (CHAIN_STEP): the message sent cannot say
         # A chain step stored ahead holds no business key (see waiting_steps): releasing it
         # gives it none, so the release never meets the unique index on active keys.
         released.pop("business_key")
@@ -217,8 +218,10 @@ class StoreCore:
             "WHERE claim_token = :token AND status = 'RUNNING'"
         ).columns(scheduled_time=UTCDateTime())
         rescheduled = _new_job_values()
-        # A retry or replace is the same job: it keeps its business key (and stays active).
+        # A retry or replace is the same job: it keeps its business key (and stays active),
+        # and its type.
         rescheduled.pop("business_key")
+        rescheduled.pop("job_type")
         self._replace_running = (
             update(job)
             .where(*_held(bindparam("p_job_id"), bindparam("p_token")))

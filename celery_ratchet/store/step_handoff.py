@@ -58,7 +58,8 @@ class StepHandoffOps(ClaimOps, RowWriter):
 
     def _handoff_values(self) -> dict[str, Any]:
         released = _new_job_values()
-        released.pop("group_id")  # as any release: the group the step was frozen with
+        released.pop("group_id")  # as any release: the group the step was frozen with,
+        released.pop("job_type")  # its type
         released.pop("business_key")
         released.pop("claims")
         return {

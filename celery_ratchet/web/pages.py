@@ -11,7 +11,13 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from celery_ratchet.domain.batch import BatchState, shown_value
-from celery_ratchet.domain.job import JobStatus, JobSummary, parse_status, shown_status
+from celery_ratchet.domain.job import (
+    JobStatus,
+    JobSummary,
+    parse_status,
+    public_type,
+    shown_status,
+)
 from celery_ratchet.runtime import recurring
 from celery_ratchet.runtime.dlq import DeadLetterQueue
 from celery_ratchet.store.batches import BatchStore
@@ -192,6 +198,7 @@ def job(view: View, query: Query) -> Page:
         "task": record.task_name,
         "queue": record.queue,
         "status": shown_status(record.status),
+        "type": f"{links['job_type']} ({public_type(links['job_type'])})",
         "attempts": record.attempts,
         "claims": links["claims"],
         "priority": links["priority"],

@@ -52,6 +52,10 @@ def test_a_hundred_dead_letters_on_three_workers_raise_one_alert(
         f"the alert job to run\n{server_cluster.logs()}",
     )
     [(alert_id, _)] = _rows(server_app, alerts)
+    [(job_type,)] = _rows(
+        server_app, f"SELECT job_type FROM scheduler_job WHERE job_id = '{alert_id}'"
+    )
+    assert job_type == "SYSTEM"  # the seeds' DLQ_ALERT
     summary = server_app.AsyncResult(alert_id).get(timeout=10)
     assert summary["task_name"] == "acc.boom"
     assert summary["count"] == JOBS

@@ -16,7 +16,7 @@ from celery import Celery, chain, chord, group
 import celery_ratchet
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.batch import BatchState
-from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.domain.job import JobStatus, JobType
 from tests.acceptance.conftest import Cluster, side_effects, wait_until
 from tests.acceptance.test_chaos import held_by
 
@@ -48,6 +48,13 @@ def test_chain_and_a_group_of_1000(server_app: Celery, server_cluster: Cluster) 
     assert grouped.get(timeout=120) == list(range(1000))
     summary = ratchet_state(server_app).batches.summaries(batch_id=grouped.id)[0]
     assert (summary.state, summary.done, summary.total) == (BatchState.SUCCEEDED, 1000, 1000)
+    # The seeds' types, stored with each job: each step kept its own when released.
+    steps, step = [], chained
+    while step is not None:
+        steps.append(step.id)
+        step = step.parent
+    assert _types(server_app, steps) == {JobType.CHAIN_STEP.value}
+    assert _types(server_app, [r.id for r in grouped.results]) == {JobType.BATCH_CHILD.value}
 
 
 def test_a_chord_over_1000_children_runs_its_body_once(
@@ -61,6 +68,7 @@ def test_a_chord_over_1000_children_runs_its_body_once(
     assert result.get(timeout=180) == sum(range(1000))
     _wait_until_settled(server_app)  # a second body would be a row, run by now
     assert runs_of(server_app, key) == 1
+    assert _types(server_app, [result.id]) == {JobType.WORKFLOW_JOIN.value}
 
 
 def test_two_workers_finishing_the_last_children_at_once(
@@ -89,6 +97,12 @@ def test_two_workers_finishing_the_last_children_at_once(
         left, right = (store.result(c.id) for c in result.parent.results)
         assert left is not None and right is not None
         assert left.picked_by != right.picked_by
+
+
+def _types(app: Celery, job_ids: list[str]) -> set[str]:
+    """The execution types stored with these jobs."""
+    rows = ratchet_state(app).store.list_jobs(limit=5000)
+    return {j.job_type for j in rows if j.job_id in set(job_ids)}
 
 
 def _wait_until_settled(app: Celery) -> None:
@@ -230,6 +244,8 @@ def test_progress_reports_each_whole_percent_once_one_at_a_time_in_order(
     ]
     for batch in submitted:
         batch.results.get(timeout=120)
+    children = [r.id for batch in submitted for r in batch.results.results]
+    assert _types(server_app, children) == {JobType.BATCH_CHILD.value}
     expected = {"ten": 10, "wide": 100}
     try:
         wait_until(

@@ -7,7 +7,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from celery import Celery
+from celery import Celery, group
 
 import celery_ratchet
 from tests.conftest import Servers, empty_store
@@ -25,6 +25,8 @@ class Capture:
 
     def __init__(self, app: Celery) -> None:
         self.by_task: dict[str, set[str]] = defaultdict(set)
+        #: Each task's events by type, as received.
+        self.events: dict[tuple[str, str], dict[str, Any]] = {}
         self.types: set[str] = set()
         self.ready = threading.Event()
         with app.connection_for_read() as conn:  # the app's (in-process) broker connection
@@ -36,6 +38,7 @@ class Capture:
         self.types.add(event["type"])
         if "uuid" in event:
             self.by_task[event["uuid"]].add(event["type"])
+            self.events[event["uuid"], event["type"]] = event
 
     def _run(self) -> None:
         for _ in self.receiver.consume(limit=None, timeout=None, wakeup=False):
@@ -78,6 +81,17 @@ def test_workers_and_clients_send_celery_events_over_redis(
             seen = capture.wait_for(ok.id, {"task-sent", "task-received", "task-started",
                                            "task-succeeded"})  # fmt: skip
             assert {"task-sent", "task-received", "task-started", "task-succeeded"} <= seen
+            # The seeds' types: the execution type stored with the job, and its public type.
+            for kind in ("task-sent", "task-received"):
+                event = capture.events[ok.id, kind]
+                assert (event["job_type"], event["public_type"]) == ("SINGLE", "SINGLE")
+            grouped = group(app.tasks["t.add"].si(1, 1), app.tasks["t.add"].si(2, 2))()
+            assert grouped.get(timeout=30) == [2, 4]
+            member = grouped.results[0].id
+            capture.wait_for(member, {"task-sent", "task-received"})
+            for kind in ("task-sent", "task-received"):
+                event = capture.events[member, kind]
+                assert (event["job_type"], event["public_type"]) == ("BATCH_CHILD", "BATCH")
             assert "task-failed" in capture.wait_for(failed.id, {"task-failed"})
             assert "task-retried" in capture.wait_for(retried.id, {"task-retried"})
     finally:
