@@ -24,7 +24,7 @@ from sqlalchemy import text
 
 from celery_ratchet.cli.main import cli
 from celery_ratchet.domain.batch import BatchKind, NewBatch
-from celery_ratchet.domain.job import JobStatus, Message, Settlement
+from celery_ratchet.domain.job import JobStatus, JobType, Message, Settlement
 from celery_ratchet.domain.schedule import MasterSpec
 from celery_ratchet.runtime import recurring
 from celery_ratchet.settings import RatchetSettings
@@ -99,7 +99,7 @@ def store(tmp_path: Path) -> JobStore:
             new_job("ok-1"),
             replace(new_job("bad-1", task="tests.fail"), message=hostile_message()),
             new_job("waiting", queue="slow"),
-            replace(new_job("child-1"), group_id="batch-1"),
+            replace(new_job("child-1"), group_id="batch-1", job_type=JobType.BATCH_CHILD),
             new_job("pay-1", resource="payments"),
         ]
     )
@@ -141,7 +141,9 @@ def test_every_page_answers_and_shows_what_the_store_holds(store: JobStore) -> N
     assert "bad-1" in jobs.body and "ok-1" not in jobs.body
     job = call(app, "/job?id=ok-1")
     assert "hello from the task" in job.body and "batch" not in job.body.split("<h1>")[1][:10]
-    assert "batch-1" in call(app, "/job?id=child-1").body
+    child = call(app, "/job?id=child-1").body
+    assert "batch-1" in child and "BATCH_CHILD (BATCH)" in child  # the seeds' types
+    assert "<td>BATCH_CHILD</td>" in call(app, "/jobs").body
     dlq = call(app, "/dlq")
     assert "bad-1" in dlq.body and "ValueError" in dlq.body
     schedules = call(app, "/schedules")
