@@ -93,26 +93,16 @@ class JobType(str, enum.Enum):
     SYSTEM = "SYSTEM"
 
 
-class PublicJobType(str, enum.Enum):
-    """The seeds' public type of a job: the pattern it belongs to, for events and listings."""
-
-    SINGLE = "SINGLE"
-    RECURRING = "RECURRING"
-    BATCH = "BATCH"
-    CHAIN = "CHAIN"
-    WORKFLOW = "WORKFLOW"
-    SYSTEM = "SYSTEM"
-
-
+#: The seeds' public type of each execution type: the pattern a job belongs to.
 _PUBLIC = {
-    JobType.SINGLE: PublicJobType.SINGLE,
-    JobType.RECURRING: PublicJobType.RECURRING,
-    JobType.BATCH_PARENT: PublicJobType.BATCH,
-    JobType.BATCH_CHILD: PublicJobType.BATCH,
-    JobType.CHAIN_STEP: PublicJobType.CHAIN,
-    JobType.WORKFLOW_BRANCH: PublicJobType.WORKFLOW,
-    JobType.WORKFLOW_JOIN: PublicJobType.WORKFLOW,
-    JobType.SYSTEM: PublicJobType.SYSTEM,
+    JobType.SINGLE: "SINGLE",
+    JobType.RECURRING: "RECURRING",
+    JobType.BATCH_PARENT: "BATCH",
+    JobType.BATCH_CHILD: "BATCH",
+    JobType.CHAIN_STEP: "CHAIN",
+    JobType.WORKFLOW_BRANCH: "WORKFLOW",
+    JobType.WORKFLOW_JOIN: "WORKFLOW",
+    JobType.SYSTEM: "SYSTEM",
 }
 
 
@@ -120,7 +110,7 @@ def public_type(job_type: JobType | str) -> str:
     """The public type of a stored execution type; one this version does not know (a row
     written by hand or by a newer version) shows as ``UNKNOWN(...)``."""
     try:
-        return _PUBLIC[JobType(job_type)].value
+        return _PUBLIC[JobType(job_type)]
     except ValueError:
         return f"UNKNOWN({job_type})"
 

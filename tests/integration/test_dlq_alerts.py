@@ -12,7 +12,7 @@ from celery import Celery
 from celery_ratchet.celery.alerts import dead_letter_alerts
 from celery_ratchet.celery.install import install
 from celery_ratchet.celery.state import ratchet_state
-from celery_ratchet.domain.job import JobStatus, Settlement, error_record
+from celery_ratchet.domain.job import JobStatus, JobType, Settlement, error_record
 from celery_ratchet.errors import ConfigurationError
 from tests.conftest import Servers, empty_store
 from tests.helpers import new_job, wait_until
@@ -62,6 +62,7 @@ def test_the_alert_job_is_the_alert_task_sent_the_summary(
 
     [alert] = sent
     assert (alert.task_name, alert.queue) == (ALERT_TASK, "alerts")
+    assert alert.job_type is JobType.SYSTEM  # the seeds' DLQ_ALERT
     args, kwargs, _ = json.loads(alert.message.payload)
     [summary] = args
     assert kwargs == {}

@@ -1,51 +1,24 @@
 """Every job is stored with the seeds' execution type, through every way it is written:
 sent, released as a chain's next step (also handed to the worker that sent it), retried,
-fired as a workflow's branch or join, sent as a batch's callback or the dead-letter alert;
-``ratchet jobs --json`` shows it. An in-process worker on SQLite, PostgreSQL and MariaDB."""
+fired as a workflow's branch or join, sent as a batch's callback; ``ratchet jobs --json``
+shows it. An in-process worker on SQLite, PostgreSQL and MariaDB (the dead-letter alert's
+type: test_dlq_alerts.py, and real workers in the acceptance tests)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from typing import Any
 
-import pytest
 from celery import Celery, chain, chord, group
 from click.testing import CliRunner
 
 import celery_ratchet
-from celery_ratchet.celery.alerts import dead_letter_alerts
-from celery_ratchet.celery.install import install
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.cli.main import cli
 from celery_ratchet.domain.job import JobType
-from tests.conftest import Servers, empty_store
 from tests.helpers import wait_until
-from tests.integration.conftest import BrokerTrap, make_app, worker_running
 from tests.integration.tasks import RUNS
 
 TIMEOUT = 60
-ALERT_TASK = "types.on_dead_letters"
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql", "mysql"])
-def typed_app(
-    request: pytest.FixtureRequest, servers: Servers, broker_trap: BrokerTrap
-) -> Iterator[Celery]:
-    app = make_app(
-        empty_store(servers.url(request.param)).url,
-        broker_trap.url,
-        ratchet_dlq_alert_task=ALERT_TASK,
-        ratchet_dlq_alert_interval_seconds=0.5,
-    )
-    install(app)
-
-    @app.task(name=ALERT_TASK, shared=False)
-    def on_dead_letters(summary: dict[str, Any]) -> int:
-        return int(summary["count"])
-
-    with worker_running(app):
-        yield app
 
 
 def types_of(app: Celery) -> dict[str, str]:
@@ -59,9 +32,9 @@ def types_of(app: Celery) -> dict[str, str]:
     return {row["job_id"]: row["job_type"] for row in rows}
 
 
-def test_each_way_of_writing_a_job_stores_its_type(typed_app: Celery) -> None:
-    app = typed_app
-    add, fail, flaky, collect = (app.tasks[n] for n in ("t.add", "t.fail", "t.flaky", "t.collect"))
+def test_each_way_of_writing_a_job_stores_its_type(worker_app: Celery) -> None:
+    app = worker_app
+    add, flaky, collect = (app.tasks[n] for n in ("t.add", "t.flaky", "t.collect"))
     single = add.delay(1, 1)
     steps = chain(add.si(1, 1), add.s(1), add.s(1)).apply_async()
     grouped = group(add.si(i, i) for i in range(3)).apply_async()
@@ -80,18 +53,13 @@ def test_each_way_of_writing_a_job_stores_its_type(typed_app: Celery) -> None:
         .join(["ok", "big"], collect.s("types-join"))
         .submit()
     )
-    dead = fail.delay("for the dead-letter alert")
     assert single.get(timeout=TIMEOUT) == 2
     assert steps.get(timeout=TIMEOUT) == 4
     assert grouped.get(timeout=TIMEOUT) == [0, 2, 4]
     assert chorded.get(timeout=TIMEOUT) == [3, 7]
     assert retried.get(timeout=TIMEOUT) == ["done after 1", 0]
     submitted.results.get(timeout=TIMEOUT)
-    dead.get(timeout=TIMEOUT, propagate=False)
     wait_until(lambda: RUNS["types-batch"] and RUNS["types-join"], TIMEOUT, "the callbacks")
-    alerts = dead_letter_alerts(app)
-    assert alerts is not None
-    wait_until(lambda: alerts.send_due() or _alert_ids(app), 30, "the dead-letter alert")
     types = types_of(app)
 
     assert types[single.id] == JobType.SINGLE
@@ -108,7 +76,6 @@ def test_each_way_of_writing_a_job_stores_its_type(typed_app: Celery) -> None:
     assert {types[flow.branches[n].id] for n in ("ok", "big")} == {JobType.WORKFLOW_BRANCH}
     [joined] = _ids_of(app, "t.collect", "types-join")
     assert types[joined] == JobType.WORKFLOW_JOIN
-    assert {types[i] for i in _alert_ids(app)} == {JobType.SYSTEM}
 
 
 def _ids_of(app: Celery, task_name: str, key: str) -> list[str]:
@@ -120,7 +87,3 @@ def _ids_of(app: Celery, task_name: str, key: str) -> list[str]:
         if record is not None and record.payload and json.loads(record.payload)[0][-1] == key:
             found.append(job.job_id)
     return found
-
-
-def _alert_ids(app: Celery) -> list[str]:
-    return [j.job_id for j in ratchet_state(app).store.list_jobs(task_name=ALERT_TASK)]
