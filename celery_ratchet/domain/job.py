@@ -35,6 +35,9 @@ SCHEDULES_QUEUE = "ratchet.schedules"
 REVOCATIONS_WAKEUP = "ratchet.revocations"
 #: The wake-up word a worker sends to find out whether announcements reach it at all.
 PROBE_WAKEUP = "ratchet.probe"
+#: Said by a wake-up channel of the node itself (never sent) when its subscription was lost
+#: or is back: what was announced in between is missed, so the node looks at everything.
+RESUBSCRIBED_WAKEUP = "ratchet.resubscribed"
 
 ACTIVE_STATUSES = frozenset(
     {JobStatus.PENDING, JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.WAITING}

@@ -13,6 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from celery_ratchet.domain.job import RESUBSCRIBED_WAKEUP
+
 logger = logging.getLogger(__name__)
 
 Wake = Callable[[str], None]
@@ -30,6 +32,7 @@ class ListenerThread:
         #: Subscribed, so that announcements arrive: set by ``listen`` once it is, cleared
         #: when the subscription is lost. Meanwhile the worker polls at its poll interval.
         self.live = False
+        self._lost = False
 
     def start(self, wake: Wake) -> None:
         self.thread = threading.Thread(
@@ -46,15 +49,33 @@ class ListenerThread:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    def subscribed(self, wake: Wake) -> None:
+        """Called by :meth:`listen` once announcements arrive. After a subscription was
+        lost, what was announced meanwhile was missed: the node is told to look."""
+        self.live = True
+        if self._lost:
+            self._lost = False
+            wake(RESUBSCRIBED_WAKEUP)
+
+    def _unsubscribed(self, wake: Wake) -> bool:
+        """The subscription ended; whether it had been live (the node, told, falls back to
+        polling until it is back)."""
+        was_live, self.live = self.live, False
+        if was_live:
+            self._lost = True
+            wake(RESUBSCRIBED_WAKEUP)
+        return was_live
+
     def _run(self, wake: Wake) -> None:
         delay = 0.5
         while not self._stop.is_set():
             try:
                 self.listen(wake)
-                self.live = False
+                self._unsubscribed(wake)
                 delay = 0.5
             except Exception as exc:
-                self.live = False
+                if self._unsubscribed(wake):
+                    delay = 0.5  # a connection that worked was lost: back at once
                 now = time.monotonic()
                 if now - self._last_warning > 60:
                     self._last_warning = now

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from celery_ratchet.events import ListenerThread, Wake
 
@@ -25,6 +26,8 @@ CHANNEL = "ratchet_jobs"
 #: Payloads of probe notifications (never a queue name): every listener ignores them.
 PROBE_PREFIX = "ratchet-probe:"
 PROBE_TIMEOUT_SECONDS = 10.0
+#: The LISTEN connection's name in pg_stat_activity, unless the URL names it.
+APPLICATION_NAME = "ratchet wake-ups"
 
 
 class PostgresWakeups(ListenerThread):
@@ -48,17 +51,26 @@ class PostgresWakeups(ListenerThread):
 
     def listen(self, wake: Wake) -> None:
         # The conninfo carries the job store's connect_timeout (per host of a list).
-        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+        conninfo = self.conninfo
+        if "application_name" not in conninfo_to_dict(conninfo):
+            conninfo = make_conninfo(conninfo, application_name=APPLICATION_NAME)
+        with psycopg.connect(conninfo, autocommit=True) as conn:
             conn.execute(f"LISTEN {CHANNEL}")
-            self.live = True
+            self.subscribed(wake)
             token: str | None = None
             deadline = 0.0
             if self.probe is not None:
                 token = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
                 self.probe(token)
                 deadline = time.monotonic() + self.probe_timeout
+            keep_alive = _keep_alive_interval(conn)
+            next_statement = time.monotonic() + (keep_alive or 0.0)
             while not self.stopping:
-                for note in conn.notifies(timeout=1.0):
+                if keep_alive is not None and time.monotonic() >= next_statement:
+                    # Notifications that arrive meanwhile are kept for notifies() (psycopg 3.3).
+                    conn.execute("SELECT 1")
+                    next_statement = time.monotonic() + keep_alive
+                for note in conn.notifies(timeout=min(1.0, keep_alive or 1.0)):
                     if note.payload.startswith(PROBE_PREFIX):
                         if note.payload == token:
                             token = None
@@ -86,3 +98,14 @@ class PostgresWakeups(ListenerThread):
         if self.on_silent is not None:
             self.on_silent()
         self._stop.set()
+
+
+def _keep_alive_interval(conn: psycopg.Connection) -> float | None:
+    """How often the LISTEN connection, idle between notifications, runs a statement so
+    that the server's ``idle_session_timeout`` (PostgreSQL 14 and later) does not end it:
+    a third of the timeout; None when there is none."""
+    row = conn.execute(
+        "SELECT setting FROM pg_settings WHERE name = 'idle_session_timeout'"
+    ).fetchone()
+    milliseconds = int(row[0]) if row is not None else 0
+    return milliseconds / 3000 if milliseconds > 0 else None

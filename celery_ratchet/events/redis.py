@@ -37,7 +37,7 @@ class RedisWakeups(ListenerThread):
         pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
         try:
             pubsub.subscribe(CHANNEL)
-            self.live = True
+            self.subscribed(wake)
             while not self.stopping:
                 message = pubsub.get_message(timeout=1.0)
                 if message is not None and message.get("type") == "message":

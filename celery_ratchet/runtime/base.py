@@ -19,6 +19,7 @@ from celery_ratchet.domain.breaker import BreakerConfig, CircuitBreaker
 from celery_ratchet.domain.control import CONTROL_WAKEUP
 from celery_ratchet.domain.job import (
     PROBE_WAKEUP,
+    RESUBSCRIBED_WAKEUP,
     REVOCATIONS_WAKEUP,
     SCHEDULES_QUEUE,
     ClaimedJob,
@@ -294,6 +295,13 @@ class RuntimeBase:
     def _woken(self, queue: str) -> None:
         """A job of ``queue`` was committed (claim now if it is one of ours), a recurring
         master changed, or running jobs were asked to stop."""
+        if queue == RESUBSCRIBED_WAKEUP:  # announcements missed: look at everything
+            if self.control is not None:
+                self.control.hint()
+            self._masters_changed.set()
+            self._revoke_hint.set()
+            self.wake()
+            return
         self._heard.set()
         if queue == REVOCATIONS_WAKEUP:
             self._revoke_hint.set()
