@@ -54,6 +54,12 @@ class StoreUnavailable(RatchetError, ConnectionError):
     outcome_unknown: bool = False
 
 
+class StoreFull(StoreUnavailable):
+    """The job store's server has no space left (its disk is full): it refused the statement,
+    and nothing of it was written. An outage for the store: a worker keeps what it could not
+    write and tries again; a send raises this once its publish retries are spent."""
+
+
 class SchemaOutdated(RatchetError):
     """The job store's tables predate this version in a way that cannot be fixed in place."""
 

@@ -62,10 +62,10 @@ class PrivatePostgres:
     which owns the temporary directory.
     """
 
-    def __init__(self, bin_dir: Path) -> None:
+    def __init__(self, bin_dir: Path, root: Path | None = None) -> None:
         self.bin = bin_dir
         self.prefix: list[str] = []
-        self.dir = Path(tempfile.mkdtemp(prefix="ratchet-pg-"))
+        self.dir = Path(tempfile.mkdtemp(prefix="ratchet-pg-", dir=root))
         if os.geteuid() == 0:
             try:
                 owner = pwd.getpwnam("postgres")
@@ -184,12 +184,13 @@ class PrivatePostgres:
                 time.sleep(0.2)
 
 
-def start_private_postgres() -> PrivatePostgres:
-    """A new, running private cluster (skips, or fails under CI, where none can be made)."""
+def start_private_postgres(root: Path | None = None) -> PrivatePostgres:
+    """A new, running private cluster (skips, or fails under CI, where none can be made);
+    its files under ``root`` (default: the temporary directory)."""
     bin_dir = pg_bin()
     if bin_dir is None:
         unavailable("PostgreSQL server binaries (initdb, pg_ctl) not found")
-    server = PrivatePostgres(bin_dir)
+    server = PrivatePostgres(bin_dir, root)
     try:
         server.init()
     except BaseException:

@@ -278,10 +278,10 @@ class PrivateMariaDB:
     of user ``ratchet``, who has every right on that database and none on the server, so
     that ``read_only`` binds it (root may write through it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: Path | None = None) -> None:
         needed_for = "to run a private MariaDB server (install mariadb-server)"
         mariadbd = _mariadbd(needed_for)
-        self.dir = Path(tempfile.mkdtemp(prefix="ratchet-mariadb-"))
+        self.dir = Path(tempfile.mkdtemp(prefix="ratchet-mariadb-", dir=root))
         as_user(self.dir, "mysql", needed_for)
         self.node = MariadbNode("m1", self.dir, mariadbd)
         shutil.chown(self.node.dir, "mysql", "mysql")

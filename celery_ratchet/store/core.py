@@ -45,13 +45,13 @@ from celery_ratchet.store.db_errors import (
     is_missing_table,
     is_not_a_database,
     is_prepared_statement_conflict,
-    is_read_only,
     is_retryable_conflict,
     is_statement_cancelled,
     is_unavailable,
     not_a_database,
     prepared_statement_conflict,
     refused,
+    refused_by_server,
     unavailable,
 )
 from celery_ratchet.store.ddl import bring_up_to_date, index_shapes, schema_differences
@@ -397,8 +397,9 @@ class StoreCore:
                         f"{what}"
                     ) from exc
                 if is_unavailable(exc):
-                    # A read-only server refused the statement: nothing of it was written.
-                    maybe_sent = maybe_sent or (connected and not is_read_only(exc))
+                    # A server that refused the statement (read-only, no space left) wrote
+                    # nothing of it.
+                    maybe_sent = maybe_sent or (connected and not refused_by_server(exc))
                     if exc.connection_invalidated and not reconnected:
                         reconnected = True
                         continue

@@ -18,6 +18,7 @@ from celery_ratchet.errors import (
     PreparedStatementConflict,
     StatementCancelled,
     StoreBusy,
+    StoreFull,
     StoreUnavailable,
     TransactionRolledBack,
     ValueRefused,
@@ -44,7 +45,7 @@ def is_unavailable(exc: BaseException) -> bool:
             or is_statement_cancelled(exc)
         ):
             return False
-        if exc.connection_invalidated or is_read_only(exc):
+        if exc.connection_invalidated or refused_by_server(exc):
             return True
         if is_missing_table(exc):
             return False
@@ -74,6 +75,39 @@ def is_read_only(exc: BaseException) -> bool:
         return True
     args = getattr(orig, "args", None) or (None,)
     return isinstance(args[0], int) and args[0] in _READ_ONLY_CODES
+
+
+#: PostgreSQL's disk_full.
+_DISK_FULL_STATES = {"53100"}
+#: MySQL/MariaDB: ER_DISK_FULL, ER_RECORD_FILE_FULL ("The table ... is full").
+_DISK_FULL_CODES = {1021, 1114}
+#: MySQL/MariaDB errors that carry an operating system's errno: ER_ERROR_ON_WRITE,
+#: ER_ERROR_ON_RENAME's kin, ER_GET_ERRNO ("Got error 28 from storage engine").
+_ERRNO_CODES = {3, 1026, 1030}
+_ENOSPC = re.compile(r"\b(?:Errcode|error):? 28\b|No space left on device", re.IGNORECASE)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True when the server refused a statement for want of disk space: nothing of it was
+    written (not a lost reply). For the store an outage all the same: what was refused is
+    kept and tried again once there is room."""
+    orig = getattr(exc, "orig", None) if isinstance(exc, DBAPIError) else exc
+    if orig is None:
+        return False
+    if sqlstate_of(orig) in _DISK_FULL_STATES:
+        return True
+    args = getattr(orig, "args", None) or (None,)
+    if not isinstance(args[0], int):
+        return False
+    return args[0] in _DISK_FULL_CODES or (
+        args[0] in _ERRNO_CODES and _ENOSPC.search(str(orig)) is not None
+    )
+
+
+def refused_by_server(exc: BaseException) -> bool:
+    """The server answered, refusing the statement for a state of its own (read-only, no
+    space left): nothing of it was written, whatever the connection does next."""
+    return is_read_only(exc) or is_disk_full(exc)
 
 
 #: MySQL/MariaDB's ER_NET_PACKET_TOO_LARGE: the statement is over ``max_allowed_packet``.
@@ -221,15 +255,23 @@ def unavailable(url: str, exc: BaseException, what: str, *, sent: bool = False) 
         )
     else:
         consequence = what
+    kind = StoreUnavailable
     if is_read_only(exc):  # reached, but it takes no writes: the same outage for the store
         where = (
             f"the job store at {mask_url(url)} is read-only ({reason}): a standby, or a "
             "primary demoted by a failover; its connections are dropped, the next try makes "
             "new ones"
         )
+    elif is_disk_full(exc):
+        kind = StoreFull
+        where = (
+            f"the job store at {mask_url(url)} has no space left ({reason}): the database "
+            "refused the statement and nothing of it was written; free disk space on the "
+            "database server"
+        )
     else:
         where = f"cannot reach the job store at {mask_url(url)} ({reason})"
-    error = StoreUnavailable(f"{where}; {consequence}")
+    error = kind(f"{where}; {consequence}")
     error.outcome_unknown = sent
     return error
 
@@ -345,6 +387,9 @@ def in_callers_transaction(conn: Connection, what: str, *, callers: bool = True)
                 "send was written, and your transaction goes on without it. Send again once "
                 f"the other transaction has ended, or raise the limit; {what}"
             ) from exc
+        if is_disk_full(exc) and not rolled_back:
+            url = conn.engine.url.render_as_string(hide_password=False)
+            raise unavailable(url, exc, f"{what}; your transaction goes on without it") from exc
         if is_unavailable(exc):
             url = conn.engine.url.render_as_string(hide_password=False)
             raise unavailable(

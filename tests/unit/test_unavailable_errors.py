@@ -19,3 +19,28 @@ def test_a_connect_timeout_is_an_outage() -> None:
 def test_a_lock_wait_that_ran_out_is_no_outage() -> None:
     busy = psycopg.errors.LockNotAvailable("canceling statement due to lock timeout")
     assert not is_unavailable(OperationalError("update", None, busy))
+
+
+def test_a_full_disk_is_a_refused_statement_not_a_lost_reply() -> None:
+    """The errors the servers gave with their disk full (tests/acceptance/test_disk_full.py
+    fills one): PostgreSQL's disk_full, MariaDB's 1114, and errno 28 carried by MySQL."""
+    from pymysql.err import OperationalError as MySQLOperationalError
+
+    from celery_ratchet.errors import StoreFull
+    from celery_ratchet.store.db_errors import is_disk_full, unavailable
+
+    full = [
+        psycopg.errors.DiskFull('could not extend file "base/5/16443": No space left on device'),
+        MySQLOperationalError(1114, "The table 'scheduler_job' is full"),
+        MySQLOperationalError(1021, "Disk full (/var/tmp/#sql_1.MAI); waiting for someone"),
+        MySQLOperationalError(1030, 'Got error 28 "No space left on device" from storage engine'),
+        MySQLOperationalError(3, "Error writing file '/tmp/MY1' (Errcode: 28)"),
+    ]
+    for orig in full:
+        exc = OperationalError("INSERT", None, orig)
+        assert is_disk_full(exc) and is_unavailable(exc), orig
+        error = unavailable("postgresql://u:pw@db/x", exc, "no job was enqueued", sent=False)
+        assert isinstance(error, StoreFull) and not error.outcome_unknown
+        assert "has no space left" in str(error) and "pw" not in str(error)
+    other_errno = MySQLOperationalError(1030, "Got error 5 from storage engine")
+    assert not is_disk_full(OperationalError("INSERT", None, other_errno))
