@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import weakref
 from collections.abc import Callable, Mapping
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
@@ -62,14 +61,6 @@ def build_backend(app: Celery) -> Any:
 
 _NEW_APP_CALLBACKS: list[Callable[[Any], None]] = []
 
-
-class _AppsCallingBack(weakref.WeakSet):  # type: ignore[type-arg]
-    def add(self, item: Any) -> None:
-        super().add(item)
-        for callback in list(_NEW_APP_CALLBACKS):
-            callback(item)
-
-
 #: Celery's app module: imported before any app can be made, and after ``celery._state``
 #: (which ``celery.app`` imports first) has been imported whole.
 _APP_MODULE = "celery.app.base"
@@ -77,18 +68,18 @@ _APP_MODULE = "celery.app.base"
 
 def on_every_new_app(callback: Callable[[Any], None]) -> Callable[[], None]:
     """Call ``callback(app)`` for each Celery app as its constructor ends, and now for each
-    app made already. Celery's constructor ends by adding the app to ``celery._state._apps``
-    (a WeakSet of every app, ``_register_app``): that set is replaced by one calling back as
-    it adds, at once if Celery's app module is imported, else as soon as its import ends
-    (kombu, which loads ``celery_ratchet.celery.autoload``, is imported while
-    ``celery._state`` still is). Returns what takes the callback out again."""
+    app made already. Celery's constructor ends by registering the app with the
+    ``_register_app`` its module imported from ``celery._state``: that name is replaced by one
+    calling back once the app is registered, at once if Celery's app module is imported, else
+    as soon as its import ends (kombu, which loads ``celery_ratchet.celery.autoload``, is
+    imported while ``celery._state`` still is). Returns what takes the callback out again."""
     if callback not in _NEW_APP_CALLBACKS:
         _NEW_APP_CALLBACKS.append(callback)
         if _APP_MODULE in sys.modules:
             from celery import _state
 
             _follow_new_apps()
-            for app in list(_state._apps):
+            for app in list(_state._get_active_apps()):
                 callback(app)
         elif not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
             sys.meta_path.insert(0, _AfterImport(_APP_MODULE, _follow_new_apps))
@@ -101,10 +92,21 @@ def on_every_new_app(callback: Callable[[Any], None]) -> Callable[[], None]:
 
 
 def _follow_new_apps() -> None:
-    from celery import _state
+    # Not celery._state._apps, the set it registers apps in: Celery's own test fixtures
+    # (celery.contrib.testing.app.setup_default_app) put back a copy of it when they end.
+    from celery.app import base
 
-    if not isinstance(_state._apps, _AppsCallingBack):
-        _state._apps = _AppsCallingBack(_state._apps)
+    register = base._register_app
+    if getattr(register, _WRAPPED_MARK, False):
+        return
+
+    def _register_app(app: Any) -> None:
+        register(app)
+        for callback in list(_NEW_APP_CALLBACKS):
+            callback(app)
+
+    setattr(_register_app, _WRAPPED_MARK, True)
+    base._register_app = _register_app
 
 
 class _AfterImport:

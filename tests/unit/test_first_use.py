@@ -16,6 +16,7 @@ from celery import Celery
 from celery.app.amqp import AMQP
 from celery.app.control import Control
 from celery.backends.base import DisabledBackend
+from celery.contrib.testing.app import TestApp, setup_default_app
 
 from celery_ratchet.celery.amqp import RatchetAMQP
 from celery_ratchet.celery.backend import RatchetBackend
@@ -83,6 +84,15 @@ def test_an_app_with_celerys_task_class_is_left_as_celery_makes_it() -> None:
     assert type(app.amqp) is AMQP
     assert type(app.control) is Control
     assert app.conf.broker_url == CLOSED_BROKER
+
+
+def test_apps_made_after_celerys_test_app_fixture_are_installed_too() -> None:
+    # Celery's fixture puts back a copy of the set it registers apps in when it ends.
+    for _ in range(2):
+        app = TestApp(set_as_current=False, task_cls="celery_ratchet:RatchetTask")
+        with setup_default_app(app):
+            assert is_installed(app)
+            assert isinstance(app.control, RatchetControl)
 
 
 @pytest.mark.parametrize("first", sorted(RATCHET_CLASSES))
