@@ -3,6 +3,7 @@ retry of the job that is running, reschedules its own row) instead of publishing
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -177,7 +178,7 @@ class RatchetAMQP(AMQP):
             if _own_batch(producer) and handed_to_this_worker(app, state, job, body):
                 published()
                 return
-            waiting = waiting_steps(job, body)
+            waiting = _taking_over_this_job(app, waiting_steps(job, body))
             if isinstance(producer, JobBatch):
                 producer.add(job, published, waiting)
                 return
@@ -224,6 +225,22 @@ def _claim_of_current_job(app: Celery, task_id: str | None) -> str | None:
     if token is None and isinstance(request.headers, dict):
         token = request.headers.get(CLAIM_HEADER)
     return token
+
+
+def _taking_over_this_job(app: Celery, steps: list[NewJob]) -> list[NewJob]:
+    """The chain steps stored ahead, the one whose id is the job this process runs now (a
+    task replaced by a chain: its last step takes the task's id) marked to take its row
+    over in the same write; the task's row would otherwise still be RUNNING, its id taken,
+    when the chain's first step ends and sends that step."""
+    for index, step in enumerate(steps):
+        token = _claim_of_current_job(app, step.job_id)
+        if token is not None:
+            return [
+                *steps[:index],
+                dataclasses.replace(step, takes_over=token),
+                *steps[index + 1 :],
+            ]
+    return steps
 
 
 def _reschedule(store: Any, token: str, job: NewJob, maybe_committed: bool) -> None:

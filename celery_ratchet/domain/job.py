@@ -160,6 +160,10 @@ class NewJob:
     tags: tuple[str, ...] = ()
     #: A chain step stored ahead of time: WAITING until this job succeeds.
     depends_on: str | None = None
+    #: A chain step stored ahead whose id is the job running now (a task replaced by a chain
+    #: whose last step takes its id): the claim token of that job's row, which becomes the
+    #: WAITING step in the same write.
+    takes_over: str | None = None
     #: With a business key held by an active job: follow that job, or raise.
     on_duplicate: OnDuplicate = OnDuplicate.EXISTING
 

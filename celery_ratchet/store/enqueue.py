@@ -13,6 +13,7 @@ from sqlalchemy import (
     delete,
     inspect,
     select,
+    update,
 )
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -36,10 +37,13 @@ from celery_ratchet.store.engine import (
     transaction,
 )
 from celery_ratchet.store.job_rows import (
+    _CLEARED_CLAIM,
+    _CLEARED_RESULT,
     _KEY_TRIES,
     _WAITING_COLUMNS,
     WAITING_DUE,
     _bytes,
+    _held,
     _is_active_key_conflict,
     _lacks_active_key_index,
     _no_guard,
@@ -58,6 +62,11 @@ from celery_ratchet.store.schema import (
 from celery_ratchet.store.units import Unit, connection_of, is_callers
 
 logger = logging.getLogger(__name__)
+
+#: A running job taken over by a step of its replacement keeps a revoke asked of its id.
+_CLEARED_RESULT_KEEPING_REVOKE = {
+    k: v for k, v in _CLEARED_RESULT.items() if k != "revoke_requested"
+}
 
 
 #: Job ids looked up in one statement when jobs are moved in from a broker.
@@ -389,7 +398,32 @@ class EnqueueOps(RowWriter):
              "created_at": datetime.now(timezone.utc), "attempts": 0, "claims": 0}
             for s in steps
         ]  # fmt: skip
-        conn.execute(insert_ignoring_conflicts(conn.dialect, job, key="job_id"), rows)
+        taken = {s.job_id for s in steps if s.takes_over and self._take_over(conn, s, rows)}
+        rows = [r for r in rows if r["job_id"] not in taken]
+        if rows:
+            conn.execute(insert_ignoring_conflicts(conn.dialect, job, key="job_id"), rows)
+
+    def _take_over(self, conn: Connection, step: NewJob, rows: list[dict[str, Any]]) -> bool:
+        """The running job of ``step``'s id, still held by the claim ``step.takes_over``,
+        becomes the WAITING step (it was replaced by the chain this step ends): the step
+        before it releases it as any step. Its own execution's end then finds its claim gone.
+        False when that claim is gone already."""
+        (row,) = [r for r in rows if r["job_id"] == step.job_id]
+        values = {k: v for k, v in row.items() if k != "job_id"}
+        changed = conn.execute(
+            update(job)
+            .where(*_held(step.job_id, step.takes_over))
+            .values(**values, **_CLEARED_CLAIM, **_CLEARED_RESULT_KEEPING_REVOKE)
+        )
+        if changed.rowcount != 1:
+            return False
+        permit = scheduler_resource_permit
+        conn.execute(
+            delete(permit).where(
+                permit.c.job_id == step.job_id, permit.c.claim_token == step.takes_over
+            )
+        )
+        return True
 
     def enqueue_within(
         self, unit: Unit, jobs: Sequence[NewJob], waiting: Sequence[NewJob] = ()

@@ -7,7 +7,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from celery import Celery
+from celery import Celery, chain, states
 from celery.exceptions import Ignore
 
 import celery_ratchet
@@ -103,6 +103,19 @@ def register_canvas(app: Celery) -> None:
     @app.task(name="t.replace_with_add", shared=False, bind=True)
     def replace_with_add(self: Any, x: int) -> None:
         raise self.replace(app.tasks["t.add"].s(x, 1))
+
+    @app.task(name="t.replace_with_chain_and_linger", shared=False, bind=True)
+    def replace_with_chain_and_linger(self: Any, x: int) -> None:
+        """Replaced by a chain whose last step takes this task's id, then still running
+        until the chain's first step has ended (and sent that last step)."""
+        replacement = chain(app.tasks["t.add"].s(x, 1), app.tasks["t.times"].s(2))
+        try:
+            raise self.replace(replacement)
+        finally:
+            first = app.AsyncResult(replacement.tasks[0].id)
+            deadline = time.monotonic() + 20
+            while first.state not in states.READY_STATES and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     @app.task(name="t.identity", shared=False)
     def identity(value: Any) -> Any:

@@ -56,6 +56,15 @@ def test_a_job_sent_right_after_a_revoke_by_stamped_headers_is_revoked(
         worker_state.revoked_stamps["monitoring_id"] = kept
 
 
+def test_a_task_replaced_by_a_chain_gets_its_result_when_the_chain_outruns_it(
+    worker_app: Celery,
+) -> None:
+    # The chain's first step ends, and sends the step that takes the replaced task's id,
+    # while the replaced task still runs: that id was taken by a RUNNING row (DuplicateJob).
+    result = worker_app.tasks["t.replace_with_chain_and_linger"].delay(20)
+    assert result.get(timeout=TIMEOUT) == 42
+
+
 def test_a_group_chained_after_a_failure_fails_with_it(worker_app: Celery) -> None:
     add, fail = worker_app.tasks["t.add"], worker_app.tasks["t.fail"]
     result = (add.s(1, 1) | fail.s() | group(add.s(1), add.s(1))).delay()
