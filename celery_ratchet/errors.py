@@ -235,6 +235,10 @@ class PredicateNotAllowed(RatchetError, ValueError):
         )
 
 
+class WorkflowError(RatchetError, ValueError):
+    """A workflow that cannot be stored as given (bad predicate, unknown join name)."""
+
+
 class RecoveryLimitExceeded(RatchetError):
     """Orphan recovery took a job back from dead nodes more often than
     ``ratchet_max_recoveries`` allows: it is FAILED, in the dead-letter queue."""

@@ -55,16 +55,12 @@ from celery_ratchet.domain.workflow import (
     decide_branches,
     fires_on_outcome,
 )
-from celery_ratchet.errors import PredicateNotAllowed, RatchetError
+from celery_ratchet.errors import PredicateNotAllowed, RatchetError, WorkflowError
 
 logger = logging.getLogger(__name__)
 
 ADVANCE_TASK = "celery_ratchet.workflow_advance"
 FAILED_TASK = "celery_ratchet.workflow_failed"
-
-
-class WorkflowError(RatchetError, ValueError):
-    """A workflow that cannot be stored as given (bad predicate, unknown join name)."""
 
 
 #: Predicates the application allowed with :func:`predicate`, by ``"module:qualname"``.
