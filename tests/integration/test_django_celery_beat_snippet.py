@@ -1,4 +1,4 @@
-"""The django-celery-beat conversion of docs/migrating-from-quartz.md, run as written against
+"""The django-celery-beat conversion of docs/migrating-from-beat.md, run as written against
 django-celery-beat's own tables: cron's day-of-week (Sunday 0) becomes Quartz's (Sunday 1)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from celery_ratchet.store.jobstore import JobStore
 pytest.importorskip("django_celery_beat")
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "migrating-from-quartz.md"
+DOC = ROOT / "docs" / "migrating-from-beat.md"
 
 
 def snippet() -> str:

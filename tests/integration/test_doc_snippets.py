@@ -4,8 +4,9 @@ drift from the code.
 A page's snippets run in order in one namespace, in a process of their own, in an empty working
 directory, with ``RATCHET_URL`` pointing at a fresh SQLite file (the environment variable wins
 over a snippet's own ``ratchet_url``, so ``postgresql://app@db.internal/shop`` in the text
-needs no server). A snippet that cannot run here says why in an HTML comment right above it:
-``<!-- not run: it needs a Django project -->``.
+needs no server). The example Django project, ``examples/django_app``, is on the path, so a
+page can run its snippets on that project's apps. A snippet that cannot run here says why in
+an HTML comment right above it: ``<!-- not run: it needs a server of its own -->``.
 """
 
 from __future__ import annotations
@@ -75,7 +76,9 @@ def _run(page: Path, blocks: list[Snippet], workdir: Path) -> subprocess.Complet
     env = {
         **os.environ,
         "RATCHET_URL": f"sqlite:///{workdir / 'ratchet.db'}",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT), str(ROOT / "examples" / "django_app"), os.environ.get("PYTHONPATH", "")]
+        ),
     }
     env.pop("DJANGO_SETTINGS_MODULE", None)
     return subprocess.run(
