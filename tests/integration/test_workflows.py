@@ -158,6 +158,40 @@ def test_workflow_fires_matching_branches_and_joins(worker_app: Celery) -> None:
     assert RUNS[key + "-failed"] == []
 
 
+#: The order in which the workflow's conditions below were evaluated.
+EVALUATED: list[str] = []
+
+
+@celery_ratchet.predicate
+def noted_low(result: Any) -> bool:
+    EVALUATED.append("low")
+    return True
+
+
+@celery_ratchet.predicate
+def noted_high(result: Any) -> bool:
+    EVALUATED.append("high")
+    return True
+
+
+def test_conditions_are_evaluated_in_the_order_they_were_declared(worker_app: Celery) -> None:
+    """The seeds evaluate conditions "in priority order": here the order of declaration is
+    their priority (docs/seed-semantics.md); every condition that holds fires its branch."""
+    add = worker_app.tasks["t.add"]
+    del EVALUATED[:]
+    module = __name__
+    submitted = (
+        celery_ratchet.workflow(add.si(1, 1), app=worker_app)
+        .when_result(f"{module}:noted_high", add.s(1), name="first")
+        .when_result(f"{module}:noted_low", add.s(2), name="second")
+        .when_result(f"{module}:noted_high", add.s(3), name="third")
+        .submit()
+    )
+    results = [submitted.branches[n].get(timeout=TIMEOUT) for n in ("first", "second", "third")]
+    assert results == [3, 4, 5]
+    assert EVALUATED == ["high", "low", "high"]
+
+
 def test_workflow_failure_branch(worker_app: Celery) -> None:
     fail, collect = worker_app.tasks["t.fail"], worker_app.tasks["t.collect"]
     key = f"wf-fail-{time.monotonic()}"
