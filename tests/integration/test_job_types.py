@@ -7,6 +7,7 @@ type: test_dlq_alerts.py, and real workers in the acceptance tests)."""
 from __future__ import annotations
 
 import json
+import uuid
 
 from celery import Celery, chain, chord, group
 from click.testing import CliRunner
@@ -34,23 +35,24 @@ def types_of(app: Celery) -> dict[str, str]:
 
 def test_each_way_of_writing_a_job_stores_its_type(worker_app: Celery) -> None:
     app = worker_app
+    key = f"types-{uuid.uuid4().hex[:8]}"  # RUNS is shared by the databases' runs
     add, flaky, collect = (app.tasks[n] for n in ("t.add", "t.flaky", "t.collect"))
     single = add.delay(1, 1)
     steps = chain(add.si(1, 1), add.s(1), add.s(1)).apply_async()
     grouped = group(add.si(i, i) for i in range(3)).apply_async()
-    chorded = chord([add.si(1, 2), add.si(3, 4)])(collect.s("types-chord"))
-    retried = group(flaky.si("types-retried", 1), add.si(0, 0)).apply_async()
+    chorded = chord([add.si(1, 2), add.si(3, 4)])(collect.s(key + "-chord"))
+    retried = group(flaky.si(key + "-retried", 1), add.si(0, 0)).apply_async()
     submitted = (
         celery_ratchet.batch("Typed", app=app)
         .for_each(range(2), lambda i: add.si(i, 1))
-        .on_success(collect.s("types-batch"))
+        .on_success(collect.s(key + "-batch"))
         .submit()
     )
     flow = (
         celery_ratchet.workflow(add.si(100, 100), app=app)
         .on_success(add.s(1), name="ok")
         .when_result("tests.integration.tasks:is_big", add.s(2), name="big")
-        .join(["ok", "big"], collect.s("types-join"))
+        .join(["ok", "big"], collect.s(key + "-join"))
         .submit()
     )
     assert single.get(timeout=TIMEOUT) == 2
@@ -59,7 +61,7 @@ def test_each_way_of_writing_a_job_stores_its_type(worker_app: Celery) -> None:
     assert chorded.get(timeout=TIMEOUT) == [3, 7]
     assert retried.get(timeout=TIMEOUT) == ["done after 1", 0]
     submitted.results.get(timeout=TIMEOUT)
-    wait_until(lambda: RUNS["types-batch"] and RUNS["types-join"], TIMEOUT, "the callbacks")
+    wait_until(lambda: RUNS[key + "-batch"] and RUNS[key + "-join"], TIMEOUT, "the callbacks")
     types = types_of(app)
 
     assert types[single.id] == JobType.SINGLE
@@ -70,20 +72,16 @@ def test_each_way_of_writing_a_job_stores_its_type(worker_app: Celery) -> None:
     assert types[chorded.id] == JobType.WORKFLOW_JOIN
     assert {types[r.id] for r in retried.results} == {JobType.BATCH_CHILD}  # after its retry
     assert {types[r.id] for r in submitted.results.results} == {JobType.BATCH_CHILD}
-    [batch_done] = _ids_of(app, "t.collect", "types-batch")
-    assert types[batch_done] == JobType.WORKFLOW_BRANCH
+    batches = ratchet_state(app).batches
+    record = batches.get(submitted.id)
+    assert record is not None
+    assert types[_frozen_id(record.on_success)] == JobType.WORKFLOW_BRANCH
     assert types[flow.id] == JobType.SINGLE
     assert {types[flow.branches[n].id] for n in ("ok", "big")} == {JobType.WORKFLOW_BRANCH}
-    [joined] = _ids_of(app, "t.collect", "types-join")
-    assert types[joined] == JobType.WORKFLOW_JOIN
+    [join] = [c for c in batches.conditions(flow.id) if c.kind == "JOIN"]
+    assert types[_frozen_id(join.encoded)] == JobType.WORKFLOW_JOIN
 
 
-def _ids_of(app: Celery, task_name: str, key: str) -> list[str]:
-    """The jobs of ``task_name`` whose arguments end with ``key``."""
-    store = ratchet_state(app).store
-    found = []
-    for job in store.list_jobs(task_name=task_name, limit=500):
-        record = store.result(job.job_id)
-        if record is not None and record.payload and json.loads(record.payload)[0][-1] == key:
-            found.append(job.job_id)
-    return found
+def _frozen_id(encoded: str | None) -> str:
+    """The task id a stored callback (a batch's, a workflow's branch) was frozen with."""
+    return str(json.loads(encoded or "{}")["options"]["task_id"])
