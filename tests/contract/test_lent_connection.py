@@ -35,7 +35,9 @@ def owned(request: pytest.FixtureRequest, servers: Servers) -> Iterator[tuple[Jo
     else:
         import psycopg
 
-        raw = psycopg.connect(host=parsed.host, port=parsed.port, dbname=parsed.database)
+        raw = psycopg.connect(
+            host=parsed.host, port=parsed.port, dbname=parsed.database, user=parsed.username
+        )
     yield store, raw
     raw.close()
 
