@@ -34,6 +34,7 @@ def dead_letter_alerts(app: Celery) -> DeadLetterAlerts | None:
         batch = JobBatch(app)
         with sending_as(JobType.SYSTEM):  # the seeds' DLQ_ALERT
             app.send_task(task_name, args=[summary], task_id=job_id, producer=batch)
+        batch.end_sends()
         [job] = batch.jobs
         return job
 

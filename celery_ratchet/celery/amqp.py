@@ -120,16 +120,21 @@ class RatchetAMQP(AMQP):
                 properties.update(kwargs)
             qname = _queue_name(amqp, queue, exchange, routing_key)
             policy = dict(default_policy, **(retry_policy or {}))
-            send_before_publish(
-                sender=name,
-                body=body,
-                exchange=exchange,
-                routing_key=routing_key,
-                declare=declare,
-                headers=headers2,
-                properties=properties,
-                retry_policy=policy,
-            )
+            batch = producer if isinstance(producer, JobBatch) else None
+            if batch is not None:
+                batch.begin_send()
+            signalled = batch is None or not batch.definition
+            if signalled:
+                send_before_publish(
+                    sender=name,
+                    body=body,
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    declare=declare,
+                    headers=headers2,
+                    properties=properties,
+                    retry_policy=policy,
+                )
             state = ratchet_state(app)
             settings = state.settings
             options = options_.resolve(name, app.tasks.get(name), given, settings)
@@ -156,16 +161,23 @@ class RatchetAMQP(AMQP):
             )
             retries = default_retry if retry is None else retry
 
-            def published() -> None:
-                send_after_publish(
-                    sender=name, body=body, headers=headers2,
-                    exchange=exchange, routing_key=routing_key,
-                )  # fmt: skip
+            def signal_published() -> None:
+                if signalled:
+                    send_after_publish(
+                        sender=name, body=body, headers=headers2,
+                        exchange=exchange, routing_key=routing_key,
+                    )  # fmt: skip
+
+            def announced() -> None:
                 if sent_event:
                     send_task_sent(app, {
                         **sent_event, "queue": qname, "routing_key": routing_key,
                         **type_fields(job.job_type),
                     })  # fmt: skip
+
+            def published() -> None:
+                signal_published()
+                announced()
 
             if claim is not None:
                 # A retry or a replace of the running job: the same row, rescheduled.
@@ -179,8 +191,8 @@ class RatchetAMQP(AMQP):
                 published()
                 return
             waiting = _taking_over_this_job(app, waiting_steps(job, body))
-            if isinstance(producer, JobBatch):
-                producer.add(job, published, waiting)
+            if batch is not None:
+                batch.add(job, announced, waiting, published=signal_published)
                 return
             held = write_jobs(app, [job], waiting, retries, policy)
             point_at_holders(held, [])

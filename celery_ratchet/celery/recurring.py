@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from celery.canvas import Signature
 from celery.schedules import crontab
 from celery.schedules import schedule as interval_schedule
+from kombu.message import Message as KombuMessage
 from kombu.utils import json as kjson
 
 from celery_ratchet.celery.compat import unproxied
@@ -242,8 +243,10 @@ def _template_job(
     app: Celery, signature: Signature, business_key: str, options: dict[str, Any]
 ) -> NewJob:
     """The task message occurrences are made from, built by Celery's own send path (routing,
-    serializer, time limits) into a batch that is never written."""
-    batch = JobBatch(app)
+    serializer, time limits) into a batch that is never written. Not a send: no publish
+    signal fires (each occurrence's does), so nothing of this moment's (a trace context
+    that a receiver writes into the headers) is copied into every tick."""
+    batch = JobBatch(app, definition=True)
     signature = app.signature(signature) if not isinstance(signature, Signature) else signature
     signature.clone().apply_async(
         producer=batch,
@@ -272,6 +275,7 @@ def occurrence(master: ClaimedJob, spec: MasterSpec, fire: datetime) -> NewJob:
     )
     properties = kjson.loads(master.message.properties)
     properties["correlation_id"] = job_id
+    _sent_as_a_tick(master, spec.queue, headers, properties)
     return NewJob(
         job_id=job_id,
         task_name=master.task_name,
@@ -292,6 +296,32 @@ def occurrence(master: ClaimedJob, spec: MasterSpec, fire: datetime) -> NewJob:
         resource=(headers.get(HEADER) or {}).get("resource"),
         tags=spec.tags,
     )
+
+
+def _sent_as_a_tick(
+    master: ClaimedJob, queue: str, headers: dict[str, Any], properties: dict[str, Any]
+) -> None:
+    """Each tick is a send, as each of beat's is: Celery's publish signals fire for it where
+    the worker makes it, and what receivers write into its headers (OpenTelemetry's: the
+    context of a send span of its own, so each tick is a trace of its own) goes into its
+    row. Both fire before the fire's transaction writes the row, one right after the other,
+    so that no receiver's state (a current span) is left open across ticks."""
+    before, after = signals.before_task_publish, signals.after_task_publish
+    if not (before.has_listeners(master.task_name) or after.has_listeners(master.task_name)):
+        return
+    message = master.message
+    body = KombuMessage(
+        body=message.payload,
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        headers=headers,
+        accept={message.content_type},
+    ).decode()
+    before.send(
+        sender=master.task_name, body=body, exchange="", routing_key=queue, declare=[],
+        headers=headers, properties=properties, retry_policy=None,
+    )  # fmt: skip
+    after.send(sender=master.task_name, body=body, headers=headers, exchange="", routing_key=queue)
 
 
 def register_all(app: Celery) -> list[str]:

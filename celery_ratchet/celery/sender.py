@@ -82,15 +82,21 @@ class _NoBrokerConnection:
 class JobBatch:
     """Stands where Celery expects a kombu producer; collects jobs until released."""
 
-    def __init__(self, app: Celery, *, one_by_one: bool = False) -> None:
+    def __init__(self, app: Celery, *, one_by_one: bool = False, definition: bool = False) -> None:
         self.app = app
         #: The producer of a group of a generator: each job is written as it is added, so
         #: the first run while the generator is still yielding (stock Celery publishes
         #: each at once). See :mod:`celery_ratchet.celery.lazy_groups`.
         self.one_by_one = one_by_one
+        #: Collects a message that is never sent as such (a recurring job's template): no
+        #: publish signal fires for it; each occurrence made from it is the send.
+        self.definition = definition
         self.jobs: list[NewJob] = []
         self.waiting: list[NewJob] = []
         self._on_stored: list[Callable[[], None]] = []
+        #: The ``after_task_publish`` of the job added last, until the next send begins
+        #: (:meth:`begin_send`) or the batch is written.
+        self._unannounced: Callable[[], None] | None = None
         #: Results handed out for jobs of this batch, by job id: pointed at the holder of a
         #: taken key.
         self._results: dict[str, list[Any]] = {}
@@ -100,13 +106,36 @@ class JobBatch:
         self._connection: _NoBrokerConnection | None = None
 
     def add(
-        self, job: NewJob, on_stored: Callable[[], None], waiting: list[NewJob] | None = None
+        self,
+        job: NewJob,
+        on_stored: Callable[[], None],
+        waiting: list[NewJob] | None = None,
+        *,
+        published: Callable[[], None] | None = None,
     ) -> None:
+        """``published``: the job's ``after_task_publish``, sent before the next send's
+        ``before_task_publish`` or, for the last job, once the batch is written."""
         self.jobs.append(job)
         self.waiting.extend(waiting or ())
         self._on_stored.append(on_stored)
+        self._unannounced = published
         if self.one_by_one:
             self.flush()
+
+    def begin_send(self) -> None:
+        """Another send into this batch begins: the one before it is over. Celery pairs
+        each ``before_task_publish`` with its ``after_task_publish`` before the next send
+        starts, and receivers rely on it: OpenTelemetry's makes its send span current
+        between the two, so with every ``after`` held to the end, each member's span would
+        be the child of the one before and the last would stay current after the send."""
+        announce, self._unannounced = self._unannounced, None
+        if announce is not None:
+            announce()
+
+    def end_sends(self) -> None:
+        """The batch is taken whole by a caller that writes it in its own way: the last
+        send's ``after_task_publish`` (the others have had theirs)."""
+        self.begin_send()
 
     def follow(self, result: Any) -> None:
         """``result`` is of a job sent through this batch: if the job's business key turns
@@ -116,8 +145,9 @@ class JobBatch:
     def take(self) -> tuple[list[NewJob], list[NewJob], list[Callable[[], None]]]:
         """Hand over what was collected (jobs, waiting chain steps, what to call once they
         are stored) to a caller that writes them itself; the batch is empty after."""
-        taken = self.jobs, self.waiting, self._on_stored
-        self.jobs, self.waiting, self._on_stored = [], [], []
+        last = [self._unannounced] if self._unannounced is not None else []
+        taken = self.jobs, self.waiting, last + self._on_stored
+        self.jobs, self.waiting, self._on_stored, self._unannounced = [], [], [], None
         return taken
 
     def flush(self) -> None:
@@ -153,6 +183,7 @@ class JobBatch:
     def __exit__(self, exc_type: Any, exc: BaseException | None, *_: Any) -> None:
         if exc_type is not None:  # the sending code failed part-way: store none of it
             self.jobs, self._on_stored, self._results = [], [], {}
+            self._unannounced = None
             discard_unsent_chords(self.app)
         self.release()
 
