@@ -6,6 +6,7 @@ come from a process of its own, as a fleet's do (a stock app in the test process
 in the acceptance app's shared tasks, whose base class is ratchet's).
 
     python -m tests.acceptance.stock_app eta ISO | fleet | many N [QUEUE] | canvas QUEUE ISO
+        | zipped
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ def main(argv: list[str]) -> dict[str, Any]:
         steps = [sig("acc.step", 0, "amqp-chain", queue=queue), sig("acc.step", "amqp-chain")]
         chained = chain(*steps).apply_async(queue=queue)
         return {"urgent": urgent, "head": chained.parent.id, "chained": chained.id}
+    if what == "zipped":  # a chord whose messages are compressed, as task_compression does
+        header = group(sig("acc.value", n) for n in (1, 2, 3))
+        zipped = chord(header, sig("acc.chord_body", "zipped")).apply_async(compression="zlib")
+        return {"chord": zipped.id, "group": zipped.parent.id}
     raise SystemExit(f"unknown request {what!r}")
 
 

@@ -21,6 +21,7 @@ from celery import Celery
 from sqlalchemy import func, select
 
 from celery_ratchet.celery.state import ratchet_state
+from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.store.schema import scheduler_job
 from tests.acceptance.conftest import ROOT, Cluster, group_members, side_effects
@@ -180,6 +181,46 @@ def test_an_import_killed_with_kill_9_and_run_again_moves_each_message_once(
     assert len(ids) == len(set(ids)) == 20_000
     assert set(ids) == sent
     assert broker_keys(url) == {}
+
+
+def test_compressed_messages_are_read_within_the_bound_a_worker_reads_them_in(
+    servers: object, private_redis: PrivateRedis
+) -> None:
+    """A chord sent compressed is counted whole and moved; a bzip2 bomb (a few hundred bytes
+    that decompress to 64 MiB) is refused at the bound and stays in the broker. Before, the
+    pre-scan read the compressed bodies as they were (the chord was refused, 'the queues hold
+    0' of its header) and kombu decompressed the bomb whole (moved; at 1 GiB, 2 GB taken)."""
+    import base64
+    import bz2
+    import uuid
+
+    from tests.conftest import empty_store
+
+    store: JobStore = empty_store(servers.url("postgresql"))  # type: ignore[attr-defined]
+    url = private_redis.url(3)
+    chord_id = stock_sends(url, "zipped")["group"]
+    squeezer = bz2.BZ2Compressor(9)
+    body = squeezer.compress(b"[[1], {}, {}")
+    for _ in range(64):
+        body += squeezer.compress(b" " * 2**20)
+    body += squeezer.compress(b"]") + squeezer.flush()
+    bomb = str(uuid.uuid4())
+    redis.Redis.from_url(url).lpush("celery", json.dumps({
+        "body": base64.b64encode(body).decode(), "content-type": "application/json",
+        "content-encoding": "utf-8", "properties": {"body_encoding": "base64", "priority": 0},
+        "headers": {"lang": "py", "task": "acc.double", "id": bomb, "root_id": bomb,
+                    "compression": "application/x-bz2"},
+    }))  # fmt: skip
+
+    done = import_broker(url, store.url)
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout.splitlines()[1].split() == ["celery", "3", "0", "1"], done.stdout
+    assert "decompresses to more than 6400 KB" in done.stdout and bomb in done.stdout
+    assert broker_keys(url).get("celery") == 1, "the bomb stays in the broker"
+    assert store.result(bomb) is None
+    chord = BatchStore(store).get(chord_id)
+    assert chord is not None and chord.total == 3
 
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"

@@ -19,7 +19,7 @@ from typing import Any
 from kombu.connection import Connection
 from kombu.entity import Queue
 
-from celery_ratchet.celery.broker_import.convert import BrokerMessage
+from celery_ratchet.celery.broker_import.convert import BrokerMessage, Decode
 from celery_ratchet.celery.broker_import.mover import Item
 
 
@@ -34,7 +34,7 @@ class AmqpSource:
         self.notes: list[str] = []
         self._held: list[Any] = []
 
-    def chord_members(self, accept: set[str]) -> dict[str, int] | None:
+    def chord_members(self, decode: Decode) -> dict[str, int] | None:
         return None  # counted only by taking every message: chords are refused here
 
     def _count(self, queue: str) -> tuple[int, int]:

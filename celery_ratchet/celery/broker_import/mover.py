@@ -23,6 +23,7 @@ from celery_ratchet.celery.broker_import.convert import (
     BrokerMessage,
     ChordMark,
     Converter,
+    Decode,
     Moved,
     Refused,
 )
@@ -51,9 +52,9 @@ class Source(Protocol):
         back."""
         ...
 
-    def chord_members(self, accept: set[str]) -> dict[str, int] | None:
+    def chord_members(self, decode: Decode) -> dict[str, int] | None:
         """Per chord id, how many of its header's messages the queues hold; None when the
-        source cannot tell before taking them. ``accept``: the content types to decode."""
+        source cannot tell before taking them. ``decode``: how a message is read."""
         ...
 
 
@@ -117,7 +118,7 @@ class Mover:
         self._chords: dict[str, Moved | Refused] = {}
 
     def run(self) -> Summary:
-        members = self.source.chord_members(self.converter.accept)
+        members = self.source.chord_members(self.converter.decode)
         for batch in self.source.batches(self.batch_size, self.dry_run):
             self._move(batch, members)
             self.on_progress(self.summary)

@@ -25,7 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_ratchet.celery.broker_import.chords import redis_client
-from celery_ratchet.celery.broker_import.convert import BrokerMessage, Refused, chord_of, decode
+from celery_ratchet.celery.broker_import.convert import (
+    BrokerMessage,
+    Decode,
+    Refused,
+    chord_of,
+)
 from celery_ratchet.celery.broker_import.mover import Item
 from celery_ratchet.errors import ConfigurationError
 
@@ -149,14 +154,14 @@ class RedisSource:
         sizes["(unacked)"] = int(self.client.hlen(self.unacked_key))
         return sizes
 
-    def chord_members(self, accept: set[str]) -> dict[str, int]:
+    def chord_members(self, decode: Decode) -> dict[str, int]:
         """Per chord id, how many of its header tasks the queues and ``unacked`` hold."""
         counts: dict[str, int] = {}
         for item in self._everything():
             message = item.message
             if not isinstance(message, BrokerMessage):
                 continue
-            chord = _chord_in(message, accept)
+            chord = _chord_in(message, decode)
             if chord is not None:
                 counts[chord] = counts.get(chord, 0) + 1
         return counts
@@ -363,10 +368,14 @@ def _id_of(envelope: Any) -> str | None:
     return found if isinstance(found, str) else None
 
 
-def _chord_in(message: BrokerMessage, accept: set[str]) -> str | None:
-    if message.content_type == "application/json" and not _CHORD_IN_JSON.search(message.body):
+def _chord_in(message: BrokerMessage, decode: Decode) -> str | None:
+    if (
+        message.content_type == "application/json"
+        and not message.headers.get("compression")
+        and not _CHORD_IN_JSON.search(message.body)
+    ):
         return None  # no chord embedded (nor in a chain step): not worth decoding
-    decoded = decode(message, accept)
+    decoded = decode(message)
     if isinstance(decoded, Refused):
         return None
     headers, body = decoded
