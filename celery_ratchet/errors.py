@@ -265,3 +265,9 @@ class StreamAbandoned(RatchetError):
             batch_id,
             lease_seconds,
         )
+
+
+class ImportLockLost(RatchetError):
+    """An ``import-broker`` run lost its lock on a Redis database (stopped or cut off from
+    Redis for longer than the lock lives) and another run took over: it stopped without
+    changing the broker again."""

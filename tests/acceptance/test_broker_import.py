@@ -183,6 +183,50 @@ def test_an_import_killed_with_kill_9_and_run_again_moves_each_message_once(
     assert broker_keys(url) == {}
 
 
+def test_an_import_stopped_past_its_lock_stops_when_it_comes_back(
+    servers: object, private_redis: PrivateRedis
+) -> None:
+    """Ctrl-Z on a run (SIGSTOP) for longer than its Redis lock lives; a second run takes
+    over; the first, continued, renewed the lock as its own and went on beside the second,
+    both trimming one staging list. Now it stops at its next change of the broker, and the
+    second moves every message once."""
+    from tests.conftest import empty_store
+
+    store: JobStore = empty_store(servers.url("postgresql"))  # type: ignore[attr-defined]
+    url = private_redis.url(4)
+    sent = set(stock_sends(url, "many", "20000")["sent"])
+    client = redis.Redis.from_url(url)
+
+    def stored() -> int:
+        with store.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(scheduler_job)).scalar())
+
+    first = import_broker(url, store.url, "--batch-size", "200", wait=False)
+    assert isinstance(first, subprocess.Popen)
+    wait_until(lambda: stored() >= 2000 or first.poll() is not None, 300, "the first batches")
+    os.killpg(first.pid, signal.SIGSTOP)
+    try:
+        assert first.poll() is None, "the run ended before it was stopped: stop it earlier"
+        holder = client.get("ratchet.import.lock")
+        wait_until(lambda: client.get("ratchet.import.lock") != holder, 60, "the lock to lapse")
+        second = import_broker(url, store.url, "--batch-size", "200", wait=False)
+        assert isinstance(second, subprocess.Popen)
+        wait_until(lambda: client.get("ratchet.import.lock") is not None, 60, "a second run")
+        at = stored()
+        wait_until(lambda: stored() > at + 1000 or second.poll() is not None, 300, "progress")
+    finally:
+        os.killpg(first.pid, signal.SIGCONT)
+    _, err = first.communicate(timeout=120)
+    out, err2 = second.communicate(timeout=300)
+    assert first.returncode != 0 and "lost its lock" in err, err
+    assert second.returncode == 0, out + err2
+    with store.engine.connect() as conn:
+        ids = list(conn.execute(select(scheduler_job.c.job_id)).scalars())
+    assert len(ids) == len(set(ids)) == 20_000
+    assert set(ids) == sent
+    assert broker_keys(url) == {}
+
+
 def test_compressed_messages_are_read_within_the_bound_a_worker_reads_them_in(
     servers: object, private_redis: PrivateRedis
 ) -> None:

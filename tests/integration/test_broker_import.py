@@ -7,6 +7,7 @@ from __future__ import annotations
 import bz2
 import json
 import pickle
+import time
 import zlib
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta, timezone
@@ -213,3 +214,65 @@ def test_a_chord_is_refused_where_the_source_cannot_count_its_header(app: Celery
     summary = Mover(app, ListSource([member], members=None)).run()
     [(key, count)] = summary.reasons.items()
     assert count == 1 and "chords are moved from Redis brokers only" in key[1]
+
+
+def test_a_run_that_lost_its_redis_lock_changes_the_broker_no_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run stopped longer than its lock (Ctrl-Z, a paused VM, a network cut) while it held a
+    batch in the staging list, and another run took over: when the first comes back, it must
+    not trim the staging list, which now holds the new run's batch, not yet committed. It did,
+    and that batch was lost when the new run was cut off in turn."""
+    import uuid
+
+    import redis
+
+    from celery_ratchet.celery.broker_import import redis_source
+    from celery_ratchet.celery.broker_import.redis_source import RedisSource
+    from celery_ratchet.errors import RatchetError
+    from tests.integration.test_wakeups import REDIS, _redis_reachable
+
+    _redis_reachable()
+    monkeypatch.setattr(redis_source, "LOCK_SECONDS", 0.3)
+    prefix = f"ratchet-test-{uuid.uuid4().hex[:12]}:"
+    options = {"global_keyprefix": prefix}
+    client = redis.Redis.from_url(REDIS)
+    sent = [message("t.add", (n, n), task_id=f"lock-{n}") for n in range(10)]
+    for m in sent:
+        properties = {k: v for k, v in m.properties.items() if k != "body_encoding"}
+        envelope = {"body": m.body.decode(), "content-type": m.content_type,
+                    "content-encoding": "utf-8", "headers": dict(m.headers),
+                    "properties": properties}  # fmt: skip
+        client.lpush(f"{prefix}celery", json.dumps(envelope))
+
+    def held() -> int:  # in the queue or a staging list: still in the broker
+        lists = [k for k in client.keys(f"{prefix}*") if client.type(k) == b"list"]
+        return sum(int(client.llen(k)) for k in lists)
+
+    first = RedisSource(REDIS, ["celery"], options, unacked="never")
+    second = RedisSource(REDIS, ["celery"], options, unacked="never")
+    try:
+        first.lock()
+        stalled = next(first.batches(4, False))  # staged; then the run stops, its lock lapses
+        first._stop.set()
+        assert first._renewing is not None
+        first._renewing.join(5)
+        wait_until_gone = time.monotonic() + 10
+        while client.exists(first.lock_key) and time.monotonic() < wait_until_gone:
+            time.sleep(0.05)
+        second.lock()
+        taking = second.batches(4, False)
+        leftover = next(taking)  # the first run's batch, found staged: moved (or present)
+        assert [i.handle[3] for i in leftover] == [i.handle[3] for i in stalled]
+        second.settle(leftover, [])
+        next(taking)  # the second run's own batch, staged, not committed yet
+        assert held() == 6
+        with pytest.raises(RatchetError, match="another run took over"):
+            first.settle(stalled, [])  # it comes back
+        assert held() == 6, "the run that lost its lock trimmed the new run's batch"
+    finally:
+        second.close()  # the second run is cut off before its commit
+        first.client.close()
+        for key in client.keys(f"{prefix}*"):
+            client.delete(key)
+        client.close()

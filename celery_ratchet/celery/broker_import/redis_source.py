@@ -7,6 +7,11 @@ message, atomic: no consumer can take it meanwhile, and no other run), written t
 and only then trimmed off the staging list; messages the store refuses go back to their
 queue. A run cut off with messages in a staging list moves them first when it runs again.
 Messages of the ``unacked`` hash are read in place and deleted from it once committed.
+
+One run at a time: every change a run makes to the broker is a script that first checks that
+the run still holds the database's lock. A run stopped longer than the lock lives (Ctrl-Z, a
+paused machine, Redis out of reach) comes back to find another run holding it, and stops
+there: trimming the staging list then would drop the other run's batch, not its own.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from celery_ratchet.celery.broker_import.convert import (
     chord_of,
 )
 from celery_ratchet.celery.broker_import.mover import Item
-from celery_ratchet.errors import ConfigurationError
+from celery_ratchet.errors import ConfigurationError, ImportLockLost
 
 #: kombu's Redis transport: the separator of a priority sub-queue's name, and the priorities
 #: that have one (a message goes to the highest step not above its priority); the keys of
@@ -49,6 +54,50 @@ STAGING_PREFIX = "ratchet.import."
 LOCK_KEY = "ratchet.import.lock"
 #: The lock is renewed while a run goes on; one cut off frees it after this long.
 LOCK_SECONDS = 15.0
+
+#: The scripts that change the broker, each only while this run holds the lock (KEYS[1] holds
+#: ARGV[1]); otherwise they change nothing and answer LOCK_LOST.
+_LOCK_LOST = "RATCHET_IMPORT_LOCK_LOST"
+_EXTEND = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('pexpire', KEYS[1], ARGV[2])
+"""
+_RELEASE = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('del', KEYS[1])
+"""
+#: KEYS: lock, queue, staging; ARGV: token, how many to move.
+_TAKE = f"""
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return redis.error_reply('{_LOCK_LOST}') end
+local taken = {{}}
+for i = 1, tonumber(ARGV[2]) do
+  local value = redis.call('rpoplpush', KEYS[2], KEYS[3])
+  if not value then break end
+  taken[#taken + 1] = value
+end
+return taken
+"""
+#: KEYS: lock, unacked, unacked index, then (queue, staging) pairs; ARGV: token, the count of
+#: unacked tags and the tags, then per pair how many to trim, how many to give back and those.
+_SETTLE = f"""
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return redis.error_reply('{_LOCK_LOST}') end
+local at = 3
+for i = 1, tonumber(ARGV[2]) do
+  redis.call('hdel', KEYS[2], ARGV[at])
+  redis.call('zrem', KEYS[3], ARGV[at])
+  at = at + 1
+end
+for k = 4, #KEYS, 2 do
+  local count, back = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
+  at = at + 2
+  for i = 1, back do
+    redis.call('lpush', KEYS[k], ARGV[at])
+    at = at + 1
+  end
+  redis.call('ltrim', KEYS[k + 1], 0, -(count + 1))
+end
+return 1
+"""
 
 #: A chord embedded in a JSON body, as kombu's encoder writes it (a null one does not match).
 _CHORD_IN_JSON = re.compile(rb'"chord":\s*\{')
@@ -97,6 +146,10 @@ class RedisSource:
         self._lock_token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._renewing: threading.Thread | None = None
         self._stop = threading.Event()
+        self._extend = self.client.register_script(_EXTEND)
+        self._release = self.client.register_script(_RELEASE)
+        self._take_script = self.client.register_script(_TAKE)
+        self._settle_script = self.client.register_script(_SETTLE)
         #: Why the unacknowledged messages were left, when they were.
         self.unacked_refusal: str | None = None
 
@@ -121,16 +174,32 @@ class RedisSource:
     def _renew(self) -> None:
         ttl = int(LOCK_SECONDS * 1000)
         while not self._stop.wait(LOCK_SECONDS / 3):
-            with contextlib.suppress(Exception):  # a failed renewal: the next one tries again
-                self.client.set(self.lock_key, self._lock_token, xx=True, px=ttl)
+            try:
+                if not self._extend(keys=[self.lock_key], args=[self._lock_token, ttl]):
+                    return  # another run holds it now: this one's next change is refused
+            except Exception:  # a failed renewal: the next one tries again
+                continue
+
+    def _fenced(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """Run ``script`` if this run still holds the lock; else ImportLockLost."""
+        try:
+            return script(keys=[self.lock_key, *keys], args=[self._lock_token, *args])
+        except Exception as exc:
+            if _LOCK_LOST not in str(exc):
+                raise
+        raise ImportLockLost(
+            "this import-broker run lost its lock on the Redis database: it was stopped or "
+            f"cut off from Redis for more than {LOCK_SECONDS:g} s and another run took over. "
+            "It stopped without changing the broker again; what it wrote to the store is "
+            "found present by the run that holds the lock. Let that run finish, or run again"
+        )
 
     def close(self) -> None:
         self._stop.set()
         if self._renewing is not None:
             self._renewing.join(5)
-            with contextlib.suppress(Exception):
-                if self.client.get(self.lock_key) == self._lock_token.encode():
-                    self.client.delete(self.lock_key)
+            with contextlib.suppress(Exception):  # only our own lock: not one taken over
+                self._release(keys=[self.lock_key], args=[self._lock_token])
         self.client.close()
 
     # -- what the queues hold -----------------------------------------------------------------
@@ -214,10 +283,7 @@ class RedisSource:
         remaining = int(self.client.llen(key.key))
         while remaining > 0:
             count = min(size, remaining)
-            with self.client.pipeline(transaction=False) as pipe:
-                for _ in range(count):
-                    pipe.rpoplpush(key.key, staging)
-                taken = [v for v in pipe.execute() if v is not None]
+            taken = self._fenced(self._take_script, [key.key, staging], [count])
             if not taken:
                 return
             remaining -= len(taken)
@@ -277,15 +343,13 @@ class RedisSource:
                 staged[staging] = (key, count + 1, back)
             elif kind == "unacked" and id(item) not in given_back:
                 acked.append(item.handle[1])
-        with self.client.pipeline(transaction=True) as pipe:
-            for staging, (key, count, back) in staged.items():
-                if back:  # to the queue's newest end: this run takes no more than it held
-                    pipe.lpush(key.key, *back)
-                pipe.ltrim(staging, 0, -(count + 1))
-            if acked:
-                pipe.hdel(self.unacked_key, *acked)
-                pipe.zrem(self.unacked_index_key, *acked)
-            pipe.execute()
+        # Refused ones go to their queue's newest end: this run takes no more than it held.
+        keys = [self.unacked_key, self.unacked_index_key]
+        args: list[Any] = [len(acked), *acked]
+        for staging, (key, count, back) in staged.items():
+            keys += [key.key, staging]
+            args += [count, len(back), *back]
+        self._fenced(self._settle_script, keys, args)
 
     def _staging(self, key: _Key) -> str:
         return f"{self.prefix}{STAGING_PREFIX}{key.key[len(self.prefix) :]}"
