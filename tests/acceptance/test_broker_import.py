@@ -129,7 +129,9 @@ def test_a_stock_fleets_broker_is_moved_and_run_by_ratchet_workers(
     retried_job = store.result(retried)
     assert retried_job is not None and json.loads(retried_job.headers or "")["tenant"] == "acme"
 
-    server_cluster.start("w1", pool="threads", concurrency=4)
+    # An unknown task fails as any does; at once, not after the grace a rolling deploy gets.
+    server_cluster.start("w1", pool="threads", concurrency=4,
+                         RATCHET_UNKNOWN_TASK_GRACE_SECONDS="0")  # fmt: skip
     wait_until(
         lambda: (
             {"chain1:0", "chain1:1", "link1:6", "err1:0", "chord1"}
