@@ -207,6 +207,7 @@ CREATE TABLE scheduler_node (
 	concurrency INTEGER NOT NULL,
 	started_at TIMESTAMP WITH TIME ZONE NOT NULL,
 	heartbeat_ts TIMESTAMP WITH TIME ZONE NOT NULL,
+	schedule_keys TEXT,
 	PRIMARY KEY (node_id)
 );
 

@@ -206,6 +206,7 @@ CREATE TABLE scheduler_node (
 	concurrency INTEGER NOT NULL,
 	started_at DATETIME NOT NULL,
 	heartbeat_ts DATETIME NOT NULL,
+	schedule_keys TEXT,
 	PRIMARY KEY (node_id)
 );
 

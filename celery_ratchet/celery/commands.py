@@ -15,6 +15,7 @@ from celery_ratchet.celery.compat import offer_pool, on_every_cli_app
 from celery_ratchet.celery.install import install
 from celery_ratchet.celery.recurring import (
     beat_entries_gone,
+    beat_entries_kept,
     describe_beat_entry,
     register_beat_entry,
     remove_gone_beat_entries,
@@ -88,5 +89,11 @@ def import_beat(ctx: click.Context, dry_run: bool) -> None:
     for name in gone:
         verb = "would remove" if dry_run else "removed"
         click.echo(f"{name}: {verb} (registered from beat_schedule, which no longer has it)")
+    for name in beat_entries_kept(app, entries):
+        if name not in gone:
+            click.echo(
+                f"{name}: kept: a running worker's beat_schedule has it (or a worker of an "
+                "earlier version runs); removed once no running worker's has it"
+            )
     if failed:
         raise CommandFailed(f"{failed} of {len(entries)} beat_schedule entries were not imported")

@@ -36,7 +36,7 @@ from celery_ratchet.celery.housekeeping import register_archiver
 from celery_ratchet.celery.message import JobMessage, runs_code, safe_accept, serializer_name
 from celery_ratchet.celery.options import resolve as resolve_options
 from celery_ratchet.celery.pool import guard, request_stop, reset_stop
-from celery_ratchet.celery.recurring import occurrence, register_all
+from celery_ratchet.celery.recurring import BeatOwnership, occurrence, register_all
 from celery_ratchet.celery.remote import RemoteCommands
 from celery_ratchet.celery.request import ratchet_request_class
 from celery_ratchet.celery.retry import install_retries
@@ -214,9 +214,12 @@ class JobConsumer(bootsteps.StartStopStep):
             on_revoke=functools.partial(_revoke_started, c),
             revoked_error=exception_record(TaskRevokedError("revoked")),
             wakeups=state.wakeup_sources(),
-            housekeeping=functools.partial(_housekeeping, app, dead_letter_alerts(app)),
+            housekeeping=functools.partial(
+                _housekeeping, app, dead_letter_alerts(app), BeatOwnership(app)
+            ),
             fence=self.fence,
             control=RemoteCommands(c),
+            schedule_keys=list(app.conf.beat_schedule or {}),
         )
         dispatcher.runtime = runtime
         self.runtime = state.runtime = runtime
@@ -278,16 +281,19 @@ def _revoke_started(consumer: Any, job_id: str, request: str) -> None:
     queued.terminate(pool, signal=platform_signals.signum(sig))
 
 
-def _housekeeping(app: Any, alerts: DeadLetterAlerts | None) -> None:
-    """Finish stalled batches, fail abandoned streams and send the dead-letter alerts due; one
-    failing does not keep the other from running."""
+def _housekeeping(app: Any, alerts: DeadLetterAlerts | None, beat: BeatOwnership) -> None:
+    """Finish stalled batches, fail abandoned streams, send the dead-letter alerts due and
+    keep beat_schedule's entries owned; one failing does not keep the others from running."""
     try:
         streams.housekeeping(app)
     finally:
-        if alerts is not None:
-            sent = alerts.send_due()
-            if sent:  # PostgreSQL's insert notified already; Redis wake-ups are told here
-                ratchet_state(app).published(sorted({job.queue for job in sent}))
+        try:
+            if alerts is not None:
+                sent = alerts.send_due()
+                if sent:  # PostgreSQL's insert notified already; Redis wake-ups are told here
+                    ratchet_state(app).published(sorted({job.queue for job in sent}))
+        finally:
+            beat()
 
 
 def _register_recurring(app: Any) -> None:

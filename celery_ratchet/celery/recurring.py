@@ -368,16 +368,33 @@ BEAT_ORIGIN = "beat_schedule"
 
 def remove_gone_beat_entries(app: Celery, entries: dict[str, Any]) -> list[str]:
     """Remove the schedules registered from ``beat_schedule`` entries it no longer has, as
-    a restarted ``celery beat`` forgets them; each is logged by name. Schedules of
-    ``@recurring`` and of ``schedule_recurring`` are never touched: only those counted and
-    named at INFO, so that a start names every schedule that goes on firing."""
+    a restarted ``celery beat`` forgets them; each is logged by name. Only those no running
+    worker's ``beat_schedule`` has either: during a rolling deploy, workers of two releases
+    run side by side, and neither removes the entries of the other (see
+    :func:`beat_entries_gone`). Schedules of ``@recurring`` and of ``schedule_recurring`` are
+    never touched: only those counted and named at INFO, so that a start names every
+    schedule that goes on firing."""
     store = ratchet_state(app).store
-    removed = masters.remove_gone(store, BEAT_ORIGIN, entries)
+    held = _held_by_workers(store)
+    if held is not None:
+        removed = masters.remove_gone(store, BEAT_ORIGIN, set(entries) | held)
+    else:
+        removed = []
     for key in removed:
         logger.warning(
             "ratchet: recurring job %s removed: it was registered from beat_schedule, "
             "which no longer has that entry",
             key,
+        )
+    kept = [key for key in _registered_beat_keys(store) if key not in entries]
+    if kept:
+        logger.info(
+            "ratchet: recurring jobs %s stay, though this beat_schedule does not have them: "
+            "%s; each is removed once no running worker's beat_schedule has it",
+            ", ".join(kept),
+            "a running worker's beat_schedule has them"
+            if held is not None
+            else "a worker of an earlier version runs, whose beat_schedule is not known",
         )
     others = masters.keys_by_origin(store).get(None, [])
     if others:
@@ -392,10 +409,65 @@ def remove_gone_beat_entries(app: Celery, entries: dict[str, Any]) -> list[str]:
 
 
 def beat_entries_gone(app: Celery, entries: dict[str, Any]) -> list[str]:
-    """The registered beat_schedule entries that ``entries`` no longer has (a dry run of
-    :func:`remove_gone_beat_entries`)."""
-    owned = masters.keys_by_origin(ratchet_state(app).store).get(BEAT_ORIGIN, [])
-    return [key for key in owned if key not in entries]
+    """The registered beat_schedule entries that neither ``entries`` nor a running worker's
+    beat_schedule has (a dry run of :func:`remove_gone_beat_entries`)."""
+    store = ratchet_state(app).store
+    held = _held_by_workers(store)
+    if held is None:
+        return []
+    return [key for key in _registered_beat_keys(store) if key not in entries and key not in held]
+
+
+def beat_entries_kept(app: Celery, entries: dict[str, Any]) -> list[str]:
+    """The registered beat_schedule entries ``entries`` does not have: those a running
+    worker's beat_schedule has, once :func:`remove_gone_beat_entries` ran."""
+    return [k for k in _registered_beat_keys(ratchet_state(app).store) if k not in entries]
+
+
+def _registered_beat_keys(store: Any) -> list[str]:
+    return masters.keys_by_origin(store).get(BEAT_ORIGIN, [])
+
+
+def _held_by_workers(store: Any) -> set[str] | None:
+    """The entries the running workers' beat_schedules have (each says them in its node
+    row); None when one of them does not say (a worker of an earlier version)."""
+    said = store.node_schedule_keys().values()
+    if any(keys is None for keys in said):
+        return None
+    return {key for keys in said for key in keys}
+
+
+class BeatOwnership:
+    """beat_schedule's ownership kept up while a worker runs, in its housekeeping.
+
+    Once, after the worker registered: its own entries removed since its start are
+    registered again (a worker of another release may have removed one between this one's
+    start and its node row). Then, whenever a worker has left the cluster (stopped, or
+    declared dead), the entries no running worker's beat_schedule has are removed: the last
+    worker of a release that had an entry takes it along, without waiting for a start."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self._nodes: set[str] | None = None
+
+    def __call__(self) -> None:
+        entries = dict(self.app.conf.beat_schedule or {})
+        store = ratchet_state(self.app).store
+        nodes = set(store.node_schedule_keys())
+        first, seen, self._nodes = self._nodes is None, self._nodes, nodes
+        if first:
+            active = {m["business_key"] for m in store.list_masters()}
+            for name, entry in entries.items():
+                if name not in active:
+                    with contextlib.suppress(ConfigurationError):  # said at the start
+                        _register_beat_entry(self.app, name, entry)
+                        logger.warning(
+                            "ratchet: recurring job %s registered again: it was removed "
+                            "while this worker started, and its beat_schedule has it",
+                            name,
+                        )
+        if first or not (seen or set()) <= nodes:
+            remove_gone_beat_entries(self.app, entries)
 
 
 #: Schedules of the API named at a worker's start; the rest are counted.

@@ -161,8 +161,12 @@ class RuntimeBase:
         housekeeping: Callable[[], object] | None = None,
         fence: Fence | None = None,
         control: CommandRunner | None = None,
+        schedule_keys: Sequence[str] = (),
     ) -> None:
         self.store = store
+        #: The schedules this node's configuration owns (beat_schedule's entries), said in
+        #: its node row: none of them is removed while the node lives.
+        self.schedule_keys = list(schedule_keys)
         #: Runs the remote control commands broadcast through the store (``celery inspect``).
         self.control: ControlLoop | None = None
         if control is not None:

@@ -31,7 +31,12 @@ class Liveness(Claiming):
             sent = time.monotonic()
             try:
                 registered = self.store.register_node(
-                    self.node_id, self.hostname, os.getpid(), self.queues, self.capacity.executing
+                    self.node_id,
+                    self.hostname,
+                    os.getpid(),
+                    self.queues,
+                    self.capacity.executing,
+                    self.schedule_keys,
                 )
                 with self._lock:
                     self._epoch += 1

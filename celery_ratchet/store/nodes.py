@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -83,11 +84,18 @@ class NodeOps(ClaimOps):
     # -- nodes ------------------------------------------------------------------------------
 
     def register_node(
-        self, node_id: str, hostname: str, pid: int, queues: Sequence[str], concurrency: int
+        self,
+        node_id: str,
+        hostname: str,
+        pid: int,
+        queues: Sequence[str],
+        concurrency: int,
+        schedule_keys: Sequence[str] | None = None,
     ) -> datetime:
         """Register a node (again: a registration sent twice leaves one row); returns the
         moment it was registered, by the database clock (what it may have been asked to do
-        is what was asked from then on)."""
+        is what was asked from then on). ``schedule_keys``: the schedules its configuration
+        owns (see :meth:`node_schedule_keys`)."""
         n = scheduler_node
 
         def work(conn: Connection) -> datetime:
@@ -105,6 +113,9 @@ class NodeOps(ClaimOps):
                         concurrency=concurrency,
                         started_at=now,
                         heartbeat_ts=now,
+                        schedule_keys=None
+                        if schedule_keys is None
+                        else json.dumps(sorted(schedule_keys)),
                     )
                 )
                 return now
@@ -146,6 +157,14 @@ class NodeOps(ClaimOps):
         stmt = select(n.c.node_id, n.c.heartbeat_ts)
         rows = self._run(lambda conn: conn.execute(stmt).all(), "heartbeats were not read")
         return {r.node_id: r.heartbeat_ts for r in rows}
+
+    def node_schedule_keys(self) -> dict[str, list[str] | None]:
+        """Per registered node, the business keys of the schedules its configuration owns;
+        None for a node that did not say (one of an earlier version)."""
+        n = scheduler_node
+        stmt = select(n.c.node_id, n.c.schedule_keys)
+        rows = self._run(lambda conn: conn.execute(stmt).all(), "nodes were not read")
+        return {r.node_id: _keys(r.schedule_keys) for r in rows}
 
     def recover_orphans(
         self,
@@ -257,3 +276,13 @@ class NodeOps(ClaimOps):
                 )
 
         return self._run(work, "orphaned jobs were not recovered")
+
+
+def _keys(stored: str | None) -> list[str] | None:
+    if stored is None:
+        return None
+    try:
+        found = json.loads(stored)
+    except ValueError:
+        return None  # unreadable: as a node that did not say
+    return [str(k) for k in found] if isinstance(found, list) else None

@@ -65,8 +65,16 @@ class NodeStore(Protocol):
     """Worker nodes: registration, heartbeats, and recovery of the jobs of dead ones."""
 
     def register_node(
-        self, node_id: str, hostname: str, pid: int, queues: Sequence[str], concurrency: int
+        self,
+        node_id: str,
+        hostname: str,
+        pid: int,
+        queues: Sequence[str],
+        concurrency: int,
+        schedule_keys: Sequence[str] | None = None,
     ) -> datetime: ...
+
+    def node_schedule_keys(self) -> dict[str, list[str] | None]: ...
 
     def heartbeat(self, node_id: str) -> bool: ...
 

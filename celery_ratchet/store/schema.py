@@ -278,6 +278,10 @@ scheduler_node = Table(
     Column("concurrency", Integer, nullable=False),
     Column("started_at", UTCDateTime, nullable=False),
     Column("heartbeat_ts", UTCDateTime, nullable=False),
+    # The business keys of the schedules the node's configuration owns (its beat_schedule's
+    # entries), as a JSON list: one is removed only once no live node's list has it. NULL:
+    # not said (a node of an earlier version), so nothing is removed while it lives.
+    Column("schedule_keys", Text, nullable=True),
     **_MYSQL_OPTIONS,
 )
 

@@ -60,3 +60,46 @@ def test_a_restart_without_an_entry_removes_it_and_an_overdue_entry_runs_once(
     after = [t for t in fire_times(store, "beat-a") if t >= due["beat-a"]]
     assert after[0] == due["beat-a"]
     assert after[1] > restarted - timedelta(seconds=2), f"overdue ticks fired back to back: {after}"
+
+
+def test_during_a_rolling_deploy_no_release_removes_the_entries_of_another_that_runs(
+    server_app: Celery, server_cluster: Cluster
+) -> None:
+    """A new release adds beat-b; a worker of the release before (without it) starts while
+    the new one runs (a rolling deploy, a restart of an old pod): it removed beat-b at its
+    start. Now an entry is removed only once no running worker's beat_schedule has it: beat-b
+    goes on firing, and is removed, without any start, once the new worker stops."""
+    store = ratchet_state(server_app).store
+    new = server_cluster.start("new", pool="threads", concurrency=2,
+                               RATCHET_ACCEPTANCE_BEAT="beat-a,beat-b")  # fmt: skip
+    wait_until(lambda: len(fire_times(store, "beat-b")) >= 1, 90, "a tick of beat-b")
+    old = server_cluster.start("old", pool="threads", concurrency=2,
+                               RATCHET_ACCEPTANCE_BEAT="beat-a")  # fmt: skip
+    wait_until(
+        lambda: "recurring jobs registered" in old.log.read_text(),
+        90,
+        f"the old release's worker to start\n{server_cluster.logs()}",
+    )
+    started = datetime.now(timezone.utc)
+    wait_until(
+        lambda: any(t > started for t in fire_times(store, "beat-b")),
+        90,
+        f"a tick of beat-b after the old worker started\n{server_cluster.logs()}",
+    )
+    statuses = {m["business_key"]: m["status"] for m in store.list_masters(include_cancelled=True)}
+    assert statuses["beat-b"] in ("PENDING", "RUNNING"), server_cluster.logs()
+    assert "beat-b removed" not in server_cluster.whole_logs()
+
+    assert new.stop(signal.SIGTERM) == 0  # the deploy is rolled back: only the old one runs
+    wait_until(
+        lambda: "recurring job beat-b removed" in old.log.read_text(),
+        90,
+        f"the old worker to remove beat-b\n{server_cluster.logs()}",
+    )
+    removed = datetime.now(timezone.utc)
+    statuses = {m["business_key"]: m["status"] for m in store.list_masters(include_cancelled=True)}
+    assert statuses["beat-b"] == "REVOKED" and statuses["beat-a"] in ("PENDING", "RUNNING")
+    wait_until(
+        lambda: any(t > removed for t in fire_times(store, "beat-a")), 90, "beat-a goes on"
+    )
+    assert not any(t > removed for t in fire_times(store, "beat-b")), "beat-b fired after"

@@ -12,7 +12,7 @@ from celery.schedules import crontab
 from kombu.utils import json as kjson
 
 import celery_ratchet
-from celery_ratchet.celery.recurring import register_all
+from celery_ratchet.celery.recurring import BeatOwnership, register_all
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.domain.schedule import MasterSpec
@@ -82,6 +82,44 @@ def test_an_emptied_beat_schedule_removes_every_entry_it_registered(beat_app: Ce
     register_all(beat_app)
     statuses = {k: m["status"] for k, m in _masters(beat_app).items()}
     assert statuses == {"every-minute": "REVOKED", "nightly": "REVOKED"}
+
+
+def test_an_entry_a_running_workers_beat_schedule_has_is_removed_only_once_none_has_it(
+    beat_app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two releases side by side: a worker of the other one (its node row says its entries)
+    keeps an entry this beat_schedule no longer has; a worker of an earlier version, which
+    does not say, keeps them all; once they leave, the housekeeping pass removes it."""
+    store = ratchet_state(beat_app).store
+    register_all(beat_app)
+    store.register_node("other-release", "h", 1, ["celery"], 1, ["every-minute", "nightly"])
+    store.register_node("earlier-version", "h", 2, ["celery"], 1)
+    beat_app.conf.beat_schedule = {}
+    with caplog.at_level(logging.INFO, logger="celery_ratchet"):
+        register_all(beat_app)
+    assert {m["status"] for m in _masters(beat_app).values()} == {"PENDING"}
+    assert "a worker of an earlier version runs" in caplog.text
+    ownership = BeatOwnership(beat_app)
+    store.remove_node("earlier-version")
+    ownership()  # its first pass: the other release's worker still has both
+    assert {m["status"] for m in _masters(beat_app).values()} == {"PENDING"}
+    ownership()  # nobody left: nothing looked at again
+    store.register_node("other-release", "h", 1, ["celery"], 1, ["every-minute"])
+    store.remove_node("other-release")
+    with caplog.at_level(logging.WARNING, logger="celery_ratchet"):
+        ownership()
+    statuses = {k: m["status"] for k, m in _masters(beat_app).items()}
+    assert statuses == {"every-minute": "REVOKED", "nightly": "REVOKED"}
+
+
+def test_a_workers_own_entry_removed_while_it_started_is_registered_again(
+    beat_app: Celery,
+) -> None:
+    register_all(beat_app)
+    # Another release's worker removed it in the moment before this one's node row said it.
+    celery_ratchet.cancel_recurring(beat_app, "nightly")
+    BeatOwnership(beat_app)()
+    assert _masters(beat_app)["nightly"]["status"] == JobStatus.PENDING.value
 
 
 def test_a_beat_entry_misfires_as_beat_does_unless_its_options_say_otherwise(

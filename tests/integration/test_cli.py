@@ -205,6 +205,13 @@ def test_import_beat_prints_quartz_forms_and_registers_each_entry(tmp_path: Path
     assert bad.returncode == 2
     assert "weekdays: NOT IMPORTED" in bad.stderr and "1 of 3" in bad.stderr
     without = ("-A", "tests.integration.beat_app", "ratchet", "import-beat")
+    # Ahead of a deploy, a running worker of the release before still has it: it stays.
+    store.register_node("running", "h", 1, ["celery"], 1, ["nightly-report", "heartbeat"])
+    held = _celery(*without, url=url, BEAT_APP_WITHOUT="heartbeat")
+    assert held.returncode == 0, held.stderr
+    assert "heartbeat: kept: a running worker's beat_schedule has it" in held.stdout
+    assert {m["business_key"] for m in store.list_masters()} == {"nightly-report", "heartbeat"}
+    store.remove_node("running")
     dry_gone = _celery(*without, "--dry-run", url=url, BEAT_APP_WITHOUT="heartbeat")
     assert "heartbeat: would remove" in dry_gone.stdout, dry_gone.stderr
     assert {m["business_key"] for m in store.list_masters()} == {"nightly-report", "heartbeat"}

@@ -6,15 +6,9 @@ applies it again."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db import migrations
 
-
-def apply_schema(apps: Any, schema_editor: Any) -> None:
-    from celery_ratchet.celery.django_store import apply_schema as apply
-
-    apply(schema_editor.connection.alias)
+from celery_ratchet.contrib.django.schema import apply_schema
 
 
 class Migration(migrations.Migration):
@@ -23,4 +17,4 @@ class Migration(migrations.Migration):
     atomic = False
     initial = True
     dependencies: list[tuple[str, str]] = []
-    operations = [migrations.RunPython(apply_schema, migrations.RunPython.noop, elidable=False)]
+    operations = [apply_schema()]

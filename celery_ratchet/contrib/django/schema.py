@@ -1,0 +1,20 @@
+"""The migrations' one operation: the job store's tables made, or brought up to date, by
+celery_ratchet's own schema code (the same as a worker's first start and ``ratchet schema
+apply``), only on the database the store uses. Each release that changes the schema adds a
+migration running it again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import migrations
+
+
+def _apply_schema(apps: Any, schema_editor: Any) -> None:
+    from celery_ratchet.celery.django_store import apply_schema
+
+    apply_schema(schema_editor.connection.alias)
+
+
+def apply_schema() -> Any:
+    return migrations.RunPython(_apply_schema, migrations.RunPython.noop, elidable=False)
