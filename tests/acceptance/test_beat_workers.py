@@ -99,7 +99,5 @@ def test_during_a_rolling_deploy_no_release_removes_the_entries_of_another_that_
     removed = datetime.now(timezone.utc)
     statuses = {m["business_key"]: m["status"] for m in store.list_masters(include_cancelled=True)}
     assert statuses["beat-b"] == "REVOKED" and statuses["beat-a"] in ("PENDING", "RUNNING")
-    wait_until(
-        lambda: any(t > removed for t in fire_times(store, "beat-a")), 90, "beat-a goes on"
-    )
+    wait_until(lambda: any(t > removed for t in fire_times(store, "beat-a")), 90, "beat-a goes on")
     assert not any(t > removed for t in fire_times(store, "beat-b")), "beat-b fired after"
