@@ -79,6 +79,11 @@ def broker_keys(url: str) -> dict[str, int]:
     return found
 
 
+def stored(store: JobStore) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(scheduler_job)).scalar())
+
+
 def test_a_stock_fleets_broker_is_moved_and_run_by_ratchet_workers(
     server_app: Celery, server_cluster: Cluster, private_redis: PrivateRedis, tmp_path: Path
 ) -> None:
@@ -162,18 +167,14 @@ def test_an_import_killed_with_kill_9_and_run_again_moves_each_message_once(
     url = private_redis.url(1)
     sent = set(stock_sends(url, "many", "20000")["sent"])
 
-    def stored() -> int:
-        with store.engine.connect() as conn:
-            return int(conn.execute(select(func.count()).select_from(scheduler_job)).scalar())
-
     first = import_broker(url, store.url, "--batch-size", "200", wait=False)
     assert isinstance(first, subprocess.Popen)
-    wait_until(lambda: stored() >= 3000 or first.poll() is not None, 300, "the first batches")
+    wait_until(lambda: stored(store) >= 3000 or first.poll() is not None, 300, "the first batches")
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(30)
-    assert stored() < 20_000, "the run ended before it was killed: kill it earlier"
+    assert stored(store) < 20_000, "the run ended before it was killed: kill it earlier"
     left = sum(broker_keys(url).values())
-    assert stored() + left >= 20_000, "messages were lost"
+    assert stored(store) + left >= 20_000, "messages were lost"
 
     again = import_broker(url, store.url, "--batch-size", "200")
     assert isinstance(again, subprocess.CompletedProcess)
@@ -199,13 +200,9 @@ def test_an_import_stopped_past_its_lock_stops_when_it_comes_back(
     sent = set(stock_sends(url, "many", "20000")["sent"])
     client = redis.Redis.from_url(url)
 
-    def stored() -> int:
-        with store.engine.connect() as conn:
-            return int(conn.execute(select(func.count()).select_from(scheduler_job)).scalar())
-
     first = import_broker(url, store.url, "--batch-size", "200", wait=False)
     assert isinstance(first, subprocess.Popen)
-    wait_until(lambda: stored() >= 2000 or first.poll() is not None, 300, "the first batches")
+    wait_until(lambda: stored(store) >= 2000 or first.poll() is not None, 300, "the first batches")
     os.killpg(first.pid, signal.SIGSTOP)
     try:
         assert first.poll() is None, "the run ended before it was stopped: stop it earlier"
@@ -214,8 +211,8 @@ def test_an_import_stopped_past_its_lock_stops_when_it_comes_back(
         second = import_broker(url, store.url, "--batch-size", "200", wait=False)
         assert isinstance(second, subprocess.Popen)
         wait_until(lambda: client.get("ratchet.import.lock") is not None, 60, "a second run")
-        at = stored()
-        wait_until(lambda: stored() > at + 1000 or second.poll() is not None, 300, "progress")
+        at = stored(store)
+        wait_until(lambda: stored(store) > at + 1000 or second.poll() is not None, 300, "progress")
     finally:
         os.killpg(first.pid, signal.SIGCONT)
     _, err = first.communicate(timeout=120)
@@ -320,14 +317,12 @@ def test_a_rabbitmq_queue_is_moved_acknowledged_only_after_the_commit(
                               wait=False)  # fmt: skip
         assert isinstance(first, subprocess.Popen)
 
-        def stored() -> int:
-            with store.engine.connect() as db:
-                return int(db.execute(select(func.count()).select_from(scheduler_job)).scalar())
-
-        wait_until(lambda: stored() >= 600 or first.poll() is not None, 300, "the first batches")
+        wait_until(
+            lambda: stored(store) >= 600 or first.poll() is not None, 300, "the first batches"
+        )
         os.killpg(first.pid, signal.SIGKILL)  # its unacknowledged messages go back
         first.wait(30)
-        assert stored() < len(sent) - 1, "the run ended before it was killed: kill it earlier"
+        assert stored(store) < len(sent) - 1, "the run ended before it was killed: kill it earlier"
         again = import_broker(AMQP_URL, store.url, "--queue", amqp_queue)
         assert isinstance(again, subprocess.CompletedProcess)
         assert again.returncode == 0, again.stdout + again.stderr
