@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -48,6 +48,8 @@ class PostgresWakeups(ListenerThread):
         self.probe_timeout = probe_timeout
         #: Set once a probe arrived; False after one was lost (the listener stopped).
         self.heard_probe: bool | None = None
+        #: The payload of the probe sent and not heard yet.
+        self._probe_token: str | None = None
 
     def listen(self, wake: Wake) -> None:
         # The conninfo carries the job store's connect_timeout (per host of a list).
@@ -55,31 +57,34 @@ class PostgresWakeups(ListenerThread):
         if "application_name" not in conninfo_to_dict(conninfo):
             conninfo = make_conninfo(conninfo, application_name=APPLICATION_NAME)
         with psycopg.connect(conninfo, autocommit=True) as conn:
+            # Read before the LISTEN: nothing can be notified to the connection meanwhile.
+            keep_alive = _keep_alive_interval(conn)
             conn.execute(f"LISTEN {CHANNEL}")
             self.subscribed(wake)
-            token: str | None = None
+            self._probe_token = None
             deadline = 0.0
             if self.probe is not None:
-                token = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
-                self.probe(token)
+                self._probe_token = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+                self.probe(self._probe_token)
                 deadline = time.monotonic() + self.probe_timeout
-            keep_alive = _keep_alive_interval(conn)
             next_statement = time.monotonic() + (keep_alive or 0.0)
             while not self.stopping:
                 if keep_alive is not None and time.monotonic() >= next_statement:
-                    # Notifications that arrive meanwhile are kept for notifies() (psycopg 3.3).
-                    conn.execute("SELECT 1")
+                    self._heard(_run_keeping_notifies(conn, KEEP_ALIVE_STATEMENT), wake)
                     next_statement = time.monotonic() + keep_alive
-                for note in conn.notifies(timeout=min(1.0, keep_alive or 1.0)):
-                    if note.payload.startswith(PROBE_PREFIX):
-                        if note.payload == token:
-                            token = None
-                            self.heard_probe = True
-                        continue
-                    wake(note.payload)
-                if token is not None and time.monotonic() > deadline:
+                self._heard(conn.notifies(timeout=min(1.0, keep_alive or 1.0)), wake)
+                if self._probe_token is not None and time.monotonic() > deadline:
                     self._silent(conn)
                     return
+
+    def _heard(self, notes: Iterable[psycopg.Notify], wake: Wake) -> None:
+        for note in notes:
+            if note.payload.startswith(PROBE_PREFIX):
+                if note.payload == self._probe_token:
+                    self._probe_token = None
+                    self.heard_probe = True
+                continue
+            wake(note.payload)
 
     def _silent(self, conn: psycopg.Connection) -> None:
         logger.warning(
@@ -98,6 +103,24 @@ class PostgresWakeups(ListenerThread):
         if self.on_silent is not None:
             self.on_silent()
         self._stop.set()
+
+
+#: What the LISTEN connection runs now and then on a server that ends idle sessions.
+KEEP_ALIVE_STATEMENT = "SELECT 1"
+
+
+def _run_keeping_notifies(conn: psycopg.Connection, statement: str) -> list[psycopg.Notify]:
+    """Run ``statement`` on the LISTEN connection; the notifications that arrived while it
+    ran. psycopg before 3.3 hands those to notify handlers only (``notifies()`` never
+    yields them), so one is registered meanwhile."""
+    caught: list[psycopg.Notify] = []
+    handler = caught.append
+    conn.add_notify_handler(handler)
+    try:
+        conn.execute(statement)
+    finally:
+        conn.remove_notify_handler(handler)
+    return caught
 
 
 def _keep_alive_interval(conn: psycopg.Connection) -> float | None:

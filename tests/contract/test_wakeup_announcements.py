@@ -7,8 +7,9 @@ itself, and ``next_due_in`` must say when the earliest pending job of some queue
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 
 import psycopg
@@ -22,6 +23,8 @@ from celery_ratchet.domain.job import (
     Settlement,
 )
 from celery_ratchet.domain.schedule import MasterSpec
+from celery_ratchet.events import postgres
+from celery_ratchet.events.postgres import PostgresWakeups
 from celery_ratchet.runtime import recurring
 from celery_ratchet.store.engine import libpq_conninfo
 from celery_ratchet.store.job_rows import NOTIFY_CHANNEL
@@ -162,3 +165,49 @@ def test_a_probe_reaches_the_listeners(pg: tuple[JobStore, Listener]) -> None:
     store, listener = pg
     store.announce(PROBE_WAKEUP)  # a worker finding out whether it is told anything
     assert PROBE_WAKEUP in listener.marker(store)
+
+
+def _listener_thread(store: JobStore) -> tuple[PostgresWakeups, list[str]]:
+    heard: list[str] = []
+    listener = PostgresWakeups(libpq_conninfo(store.url), probe=store.send_probe, probe_timeout=10)
+    listener.start(heard.append)
+    return listener, heard
+
+
+def _wait(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.02)
+
+
+def test_a_worker_listener_hears_its_probe(pg: tuple[JobStore, Listener]) -> None:
+    """psycopg before 3.3 hands a notification that arrives while a statement runs to
+    notify handlers only, never to notifies(): the probe sent right after the LISTEN must
+    not arrive while the listener reads its settings, or wake-ups are switched off."""
+    store, _ = pg
+    for _ in range(3):
+        listener, _heard = _listener_thread(store)
+        try:
+            _wait(lambda heard=listener: heard.heard_probe is not None, "an answer to the probe")
+            assert listener.heard_probe is True
+        finally:
+            listener.stop()
+
+
+def test_a_notification_during_the_keep_alive_statement_wakes(
+    pg: tuple[JobStore, Listener], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that ends idle sessions: the listener runs a statement now and then. What is
+    notified while that statement runs reaches the node too (here the statement notifies,
+    so that a notification surely arrives during it)."""
+    store, _ = pg
+    monkeypatch.setattr(postgres, "_keep_alive_interval", lambda conn: 0.05)
+    monkeypatch.setattr(
+        postgres, "KEEP_ALIVE_STATEMENT", f"SELECT pg_notify('{NOTIFY_CHANNEL}', 'kept')"
+    )
+    listener, heard = _listener_thread(store)
+    try:
+        _wait(lambda: "kept" in heard, "woken by the notification of the keep-alive statement")
+    finally:
+        listener.stop()
