@@ -27,7 +27,7 @@ from celery_ratchet.store.engine import (
     family,
 )
 from celery_ratchet.store.raw import RawStatement, fetch_on, raw_statement
-from celery_ratchet.store.schema import UTCDateTime
+from celery_ratchet.store.schema import KeptDateTime
 
 RETURNED = (
     "id, job_id, task_name, queue, priority, attempts, claims, scheduled_time, "
@@ -74,7 +74,9 @@ def _due(now: str, shape: ClaimShape) -> str:
 
 def _waited_minutes(kind: str, now: str) -> str:
     return {
-        "postgresql": f"(EXTRACT(EPOCH FROM ({now} - scheduled_time)) / 60.0)",
+        # Epochs, not their difference: a due time of -infinity (written by hand) ranks first
+        # rather than fail every claim of its queues ("cannot subtract infinite timestamps").
+        "postgresql": f"((EXTRACT(EPOCH FROM {now}) - EXTRACT(EPOCH FROM scheduled_time)) / 60.0)",
         "mysql": f"(TIMESTAMPDIFF(MICROSECOND, scheduled_time, {now}) / 60000000.0)",
         "sqlite": f"((julianday({now}) - julianday(scheduled_time)) * 1440.0)",
     }[kind]
@@ -142,7 +144,7 @@ def _params(
 
 
 def _prepare(sql: str) -> TextualSelect:
-    return text(sql).columns(scheduled_time=UTCDateTime(), claimed_now=UTCDateTime())
+    return text(sql).columns(scheduled_time=KeptDateTime(), claimed_now=KeptDateTime())
 
 
 class MalformedRow(Exception):
@@ -324,7 +326,7 @@ def fetch_claimed(conn: Connection, statement: RawStatement, params: dict[str, A
 
 class _ClaimedRow(NamedTuple):
     """A row as the claim statement returns it (``RETURNED``, then ``claimed_now``), its
-    two timestamps read as :class:`UTCDateTime` reads them."""
+    two timestamps read as :class:`KeptDateTime` reads them."""
 
     id: int
     job_id: str
@@ -354,15 +356,12 @@ class _ClaimedRow(NamedTuple):
 
 
 def _stamp(value: Any, dialect: Dialect) -> Any:
-    """The value read as a timestamp; as it is when it is none (only SQLite's text column
-    can hold such a value, written by hand): :func:`to_claimed` then fails the row alone."""
-    try:
-        return _STAMP.process_result_value(value, dialect)
-    except (AttributeError, TypeError, ValueError):
-        return value
+    """The value read as a timestamp; as it is when it is none: :func:`to_claimed` then
+    fails the row alone."""
+    return _STAMP.process_result_value(value, dialect)
 
 
-_STAMP = UTCDateTime()
+_STAMP = KeptDateTime()
 _SCHEDULED = _ClaimedRow._fields.index("scheduled_time")
 _CLAIMED_NOW = _ClaimedRow._fields.index("claimed_now")
 

@@ -77,7 +77,7 @@ from celery_ratchet.store.redact import mask_url
 from celery_ratchet.store.schema import (
     ACTIVE_KEY_WHERE,
     MYSQL_ACTIVE_KEY_COLUMN,
-    UTCDateTime,
+    KeptDateTime,
     scheduler_resource_permit,
 )
 
@@ -216,7 +216,7 @@ class StoreCore:
         self._select_claimed = text(
             f"SELECT {RETURNED} FROM scheduler_job "
             "WHERE claim_token = :token AND status = 'RUNNING'"
-        ).columns(scheduled_time=UTCDateTime())
+        ).columns(scheduled_time=KeptDateTime())
         rescheduled = _new_job_values()
         # A retry or replace is the same job: it keeps its business key (and stays active),
         # and its type.

@@ -132,7 +132,8 @@ def _configure_postgres(engine: Engine, display_url: str) -> None:
     through a pooler (PgBouncer, in any mode) the configuration did not mention: the
     server backend answering a query is then not the one the connection's start-up named
     (a pooler hands out its own backend key). Prepared statements would collide on the
-    shared server connections, or be bound to another client's statement."""
+    shared server connections, or be bound to another client's statement. Timestamps no
+    Python datetime holds are read as their text (``store/pg_timestamps.py``)."""
     told: list[bool] = []
 
     @event.listens_for(engine, "connect")
@@ -151,6 +152,13 @@ def _configure_postgres(engine: Engine, display_url: str) -> None:
                 "say so, or prepare_threshold in the URL to choose",
                 display_url,
             )
+
+    @event.listens_for(engine, "connect")
+    def _timestamps(dbapi_connection: Any, _record: Any) -> None:
+        if hasattr(dbapi_connection, "adapters"):  # psycopg 3
+            from celery_ratchet.store.pg_timestamps import keep_unloadable_timestamps
+
+            keep_unloadable_timestamps(dbapi_connection)
 
 
 def _serving_backend(dbapi_connection: Any, display_url: str) -> int | None:

@@ -60,10 +60,26 @@ class UTCDateTime(TypeDecorator[datetime]):
         return moment.astimezone(timezone.utc)
 
 
+class KeptDateTime(UTCDateTime):
+    """:class:`UTCDateTime` for the rows of a claim: a value that is no timestamp is kept as
+    it was read, so that the claim fails that row alone and says what it holds. SQLite's
+    text column can hold one, MySQL/MariaDB their zero date (which PyMySQL reads as text),
+    PostgreSQL its infinities and years before 1 or after 9999 (read as the server's text:
+    see ``store/pg_timestamps.py``)."""
+
+    cache_ok = True
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        try:
+            return super().process_result_value(value, dialect)
+        except (AttributeError, TypeError, ValueError):
+            return value
+
+
 class ListedDateTime(TypeDecorator[Any]):
     """:class:`UTCDateTime` for listings (``type_coerce`` in a select): a value that is no
-    timestamp reads as :data:`~celery_ratchet.domain.job.UNREADABLE` instead of failing the
-    whole listing. Only SQLite can hold one (its column is text)."""
+    timestamp (see :class:`KeptDateTime`) reads as
+    :data:`~celery_ratchet.domain.job.UNREADABLE` instead of failing the whole listing."""
 
     impl = DateTime(timezone=True)
     cache_ok = True

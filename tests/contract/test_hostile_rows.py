@@ -171,7 +171,8 @@ def test_the_scheduled_listing_leaves_out_a_forged_row_and_lists_the_rest(
 
 
 def test_a_due_time_that_is_no_timestamp_fails_its_row_alone(store: JobStore) -> None:
-    """Only SQLite's column can hold one (an integer sorts before any text: always due)."""
+    """SQLite's column holds any value (an integer sorts before any text: always due); the
+    other databases' values no datetime holds are in the test below."""
     if store.family != "sqlite":
         pytest.skip("PostgreSQL's and MySQL's columns hold timestamps only")
     for i in range(3):
@@ -186,3 +187,63 @@ def test_a_due_time_that_is_no_timestamp_fails_its_row_alone(store: JobStore) ->
     assert record is not None and record.status is JobStatus.FAILED
     reason = " ".join(json.loads(record.last_error or "{}")["exc_message"])
     assert "scheduled_time 12345 is not a timestamp" in reason
+
+
+#: Due times a server holds that no Python datetime can: PostgreSQL's infinities and dates
+#: before year 1 (psycopg refuses to load them), MySQL/MariaDB's zero date (their default
+#: sql_mode takes it, from the mysql client say; PyMySQL reads it as text).
+UNREADABLE_DUE = {
+    "postgresql": ["-infinity", "0001-01-01 00:00:00+00 BC"],
+    "mysql": ["0000-00-00 00:00:00"],
+    "sqlite": ["0000-00-00 00:00:00"],
+}
+
+
+@pytest.mark.parametrize("boost_minutes", [0.0, 15.0], ids=["no-aging", "aging"])
+def test_a_due_time_no_datetime_holds_fails_its_row_alone(
+    store: JobStore, boost_minutes: float
+) -> None:
+    claimer = JobStore(store.url, engine=store.engine, priority_boost_minutes=boost_minutes)
+    for value in UNREADABLE_DUE[store.family]:
+        for i in range(3):
+            claimer.enqueue(_secret_job(f"good{i}"))
+        claimer.enqueue(_secret_job("bad"))
+        with store.engine.connect() as conn:
+            conn.exec_driver_sql(
+                "UPDATE scheduler_job SET scheduled_time = %s WHERE job_id = 'bad'"
+                if store.family != "sqlite"
+                else "UPDATE scheduler_job SET scheduled_time = ? WHERE job_id = 'bad'",
+                (value,),
+            )
+
+        claimed = claimer.claim("n", ["celery"], 10)
+
+        assert sorted(j.job_id for j in claimed) == ["good0", "good1", "good2"], value
+        record = claimer.result("bad")
+        assert record is not None and record.status is JobStatus.FAILED, value
+        reason = " ".join(json.loads(record.last_error or "{}")["exc_message"])
+        assert "its scheduled_time" in reason and "is not a timestamp" in reason, reason
+        assert {j.job_id: str(j.scheduled_time) for j in claimer.list_jobs()}["bad"] == (
+            "unreadable"
+        )
+        with store.engine.connect() as conn:
+            conn.exec_driver_sql("DELETE FROM scheduler_job")
+
+
+def test_a_listing_shows_a_timestamp_no_datetime_holds_as_unreadable(store: JobStore) -> None:
+    """PostgreSQL's ``infinity`` (or a year past 9999) in any timestamp column of one row:
+    the listing shows that cell unreadable, not an error for every row."""
+    if store.family != "postgresql":
+        pytest.skip("only PostgreSQL holds times past year 9999 (see the test above for others)")
+    store.enqueue(new_job("odd"))
+    store.enqueue(new_job("fine"))
+    with store.engine.connect() as conn:
+        conn.exec_driver_sql(
+            "UPDATE scheduler_job SET created_at = 'infinity', expires_at = '12000-01-01', "
+            "scheduled_time = 'infinity' WHERE job_id = 'odd'"
+        )
+    listed = {j.job_id: j for j in store.list_jobs()}
+    assert set(listed) == {"odd", "fine"}
+    assert str(listed["odd"].created_at) == "unreadable"
+    assert str(listed["odd"].scheduled_time) == "unreadable"
+    assert isinstance(listed["fine"].created_at, datetime)
