@@ -5,8 +5,8 @@ queue, rate and time limits, pool grow/shrink, autoscale, consumers, shut down),
 filters, the recurring ticks' toggle, live refresh, the CSRF refusal, read-only and the 401.
 
 Takes a screenshot of each page, into the test's own directory; with
-``RATCHET_SCREENSHOTS=docs/web`` into the README's pictures (a checkout under test is never
-rewritten by a plain run)."""
+``RATCHET_SCREENSHOTS=docs/web`` into the pictures of docs/how-to/dashboard.md (a checkout
+under test is never rewritten by a plain run)."""
 
 from __future__ import annotations
 

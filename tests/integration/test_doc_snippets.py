@@ -92,11 +92,7 @@ def _run(page: Path, blocks: list[Snippet], workdir: Path) -> subprocess.Complet
     )
 
 
-#: Pages whose snippets are not run yet, and why. Each entry is a debt: empty it.
-NOT_YET_RUN = {
-    "README.md": "its snippets move into the documentation pages, where they run in context",
-}
-PAGES = [p for p in pages() if snippets(p) and str(p.relative_to(ROOT)) not in NOT_YET_RUN]
+PAGES = [p for p in pages() if snippets(p)]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
