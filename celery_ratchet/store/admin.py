@@ -15,6 +15,7 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    or_,
     select,
     update,
 )
@@ -28,6 +29,7 @@ from celery_ratchet.domain.job import (
     JobStatus,
     JobSummary,
     NewJob,
+    error_record,
 )
 from celery_ratchet.domain.schedule import MASTER_PREFIX
 from celery_ratchet.store import dlq_alerts
@@ -63,20 +65,54 @@ from celery_ratchet.store.schema import (
     scheduler_node,
 )
 from celery_ratchet.store.step_rows import (
+    cancel_downstream,
+    record_ended_parts,
     restore_downstream,
 )
 
 logger = logging.getLogger(__name__)
+
+#: Purged jobs whose chains and batches are told, per statement.
+_PURGE_CHUNK = 1000
 
 
 class AdminOps(StoreCore):
     """What operators ask: the dead-letter queue, archiving, job logs, listings and counts."""
 
     def purge_pending(self, queues: Sequence[str]) -> int:
-        stmt = delete(job).where(
-            job.c.status == JobStatus.PENDING.value, job.c.queue.in_(list(queues))
+        """Delete the PENDING jobs of ``queues`` (``celery purge``, the dashboard's purge);
+        returns how many. A recurring master is a schedule, not a job of its queue: never
+        purged. What waited on a purged job goes with it: the chain steps after it are
+        revoked, and its chord or batch counts it as revoked, so that neither waits for a
+        job that is gone."""
+        pending = and_(
+            job.c.status == JobStatus.PENDING.value, job.c.queue.in_(list(queues)), _JOBS_ONLY
         )
-        return self._run(lambda conn: conn.execute(stmt).rowcount, "no job was purged")
+        waiting = job.alias("waiting")
+        waited_on = select(waiting.c.depends_on).where(
+            waiting.c.status == JobStatus.WAITING.value, waiting.c.depends_on.is_not(None)
+        )
+        awaited = (
+            select(job.c.job_id)
+            .where(pending, or_(job.c.group_id.is_not(None), job.c.job_id.in_(waited_on)))
+            .with_for_update()
+        )
+        error = error_record("TaskRevokedError", ["purged with its queue"], "celery.exceptions")
+
+        def work(conn: Connection) -> int:
+            with transaction(conn):
+                ids = list(conn.execute(awaited).scalars())
+                for start in range(0, len(ids), _PURGE_CHUNK):
+                    chunk = ids[start : start + _PURGE_CHUNK]
+                    conn.execute(
+                        update(job).where(job.c.job_id.in_(chunk)).values(last_error=error)
+                    )
+                    cancel_downstream(conn, chunk, error)
+                    record_ended_parts(conn, chunk, "REVOKED")
+                return int(conn.execute(delete(job).where(pending)).rowcount)
+
+        purged: int = self._run(work, "no job was purged")
+        return purged
 
     # -- the dead-letter queue: FAILED jobs ----------------------------------------------------
 
