@@ -207,12 +207,24 @@ class EnqueueOps(RowWriter):
         found: set[str] = self._run(work, "no job was moved")
         return found
 
-    def existing_job_ids(self, ids: Sequence[str]) -> set[str]:
-        """Which of ``ids`` the store holds, in any state."""
+    def stored_contents(self, ids: Sequence[str]) -> dict[str, tuple[str, bytes | None]]:
+        """The task name and payload of each of ``ids`` the store holds, in any state."""
         if not ids:
-            return set()
-        found: set[str] = self._run(lambda conn: _present(conn, ids), "no job was read")
-        return found
+            return {}
+
+        def work(conn: Connection) -> dict[str, tuple[str, bytes | None]]:
+            found: dict[str, tuple[str, bytes | None]] = {}
+            for start in range(0, len(ids), _IDS_PER_LOOKUP):
+                stmt = select(job.c.job_id, job.c.task_name, job.c.payload).where(
+                    job.c.job_id.in_(list(ids[start : start + _IDS_PER_LOOKUP]))
+                )
+                for row in conn.execute(stmt):
+                    payload = bytes(row.payload) if row.payload is not None else None
+                    found[str(row.job_id)] = (str(row.task_name), payload)
+            return found
+
+        contents: dict[str, tuple[str, bytes | None]] = self._run(work, "no job was read")
+        return contents
 
     def _insert_plain(self, params: dict[str, Any], what: str) -> _Taken | None:
         """Insert one row through the driver itself (see store/raw.py): None when inserted,

@@ -190,6 +190,24 @@ def test_a_message_moved_twice_is_written_once_and_counted_present(
     assert Mover(app, ListSource(sent), dry_run=True).run().queues["celery"].present == 7
 
 
+def test_a_message_whose_id_the_store_holds_for_another_task_is_left_in_the_broker(
+    app: Celery, store: JobStore
+) -> None:
+    """A task id sent twice (a fleet's own ids, say): the store's job of that id is not this
+    message moved before. It was counted present and taken out of the broker: dropped."""
+    app.send_task("t.add", args=(9, 9), task_id="twice-sent")
+    sent = [message("t.add", (1, 1), task_id="twice-sent"), message("t.add", (2, 2))]
+    source = ListSource(sent)
+    summary = Mover(app, source).run()
+    counts = summary.queues["celery"]
+    assert (counts.moved, counts.present, counts.refused) == (1, 0, 1)
+    [((_, reason), _)] = summary.reasons.items()
+    assert "another task or other arguments" in reason
+    assert [i.handle for i in source.given_back] == [0]
+    again = Mover(app, ListSource(sent[1:]), dry_run=True).run()  # moved before: present
+    assert again.queues["celery"].present == 1
+
+
 def test_a_chord_is_moved_only_whole(app: Celery, store: JobStore) -> None:
     body = dict(STOCK.signature("t.tsum"))
     whole = [message("t.add", (n, n), task_id=f"w-{n}", group_id="whole", group_index=n,

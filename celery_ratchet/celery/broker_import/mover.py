@@ -89,6 +89,12 @@ class Summary:
         return sum(c.moved + c.present + c.refused for c in self.queues.values())
 
 
+_OTHER_CONTENT = (
+    "the store holds a job of this task id with another task or other arguments (a task id "
+    "sent twice?): it is not that message moved before, so it stays in the broker; let a "
+    "Celery worker run it, or send it again under a new id"
+)
+
 #: Messages converted and written per transaction.
 BATCH_SIZE = 500
 
@@ -140,10 +146,21 @@ class Mover:
             else:
                 moved.append((item, outcome))
         present = self._write(moved, refused)
+        stored = self.state.store.stored_contents(sorted(present)) if present else {}
         for item, done in moved:
             counts = self.summary.of(item.queue)
-            if done.job.job_id in present:
-                counts.present += 1
+            job = done.job
+            if job.job_id in present:
+                if stored.get(job.job_id, (job.task_name, job.message.payload)) == (
+                    job.task_name,
+                    job.message.payload,
+                ):
+                    counts.present += 1
+                    continue
+                # Not this message moved before: another task sent under the same id. Taking
+                # it out of the broker would drop it.
+                refused.append(item)
+                self.summary.refuse(item.queue, Refused(_OTHER_CONTENT, job.job_id))
             elif not any(r is item for r in refused):
                 counts.moved += 1
         if not self.dry_run:
@@ -154,7 +171,7 @@ class Mover:
         written job by job, so that one bad message is refused alone."""
         jobs = [(m.job, m.steps) for _, m in moved]
         if self.dry_run:
-            return self.state.store.existing_job_ids([j.job_id for j, _ in jobs])
+            return set(self.state.store.stored_contents([j.job_id for j, _ in jobs]))
         self._open_chords([m.chord for _, m in moved if m.chord is not None])
         self._open_groups([m.job for _, m in moved])
         try:
