@@ -442,19 +442,20 @@ class BeatOwnership:
 
     Once, after the worker registered: its own entries removed since its start are
     registered again (a worker of another release may have removed one between this one's
-    start and its node row). Then, whenever a worker has left the cluster (stopped, or
-    declared dead), the entries no running worker's beat_schedule has are removed: the last
-    worker of a release that had an entry takes it along, without waiting for a start."""
+    start and its node row). Then, whenever a worker that had an entry no running worker's
+    beat_schedule has any more left the cluster (stopped, or declared dead), the entries no
+    running worker's beat_schedule has are removed: the last worker of a release that had an
+    entry takes it along, without waiting for a start. Each pass reads the node rows only."""
 
     def __init__(self, app: Celery) -> None:
         self.app = app
-        self._nodes: set[str] | None = None
+        self._said: dict[str, list[str] | None] | None = None
 
     def __call__(self) -> None:
         entries = dict(self.app.conf.beat_schedule or {})
         store = ratchet_state(self.app).store
-        nodes = set(store.node_schedule_keys())
-        first, seen, self._nodes = self._nodes is None, self._nodes, nodes
+        said = store.node_schedule_keys()
+        first, seen, self._said = self._said is None, self._said or {}, said
         if first:
             active = {m["business_key"] for m in store.list_masters()}
             for name, entry in entries.items():
@@ -466,7 +467,10 @@ class BeatOwnership:
                             "while this worker started, and its beat_schedule has it",
                             name,
                         )
-        if first or not (seen or set()) <= nodes:
+        left = [keys for node, keys in seen.items() if node not in said]
+        held = {key for keys in said.values() for key in keys or ()}
+        orphaned = any(keys is None or set(keys) - held - set(entries) for keys in left)
+        if first or orphaned:
             remove_gone_beat_entries(self.app, entries)
 
 
