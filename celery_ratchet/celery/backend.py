@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from celery import states
@@ -379,7 +380,7 @@ class RatchetBackend(BaseBackend):
             "result": result,
             "traceback": record.error_traceback if state in states.EXCEPTION_STATES else None,
             "children": extra.get("children") or [],
-            "date_done": record.finished_at,
+            "date_done": record.finished_at if isinstance(record.finished_at, datetime) else None,
         }
         if self.app.conf.find_value_for_key("extended", "result"):
             args, kwargs = self._arguments(record)

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.domain.job import JobStatus, Unreadable
 from celery_ratchet.errors import RatchetError
 from celery_ratchet.settings import RatchetSettings, mask_password
 from celery_ratchet.store.core import outages_said_by_caller
@@ -55,6 +55,8 @@ def jsonable(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, JobStatus):
         return value.value
+    if isinstance(value, Unreadable):
+        return str(value)
     return value
 
 

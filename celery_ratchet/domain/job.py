@@ -261,7 +261,8 @@ class ResultRecord:
     result_meta: str | None
     last_error: str | None
     error_traceback: str | None
-    finished_at: datetime | None
+    #: A timestamp that is no timestamp is :data:`UNREADABLE` (see :class:`Unreadable`).
+    finished_at: datetime | Unreadable | None
     picked_by: str | None
     headers: str | None
     payload: bytes | None

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from celery_ratchet.domain.dlq_alert import AlertWindow, alert_id, alert_shown, summarize
-from celery_ratchet.domain.job import JobStatus, JobSummary, NewJob
+from celery_ratchet.domain.job import JobStatus, JobSummary, NewJob, Unreadable
 from celery_ratchet.errors import rebuilt_message
 from celery_ratchet.store.ports import DeadLetterStore
 
@@ -39,7 +39,7 @@ class DeadLetter:
     kwargs: Any
     exception: str | None
     traceback: str | None
-    finished_at: datetime | None
+    finished_at: datetime | Unreadable | None
     worker: str | None
 
 
@@ -48,7 +48,7 @@ def restart_retries(headers: str) -> str:
     expiry left over from its last run (an operator asked for it to run now)."""
     try:
         values = json.loads(headers)
-    except ValueError:
+    except (ValueError, RecursionError):
         return headers
     if not isinstance(values, dict):
         return headers
@@ -63,7 +63,7 @@ def exception_parts(stored: str | None) -> tuple[str, str, str | None] | None:
         return None
     try:
         record = json.loads(stored)
-    except ValueError:
+    except (ValueError, RecursionError):  # written by hand or another tool: its own message
         return "error", stored, None
     if not isinstance(record, dict) or "exc_type" not in record:
         return "error", str(record), None
@@ -91,7 +91,7 @@ def _arguments(payload: bytes | None, content_type: str | None) -> tuple[Any, An
     try:
         body = json.loads(payload)
         return body[0], body[1]
-    except (ValueError, IndexError, KeyError, TypeError):
+    except (ValueError, IndexError, KeyError, TypeError, RecursionError):
         return None, None
 
 

@@ -80,7 +80,11 @@ class seconds_between(FunctionElement[Any]):
 @compiles(seconds_between, "postgresql")
 def _between_pg(element: seconds_between, compiler: SQLCompiler, **kw: Any) -> str:
     later, earlier = (compiler.process(c, **kw) for c in element.clauses)
-    return f"EXTRACT(EPOCH FROM ({later} - {earlier}))"
+    # None where either is infinite (written by hand): PostgreSQL refuses to subtract those.
+    return (
+        f"CASE WHEN isfinite({later}) AND isfinite({earlier}) "
+        f"THEN EXTRACT(EPOCH FROM ({later} - {earlier})) END"
+    )
 
 
 @compiles(seconds_between, "mysql")

@@ -19,7 +19,7 @@ from celery_ratchet.store.db_clock import (
     db_now_minus,
     seconds_between,
 )
-from celery_ratchet.store.job_rows import _JOBS_ONLY, _RAN_TO_AN_END
+from celery_ratchet.store.job_rows import _JOBS_ONLY, _RAN_TO_AN_END, _listed
 from celery_ratchet.store.schema import (
     scheduler_job,
     scheduler_resource,
@@ -85,10 +85,10 @@ class Inspection:
         stmt = select(
             job.c.job_type,
             job.c.priority,
-            job.c.scheduled_time,
-            job.c.created_at,
-            job.c.started_at,
-            job.c.claimed_at,
+            _listed(job.c.scheduled_time),
+            _listed(job.c.created_at),
+            _listed(job.c.started_at),
+            _listed(job.c.claimed_at),
             job.c.claims,
             job.c.root_id,
             job.c.parent_id,
@@ -193,7 +193,10 @@ class Inspection:
             raise ValueError(f"buckets={buckets}: between 1 and 500")
         width = window_seconds / buckets
         since = db_now_minus(window_seconds)
-        bucket = func.floor(seconds_between(job.c.finished_at, since) / width).label("bucket")
+        spans = seconds_between(job.c.finished_at, since) / width
+        # None for an end time no timestamp holds: SQLAlchemy's floor() for SQLite (a Python
+        # function) fails the whole statement on it.
+        bucket = case((spans.is_(None), None), else_=func.floor(spans)).label("bucket")
         conditions = [job.c.status.in_(_RAN_TO_AN_END), job.c.finished_at >= since]
         if task_name is not None:
             conditions.append(job.c.task_name == task_name)

@@ -31,6 +31,7 @@ from celery_ratchet.store.engine import (
 from celery_ratchet.store.job_rows import (
     _TERMINAL,
     _bytes,
+    _listed,
     job,
 )
 from celery_ratchet.store.packets import refuse_oversized
@@ -56,7 +57,7 @@ class ResultOps(StoreCore):
             job.c.result_meta,
             job.c.last_error,
             job.c.error_traceback,
-            job.c.finished_at,
+            _listed(job.c.finished_at),
             job.c.picked_by,
             job.c.headers,
             job.c.payload,

@@ -20,9 +20,11 @@ from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.errors import InvalidJob, MalformedJob
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.store.schema import scheduler_job
+from celery_ratchet.web.app import Dashboard
 from tests.acceptance.conftest import wait_until
 from tests.conftest import Servers, empty_store
 from tests.integration.conftest import BrokerTrap, make_app, worker_running
+from tests.integration.test_web import call
 
 SECRET = "4111111111111111"
 LONG = "x" * 300
@@ -240,3 +242,47 @@ def test_a_result_meta_written_by_hand_reads_as_no_state_not_an_error(
     result = client_app.AsyncResult("forged-meta")
     expected = "RETRY" if meta.startswith('{"state"') else "PENDING"
     assert result.state == expected and not result.ready()
+
+
+#: A value no datetime holds, as each database can hold one (see tests/contract/
+#: test_hostile_rows.py): PostgreSQL's infinity, MariaDB's zero date, text on SQLite.
+UNREADABLE_TIME = {"postgresql": "infinity", "mysql": "0000-00-00 00:00:00", "sqlite": "garbage"}
+DEEP_RECORD = "[" * 20_000 + "]" * 20_000
+
+
+def test_rows_that_cannot_be_read_are_listed_on_every_page_and_command(
+    client_app: Celery,
+) -> None:
+    """Unreadable times in each timestamp column of one row, and a failure record nesting
+    deeper than the JSON decoder recurses in another: every page of the dashboard and
+    every listing command shows them, and the rest."""
+    add = client_app.tasks["t.add"]
+    odd, deep, fine = (add.delay(i, i).id for i in range(3))
+    store = _store(client_app)
+    time = UNREADABLE_TIME[store.family]
+    with store.engine.connect() as conn:
+        if store.family == "mysql":
+            conn.exec_driver_sql("SET SESSION sql_mode = ''")  # as a client's default takes it
+        conn.exec_driver_sql(
+            "UPDATE scheduler_job SET status = 'FAILED', created_at = {t}, finished_at = {t}, "
+            "claimed_at = {t}, started_at = {t} WHERE job_id = {j}".format(
+                t=f"'{time}'", j=f"'{odd}'"
+            )
+        )
+    _forge(store, deep, status="FAILED", last_error=DEEP_RECORD, headers=DEEP_RECORD)
+    dashboard = Dashboard(store)
+    pages = ["/", "/jobs", "/jobs?status=FAILED", "/tasks", "/task?name=t.add", "/queues",
+             "/dlq", f"/job?id={odd}", f"/job?id={deep}", f"/job?id={fine}"]  # fmt: skip
+    for page in pages:
+        answer = call(dashboard, page)
+        assert answer.status == 200, (page, answer.body[-500:])
+    assert "unreadable" in call(dashboard, f"/job?id={odd}").body
+    runner = CliRunner()
+    for command in (["jobs"], ["jobs", "--json"], ["dlq", "list"], ["dlq", "show", deep],
+                    ["jobs", "show", odd], ["stats"]):  # fmt: skip
+        shown = runner.invoke(cli, ["--url", store.url, *command])
+        assert shown.exit_code == 0, (command, shown.output[-1000:])
+    listed = json.loads(runner.invoke(cli, ["--url", store.url, "jobs", "--json"]).output)
+    assert {j["job_id"]: j["finished_at"] for j in listed}[odd] == "unreadable"
+    assert client_app.AsyncResult(odd).state == "FAILURE"
+    assert client_app.AsyncResult(odd).date_done is None
