@@ -14,9 +14,12 @@ def capacity_for(consumer: Any, processes: int | None = None) -> Capacity:
     now, after ``pool_grow``) and the prefetch multiplier.
 
     Celery's meaning: besides the jobs running, a worker holds at most concurrency x
-    multiplier claimed and not started (none with ``worker_disable_prefetch``). Of those, up
-    to one per process waits in the pool, so its processes never wait for the next job to
-    arrive; the rest stay in a local buffer that is handed back on shutdown.
+    multiplier claimed and not started (none with ``worker_disable_prefetch``); with
+    ``task_acks_late``, concurrency x multiplier in all, the running ones included (a broker
+    counts a task in the prefetch until it is acknowledged at its end: Celery's way for long
+    tasks, a multiplier of 1, holds one job per process). Of those not started, up to one
+    per process waits in the pool, so its processes never wait for the next job to arrive;
+    the rest stay in a local buffer that is handed back on shutdown.
     """
     if isinstance(consumer.pool, AsyncPool):
         # Coroutines: as many in flight as the limits by kind allow, claimed ahead by batches.
@@ -35,6 +38,8 @@ def capacity_for(consumer: Any, processes: int | None = None) -> Capacity:
         1,
     )
     ahead = concurrency * _multiplier(consumer)
+    if consumer.app.conf.get("task_acks_late"):
+        ahead -= concurrency
     if consumer.app.conf.get("worker_disable_prefetch"):  # Celery 5.6 and later
         ahead = 0
     in_pool = min(concurrency, ahead)

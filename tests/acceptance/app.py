@@ -271,6 +271,8 @@ if os.environ.get("RATCHET_ACCEPTANCE_NEXT_RELEASE"):
 # Celery's setting, for tests of it set in the app rather than by --prefetch-multiplier.
 if os.environ.get("RATCHET_ACCEPTANCE_PREFETCH_MULTIPLIER"):
     app.conf.worker_prefetch_multiplier = int(os.environ["RATCHET_ACCEPTANCE_PREFETCH_MULTIPLIER"])
+if os.environ.get("RATCHET_ACCEPTANCE_ACKS_LATE"):
+    app.conf.task_acks_late = True
 
 # The serializers the app accepts, set per test (RATCHET_ACCEPTANCE_ACCEPT_CONTENT=json,pickle).
 if os.environ.get("RATCHET_ACCEPTANCE_ACCEPT_CONTENT"):

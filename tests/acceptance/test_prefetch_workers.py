@@ -52,3 +52,28 @@ def test_multiplier_one_spreads_long_jobs_over_both_workers(
     print(f"\n[-c 2, multiplier 1] held while gated {held}, ran {dict(ran)}")
     assert held == {"w1": 4, "w2": 4}
     assert ran == {w.pid: 4 for w in workers}
+
+
+def test_late_acknowledgement_and_multiplier_one_hold_one_job_per_process(
+    server_app: Celery, server_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Celery's advice for long tasks (task_acks_late, a multiplier of 1): a worker holds
+    the jobs its processes run and no more, so a worker started later gets the rest."""
+    store = ratchet_state(server_app).store
+    gated = server_app.tasks["acc.gated"]
+    gate = tmp_path / "open"
+    late = {"RATCHET_ACCEPTANCE_ACKS_LATE": "1"}
+    first = server_cluster.start("w1", "--prefetch-multiplier", "1", concurrency=2, **late)
+    try:
+        wait_until(lambda: len(store.list_nodes()) == 1, 60, "the first worker registered")
+        result = group(gated.s(f"j{i}", str(gate)) for i in range(4)).apply_async()
+        wait_until(lambda: len(side_effects(store)) == 2, 60, "two jobs started")
+        second = server_cluster.start("w2", "--prefetch-multiplier", "1", concurrency=2, **late)
+        wait_until(lambda: len(side_effects(store)) == 4, 60, "the second worker's two jobs")
+        held = {w.name: held_by(store, w.pid) for w in (first, second)}
+        gate.touch()
+        assert result.get(timeout=120) == [f"j{i}" for i in range(4)]
+    except Exception:
+        print(server_cluster.logs())
+        raise
+    assert held == {"w1": 2, "w2": 2}

@@ -51,3 +51,26 @@ def test_the_setting_counts_when_the_consumer_has_no_multiplier_of_its_own() -> 
 def test_disabled_prefetch_claims_only_for_free_processes() -> None:
     capacity = capacity_for(_consumer(3, 4, worker_disable_prefetch=True))
     assert (capacity.running, capacity.buffered) == (3, 0)
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "multiplier", "running", "buffered"),
+    [
+        (2, 1, 2, 0),  # Celery's "reserve one task per process": the running ones only
+        (4, 4, 8, 8),  # 16 held in all, the 4 running among them
+        (1, 3, 2, 1),
+    ],
+)
+def test_late_acknowledgement_counts_the_running_jobs_in_the_prefetch(
+    concurrency: int, multiplier: int, running: int, buffered: int
+) -> None:
+    """With task_acks_late a broker's prefetch counts each task until it ends, so a worker
+    holds concurrency x multiplier in all, the running ones included (Celery's advice for
+    long tasks: task_acks_late and a multiplier of 1, each process holding one)."""
+    capacity = capacity_for(_consumer(concurrency, multiplier, task_acks_late=True))
+    assert (capacity.running, capacity.buffered, capacity.executing) == (
+        running,
+        buffered,
+        concurrency,
+    )
+    assert capacity.total == concurrency * multiplier
