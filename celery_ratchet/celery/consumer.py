@@ -43,7 +43,7 @@ from celery_ratchet.celery.retry import install_retries
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.celery.transport import wake as wake_main_loop
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
-from celery_ratchet.domain.unknown_tasks import HAND_BACK_DELAY_SECONDS, UnknownTasks
+from celery_ratchet.domain.unknown_tasks import UnknownTasks
 from celery_ratchet.errors import (
     CompressedPayloadTooLarge,
     ConfigurationError,
@@ -134,7 +134,9 @@ class Dispatcher:
     def _unknown(self, job: ClaimedJob) -> None:
         """A task this worker does not know: handed back for workers that do, for a while
         (a rolling deploy brings them), then failed."""
-        if self.unknown_tasks.hand_back(job.job_id, time.monotonic()):
+        grace = self.unknown_tasks.grace_seconds
+        handed_back_for = self.unknown_tasks.hand_back(job.job_id, time.monotonic())
+        if handed_back_for is not None:
             if self.unknown_tasks.first_of(job.task_name):
                 logger.warning(
                     "ratchet: task %r is not registered on worker %s: its jobs are handed "
@@ -142,13 +144,20 @@ class Dispatcher:
                     "(ratchet_unknown_task_grace_seconds), then fail as NotRegistered",
                     job.task_name,
                     self.consumer.hostname,
-                    f"{self.unknown_tasks.grace_seconds:g}",
+                    f"{grace:g}",
                 )
-            raise Declined(HAND_BACK_DELAY_SECONDS)
+            raise Declined(handed_back_for)
+        waited = (
+            f", and no worker that knows it took it in the {grace:g}s it was handed back for "
+            "(ratchet_unknown_task_grace_seconds)"
+            if grace
+            else ""
+        )
         exc = NotRegistered(
-            f"task {job.task_name!r} is not registered on worker {self.consumer.hostname}; "
-            "import its module in the worker (include=, imports=, autodiscover_tasks) or route "
-            "it to a queue served by workers that know it, then retry the job"
+            f"task {job.task_name!r} is not registered on worker {self.consumer.hostname}"
+            f"{waited}; import its module in the worker (include=, imports=, "
+            "autodiscover_tasks) or route it to a queue served by workers that know it, then "
+            "retry the job"
         )
         logger.error("ratchet: job %s failed: %s", job.job_id, exc)
         signals.task_unknown.send(

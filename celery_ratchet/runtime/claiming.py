@@ -46,8 +46,12 @@ class Claiming(MasterFiring, Revocations):
         finally:
             if deferred:
                 self._defer(deferred, "ratchet: circuit open; deferred %d jobs (%s)")
-            if declined:
-                self._defer(declined, "ratchet: handed back %d jobs of tasks unknown here (%s)")
+            if declined:  # each task named once at WARNING by the dispatcher
+                self._defer(
+                    declined,
+                    "ratchet: handed back %d jobs of tasks unknown here (%s)",
+                    logging.DEBUG,
+                )
 
     def _dispatch_until_full(
         self,
@@ -145,7 +149,9 @@ class Claiming(MasterFiring, Revocations):
         claimed_at = job.claimed_now or datetime.now(timezone.utc)
         return claimed_at + timedelta(seconds=until - now)
 
-    def _defer(self, deferred: list[tuple[ClaimedJob, datetime]], done: str) -> None:
+    def _defer(
+        self, deferred: list[tuple[ClaimedJob, datetime]], done: str, level: int = logging.INFO
+    ) -> None:
         """Put jobs back, due at the given times (a service's breaker open: when it
         half-opens); they lose no attempt."""
         try:
@@ -155,7 +161,8 @@ class Claiming(MasterFiring, Revocations):
             with self._lock:
                 self._ready.extend(job for job, _ in deferred)
             return
-        logger.info(
+        logger.log(
+            level,
             done,
             len(deferred),
             ", ".join(sorted({job.task_name for job, _ in deferred})),

@@ -22,15 +22,15 @@ REFUSED = "is not registered on worker"
 
 @contextlib.contextmanager
 def logged() -> Iterator[list[logging.LogRecord]]:
-    """The ratchet records of INFO and up (the test worker's logging set up by Celery
+    """The ratchet records of DEBUG and up (the test worker's logging set up by Celery
     reaches no capture of pytest's)."""
     records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.INFO)
+    handler = logging.Handler(logging.DEBUG)
     handler.emit = records.append  # type: ignore[method-assign]
     ratchet = logging.getLogger("celery_ratchet")
     level = ratchet.level
     ratchet.addHandler(handler)
-    ratchet.setLevel(logging.INFO)
+    ratchet.setLevel(logging.DEBUG)
     try:
         yield records
     finally:
@@ -89,3 +89,7 @@ def test_an_unknown_task_is_handed_back_said_once_then_failed_after_the_grace(
     assert [r.levelno for r in refusals] == [logging.WARNING, logging.ERROR, logging.ERROR]
     assert "'t.added_later'" in refusals[0].getMessage()
     assert "ratchet_unknown_task_grace_seconds" in refusals[0].getMessage()
+    # The failure says the job waited for a worker that knows the task, and for how long.
+    assert "no worker that knows it took it in the 1s" in str(store.result(results[0].id))
+    handing_back = [r for r in records if str(r.msg).startswith("ratchet: handed back")]
+    assert {r.levelno for r in handing_back} == {logging.DEBUG}  # the task named once
