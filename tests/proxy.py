@@ -1,9 +1,13 @@
-"""A loopback TCP proxy in front of a database server that can lose one reply.
+"""A loopback TCP proxy in front of a database server that can lose one reply, or leave
+connections half-open.
 
 Armed with a marker (``b"INSERT INTO scheduler_job"``), it forwards the next client packet
 holding the marker, swallows the server's reply to it (the statement ran and, in autocommit,
 committed), cuts every connection it carries, and then refuses new connections: a given number
-of them, or until :meth:`LossyProxy.accept_again`. Listens on 127.0.0.1 only.
+of them, or until :meth:`LossyProxy.accept_again`. :meth:`LossyProxy.freeze_open` stops relaying
+on every connection open at that moment, in both directions, while keeping both ends open (what
+a NAT or firewall that forgot a connection does), and lets new connections through. Listens on
+127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -21,8 +25,14 @@ class _Pair:
         self.client = client
         self.server = server
         self.swallow_reply = False
+        #: Set while the pair relays; cleared by a freeze (the pumps hold what they read).
+        self.relaying = threading.Event()
+        self.relaying.set()
+        self.closed = False
 
     def close(self) -> None:
+        self.closed = True
+        self.relaying.set()  # a pump holding data returns
         for sock in (self.client, self.server):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -62,6 +72,16 @@ class LossyProxy:
             self._marker = marker
             self._refuse_next = refuse or 0
             self._refuse_until_told = refuse is None
+
+    def freeze_open(self) -> int:
+        """Stop relaying on every connection open now, both ways, keeping them open: what is
+        sent on them is never delivered, and neither end learns it. New connections pass.
+        Returns how many were frozen."""
+        with self._lock:
+            pairs = list(self._pairs)
+        for pair in pairs:
+            pair.relaying.clear()
+        return len(pairs)
 
     def accept_again(self) -> None:
         with self._lock:
@@ -119,6 +139,9 @@ class LossyProxy:
         try:
             while True:
                 data = source.recv(65536)
+                pair.relaying.wait()  # frozen: not even an end of stream is passed on
+                if pair.closed:
+                    return
                 if not data:
                     break
                 if upstream:
