@@ -132,6 +132,10 @@ class RatchetSettings:
     node_orphan_grace_seconds: float = 60.0
     #: How often every worker scans for jobs orphaned by a dead node (minutes).
     orphan_scan_interval_minutes: float = 5.0
+    #: Longest a statement of the job store's own connections waits for the server's reply
+    #: before its connection is dropped, as a network that cut it would (seconds; schema
+    #: changes excepted). None: the grace period; 0: no limit. See ``statement_deadline``.
+    statement_deadline_seconds: float | None = None
     #: A job whose node dies under it (or is declared dead) more often than this goes to the
     #: dead-letter queue instead of running again; claims of a job handed back by a live
     #: node count too. 0: never run again a job whose node died.
@@ -235,6 +239,27 @@ class RatchetSettings:
         return self.listen_notify and (not self.pgbouncer or self.listen_url is not None)
 
     @property
+    def liveness_margin(self) -> float:
+        """Half the margin between the heartbeat interval and the grace period: a heartbeat
+        stuck on a dead connection this long, dropped and written again on a new one, is
+        still in time for every node judging this one."""
+        return (self.node_orphan_grace_seconds - self.node_heartbeat_interval_seconds) / 2
+
+    @property
+    def statement_deadline(self) -> float | None:
+        """The deadline of every statement (None: none)."""
+        if self.statement_deadline_seconds is None:
+            return self.node_orphan_grace_seconds
+        return self.statement_deadline_seconds or None
+
+    @property
+    def liveness_deadline(self) -> float | None:
+        """The deadline of a heartbeat and of a node's registration: the shorter of the
+        statement deadline and the liveness margin (None: no deadline at all)."""
+        deadline = self.statement_deadline
+        return None if deadline is None else min(deadline, self.liveness_margin)
+
+    @property
     def orphan_scan_interval(self) -> float:
         if self.orphan_scan_interval_seconds is not None:
             return self.orphan_scan_interval_seconds
@@ -291,6 +316,11 @@ class RatchetSettings:
             "dlq_alert_interval_seconds": self.dlq_alert_interval_seconds,
             "batch_stream_lease_seconds": self.batch_stream_lease_seconds,
         }
+        if self.statement_deadline_seconds is not None and self.statement_deadline_seconds < 0:
+            raise ConfigurationError(
+                "ratchet_statement_deadline_seconds must be positive, or 0 for no deadline, "
+                f"got {self.statement_deadline_seconds!r}"
+            )
         if self.pool_size < 1 or self.max_overflow < 0:
             raise ConfigurationError(
                 f"ratchet_pool_size ({self.pool_size}) must be at least 1 and "

@@ -139,6 +139,9 @@ def engine_options(settings: RatchetSettings) -> EngineOptions:
         max_overflow=settings.max_overflow,
         pgbouncer=settings.pgbouncer,
         connect_args=settings.connect_args,
+        statement_deadline_seconds=settings.statement_deadline,
+        liveness_deadline_seconds=settings.liveness_deadline,
+        tcp_timeout_seconds=settings.liveness_margin,
     )
 
 

@@ -237,6 +237,9 @@ class RuntimeBase:
         self._throttle = _Throttle(max(settings.poll_interval, 5.0))
         #: When the last heartbeat that went through was sent (monotonic).
         self._last_heartbeat = time.monotonic()
+        #: Whether this node's heartbeat was found stale, and said so (see _heartbeat_stale).
+        self._stale = False
+        self._stale_lock = threading.Lock()
         #: When a write of outcomes last failed (the store unreachable or busy).
         self._write_failed_at = 0.0
         #: Where the executing processes read whether this node's claims are still its own.
@@ -346,13 +349,25 @@ class RuntimeBase:
     def _confirmed(self, sent: float) -> None:
         """A heartbeat (or the registration) sent at ``sent`` went through: no node can
         declare this one dead before ``sent`` plus a grace period, as they judge it."""
-        self._last_heartbeat = sent
+        settings = self.settings
+        limit = settings.node_orphan_grace_seconds - settings.node_heartbeat_interval_seconds
+        with self._stale_lock:
+            previous, self._last_heartbeat = self._last_heartbeat, sent
+            now = time.monotonic()
+            again = self._stale and now - sent <= limit
+            if again:
+                self._stale = False
+        if again:
+            logger.warning(
+                "ratchet: node %s wrote a heartbeat again, %.1fs after the last one before it; "
+                "it claims and starts jobs again",
+                self.node_id,
+                now - previous,
+            )
         if self.fence is not None:
-            settings = self.settings
-            margin = settings.node_orphan_grace_seconds - settings.node_heartbeat_interval_seconds
             with self._lock:
                 epoch = self._epoch
-            self.fence.publish(self._fence_tag, epoch, sent + margin)
+            self.fence.publish(self._fence_tag, epoch, sent + limit)
 
     def _lost_contact(self) -> None:
         with self._judge_lock:
@@ -367,10 +382,28 @@ class RuntimeBase:
     def _heartbeat_stale(self) -> bool:
         """No heartbeat written for so long that the cluster may have declared us dead and
         handed our claims to others: starting a claimed job now could run it twice."""
-        limit = (
-            self.settings.node_orphan_grace_seconds - self.settings.node_heartbeat_interval_seconds
-        )
-        return time.monotonic() - self._last_heartbeat > limit
+        settings = self.settings
+        limit = settings.node_orphan_grace_seconds - settings.node_heartbeat_interval_seconds
+        silent = time.monotonic() - self._last_heartbeat
+        if silent <= limit:
+            return False
+        with self._stale_lock:  # read again: a heartbeat may have gone through meanwhile
+            silent = time.monotonic() - self._last_heartbeat
+            if silent <= limit:
+                return False
+            said, self._stale = self._stale, True
+        if not said:
+            logger.warning(
+                "ratchet: node %s has written no heartbeat for %.1fs (ratchet_node_orphan_"
+                "grace_seconds = %g less one heartbeat interval): other nodes may declare it "
+                "dead and run its jobs, so it starts none of the jobs it claimed and claims "
+                "nothing until a heartbeat goes through (the job store unreachable or not "
+                "answering: see the lines before)",
+                self.node_id,
+                silent,
+                settings.node_orphan_grace_seconds,
+            )
+        return True
 
     def _count_kind(self, job: ClaimedJob) -> None:
         if self.capacity.single_limit or self.capacity.batch_child_limit:

@@ -32,6 +32,7 @@ from celery_ratchet.errors import (
     StoreBusy,
     StoreUnavailable,
 )
+from celery_ratchet.store import deadline
 from celery_ratchet.store.claim import (
     RETURNED,
     strategy_for,
@@ -59,6 +60,7 @@ from celery_ratchet.store.engine import (
     EngineOptions,
     engine_for,
     family,
+    liveness_bound,
     lock_bounded_options,
 )
 from celery_ratchet.store.job_rows import (
@@ -172,6 +174,10 @@ class StoreCore:
         self.reachability = Reachability(self.display_url)
         self.engine = engine or engine_for(url, engine_options)
         self.family = family(self.engine.dialect.name)
+        #: The deadline of a heartbeat's and a registration's statements (store/deadline.py).
+        self._liveness_bound = liveness_bound(
+            self.engine, self._engine_options or engine_options or EngineOptions()
+        )
         self._claim = strategy_for(self.engine.dialect)
         self._create_schema = create_schema
         self._schema_ready = False
@@ -313,13 +319,19 @@ class StoreCore:
         *,
         lock_wait: float | None = None,
         conflict_retries: int = CONFLICT_RETRIES,
+        liveness: bool = False,
     ) -> T:
         """``work`` on a pooled connection (see :meth:`_attempt`); ``lock_wait``: on one
         that waits at most that many seconds on a lock another transaction holds, where the
-        database lets a connection be made so (:meth:`_lock_bounded_engine`)."""
+        database lets a connection be made so (:meth:`_lock_bounded_engine`); ``liveness``:
+        a heartbeat or a registration, whose statements get the shorter deadline that keeps
+        the node in time for the others' judgement (store/deadline.py)."""
         self.ensure_schema()
         engine = self._lock_bounded_engine(lock_wait) if lock_wait is not None else None
         connect = engine.connect if engine is not None else None
+        if liveness:
+            with deadline.deadline(self._liveness_bound):
+                return self._attempt(work, what, connect, conflict_retries)
         return self._attempt(work, what, connect, conflict_retries)
 
     def _lock_bounded_engine(self, seconds: float) -> Engine | None:
@@ -426,24 +438,28 @@ class StoreCore:
             return
         # At start-up, active jobs of an earlier version sharing a business key do not keep
         # this process from running: the unique index waits for a later start (a warning).
-        created = self._attempt(
-            lambda conn: bring_up_to_date(conn, wait_for_unique_keys=True),
-            "the schema was not created",
-        )
+        with deadline.deadline(None):  # a schema change may run long: no deadline
+            created = self._attempt(
+                lambda conn: bring_up_to_date(conn, wait_for_unique_keys=True),
+                "the schema was not created",
+            )
         self._schema_ready = True
         if created:
             logger.info("ratchet: created or brought up to date: %s", ", ".join(created))
 
     def create_missing_tables(self) -> list[str]:
-        return self._attempt(self._create_tables, "the schema was not created")
+        with deadline.deadline(None):
+            return self._attempt(self._create_tables, "the schema was not created")
 
     def schema_differences(self) -> list[str]:
         """What the live database lacks of the schema: tables, columns, indexes."""
-        return self._attempt(schema_differences, "the schema was not checked")
+        with deadline.deadline(None):
+            return self._attempt(schema_differences, "the schema was not checked")
 
     def index_shapes(self) -> tuple[list[str], list[str]]:
         """Indexes of the schema's names not as this version makes them: (problems, notes)."""
-        return self._attempt(index_shapes, "the indexes were not checked")
+        with deadline.deadline(None):
+            return self._attempt(index_shapes, "the indexes were not checked")
 
     def _create_tables(self, conn: Connection) -> list[str]:
         # Serialized by the database's schema lock: processes starting together on an empty

@@ -10,7 +10,9 @@ import json
 import logging
 import math
 import os
+import socket
 import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -24,6 +26,8 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, Pending
 from celery_ratchet.errors import (
     ConfigurationError,
 )
+from celery_ratchet.settings import RatchetSettings
+from celery_ratchet.store import deadline
 from celery_ratchet.store.db_errors import is_read_only
 from celery_ratchet.store.packets import read_limit
 from celery_ratchet.store.redact import mask_url
@@ -208,9 +212,30 @@ def _bound_lock_waits(engine: Engine, display_url: str, seconds: float) -> None:
             cursor.close()
 
 
-def _configure_mysql(engine: Engine, lock_wait_seconds: float | None = None) -> None:
+def _probe_dead_peers(sock: Any, seconds: float) -> None:
+    """:func:`tcp_probes` on a TCP socket of PyMySQL's, which has no parameters for them."""
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    probes = tcp_probes(seconds)
+    options = [
+        (socket.SOL_SOCKET, "SO_KEEPALIVE", 1),
+        (socket.IPPROTO_TCP, "TCP_KEEPIDLE", probes["keepalives_idle"]),
+        (socket.IPPROTO_TCP, "TCP_KEEPINTVL", probes["keepalives_interval"]),
+        (socket.IPPROTO_TCP, "TCP_KEEPCNT", probes["keepalives_count"]),
+        (socket.IPPROTO_TCP, "TCP_USER_TIMEOUT", probes["tcp_user_timeout"]),
+    ]
+    for level, name, value in options:
+        if hasattr(socket, name):  # Linux has them all; others some
+            sock.setsockopt(level, getattr(socket, name), value)
+
+
+def _configure_mysql(
+    engine: Engine, lock_wait_seconds: float | None = None, tcp_seconds: float | None = None
+) -> None:
     @event.listens_for(engine, "connect")
     def _session(dbapi_connection: Any, _record: Any) -> None:
+        if tcp_seconds is not None:
+            _probe_dead_peers(getattr(dbapi_connection, "_sock", None), tcp_seconds)
         cursor = dbapi_connection.cursor()
         if lock_wait_seconds is not None:  # whole seconds, one at least
             wait = max(1, math.ceil(lock_wait_seconds))
@@ -239,10 +264,14 @@ def _drop_read_only(context: ExceptionContext) -> None:
         context.is_disconnect = True
 
 
+_DEFAULTS = RatchetSettings()
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """How the job store's connections are made (``ratchet_pool_size``, ``ratchet_max_overflow``,
-    ``ratchet_pgbouncer``, ``ratchet_connect_args``)."""
+    ``ratchet_pgbouncer``, ``ratchet_connect_args``), and how long their statements may wait
+    for a reply (``ratchet_statement_deadline_seconds``, the heartbeat's settings)."""
 
     #: Connections each process keeps open, and how many more it may open at a peak.
     pool_size: int = 5
@@ -254,6 +283,13 @@ class EngineOptions:
     connect_args: Mapping[str, Any] = field(default_factory=dict)
     #: Each connection waits at most this long on a lock (see :func:`lock_bounded_options`).
     lock_wait_seconds: float | None = None
+    #: Every statement's deadline (see store/deadline.py); None: none.
+    statement_deadline_seconds: float | None = _DEFAULTS.statement_deadline
+    #: A heartbeat's and a registration's.
+    liveness_deadline_seconds: float | None = _DEFAULTS.liveness_deadline
+    #: TCP keepalives and TCP_USER_TIMEOUT find a dead peer, or a path that stopped
+    #: acknowledging, within about this (see :func:`tcp_probes`); None: the system's.
+    tcp_timeout_seconds: float | None = _DEFAULTS.liveness_margin
 
     def key(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, default=repr)
@@ -284,8 +320,34 @@ def _timeout(parsed: URL) -> dict[str, Any]:
     return {} if "connect_timeout" in parsed.query else {"connect_timeout": 10}
 
 
+def tcp_probes(seconds: float) -> dict[str, int]:
+    """libpq's TCP parameters that find a dead peer in about ``seconds``: keepalive probes
+    from half of it on, three of them a sixth of it apart, and sent data left unacknowledged
+    for all of it (TCP_USER_TIMEOUT, in milliseconds). Keepalives are answered by a live
+    server's kernel however long a statement runs: they never cut a slow statement."""
+    return {
+        "keepalives": 1,
+        "keepalives_idle": max(1, math.ceil(seconds / 2)),
+        "keepalives_interval": max(1, math.ceil(seconds / 6)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": max(1000, round(seconds * 1000)),
+    }
+
+
+def _tcp_defaults(parsed: URL, options: EngineOptions) -> dict[str, Any]:
+    """:func:`tcp_probes` for what neither the URL nor the connect arguments set."""
+    if options.tcp_timeout_seconds is None:
+        return {}
+    probes = tcp_probes(options.tcp_timeout_seconds)
+    return {k: v for k, v in probes.items() if k not in parsed.query}
+
+
 def _postgres_connect_args(parsed: URL, options: EngineOptions) -> tuple[URL, dict[str, Any]]:
-    connect_args: dict[str, Any] = {**_timeout(parsed), **options.connect_args}
+    connect_args: dict[str, Any] = {
+        **_timeout(parsed),
+        **_tcp_defaults(parsed, options),
+        **options.connect_args,
+    }
     if "prepare_threshold" in parsed.query:
         connect_args["prepare_threshold"] = _prepare_threshold(parsed.query["prepare_threshold"])
         parsed = parsed.difference_update_query(["prepare_threshold"])
@@ -338,9 +400,14 @@ def build_engine(url: str, options: EngineOptions | None = None) -> Engine:
         if kind == "postgresql":
             parsed, engine_options["connect_args"] = _postgres_connect_args(parsed, options)
         elif kind == "mysql":
+            # A write the server does not take in for a whole deadline fails: PyMySQL's
+            # read_timeout is left unset, as it would also end a long schema change (the
+            # statement deadline exempts those).
+            write = options.statement_deadline_seconds
             engine_options["connect_args"] = {
                 **_timeout(parsed),
                 "charset": "utf8mb4",
+                **({"write_timeout": math.ceil(write)} if write else {}),
                 **options.connect_args,
             }
     try:
@@ -352,16 +419,63 @@ def build_engine(url: str, options: EngineOptions | None = None) -> Engine:
         ) from exc
     if kind == "sqlite":
         _configure_sqlite(engine)
-    else:
-        event.listen(engine, "handle_error", _drop_read_only)
+        return engine
+    event.listen(engine, "handle_error", _drop_read_only)
+    _bound_statements(engine, options, mask_url(url))
     if kind == "mysql":
-        _configure_mysql(engine, options.lock_wait_seconds)
+        _configure_mysql(engine, options.lock_wait_seconds, options.tcp_timeout_seconds)
     elif kind == "postgresql":
         if "prepare_threshold" not in engine_options["connect_args"]:
             _configure_postgres(engine, mask_url(url))
         if options.lock_wait_seconds is not None:
             _bound_lock_waits(engine, mask_url(url), options.lock_wait_seconds)
     return engine
+
+
+#: By pool: an engine with other execution options shares its engine's pool.
+_statement_bounds: weakref.WeakKeyDictionary[Any, deadline.Bound] = weakref.WeakKeyDictionary()
+
+
+def statement_bound(engine: Engine) -> deadline.Bound | None:
+    """The deadline of ``engine``'s statements (None: none, SQLite, an engine made elsewhere)."""
+    return _statement_bounds.get(engine.pool)
+
+
+def liveness_bound(engine: Engine, options: EngineOptions) -> deadline.Bound | None:
+    """The deadline of a heartbeat or a registration on ``engine``'s connections."""
+    seconds = options.liveness_deadline_seconds
+    if seconds is None or statement_bound(engine) is None:
+        return None
+    return deadline.Bound(
+        seconds,
+        "a heartbeat's deadline: half the margin between ratchet_node_heartbeat_interval_seconds"
+        " and ratchet_node_orphan_grace_seconds, at most ratchet_statement_deadline_seconds",
+        mask_url(engine.url.render_as_string(hide_password=False)),
+    )
+
+
+def _bound_statements(engine: Engine, options: EngineOptions, display_url: str) -> None:
+    """Watch each statement of ``engine`` (store/deadline.py): one with no reply within its
+    deadline has its connection shut, as a network that cut it would."""
+    seconds = options.statement_deadline_seconds
+    if seconds is None:
+        return
+    bound = deadline.Bound(seconds, "ratchet_statement_deadline_seconds", display_url)
+    _statement_bounds[engine.pool] = bound
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _sent(conn: Connection, cursor: Any, *_: Any) -> None:
+        deadline.watch(id(cursor), conn.connection.dbapi_connection, deadline.bound_for(bound))
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def _answered(_conn: Connection, cursor: Any, *_: Any) -> None:
+        deadline.unwatch(id(cursor))
+
+    @event.listens_for(engine, "handle_error")
+    def _failed(context: Any) -> None:
+        cursor = getattr(context.execution_context, "cursor", None)
+        if cursor is not None:
+            deadline.unwatch(id(cursor))
 
 
 _engines: dict[tuple[str, str], Engine] = {}

@@ -120,14 +120,16 @@ class NodeOps(ClaimOps):
                 )
                 return now
 
-        registered: datetime = self._run(work, "the node was not registered")
+        registered: datetime = self._run(work, "the node was not registered", liveness=True)
         return registered
 
     def heartbeat(self, node_id: str) -> bool:
         """Refresh the node's heartbeat; False when the row is gone (declared dead)."""
         n = scheduler_node
         stmt = update(n).where(n.c.node_id == node_id).values(heartbeat_ts=db_now())
-        return self._run(lambda conn: conn.execute(stmt).rowcount == 1, "no heartbeat was written")
+        return self._run(
+            lambda conn: conn.execute(stmt).rowcount == 1, "no heartbeat was written", liveness=True
+        )
 
     def set_node_queues(self, node_id: str, queues: Sequence[str]) -> None:
         n = scheduler_node
@@ -155,7 +157,9 @@ class NodeOps(ClaimOps):
         """The last heartbeat of every registered node (by the database clock)."""
         n = scheduler_node
         stmt = select(n.c.node_id, n.c.heartbeat_ts)
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "heartbeats were not read")
+        rows = self._run(
+            lambda conn: conn.execute(stmt).all(), "heartbeats were not read", liveness=True
+        )
         return {r.node_id: r.heartbeat_ts for r in rows}
 
     def node_schedule_keys(self) -> dict[str, list[str] | None]:

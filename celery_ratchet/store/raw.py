@@ -8,7 +8,8 @@ as SQLAlchemy's would (a :class:`~sqlalchemy.exc.DBAPIError` of the same class, 
 connection invalidated with the pool), so the store translates them exactly as it does any
 other statement's. Such statements pass by SQLAlchemy's engine logging (``echo``) and its
 cursor events: instrumentation hooked there does not see the single-row insert, the claim or
-a COPY of many rows.
+a COPY of many rows. The statement deadline (store/deadline.py) is kept here as those events
+keep it for the others.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.pool import PoolProxiedConnection
 
 from celery_ratchet.store.db_errors import is_read_only
+from celery_ratchet.store.deadline import watched
+from celery_ratchet.store.engine import statement_bound
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,8 @@ def copy_in_on(conn: Connection, sql: str, rows: Sequence[Sequence[Any]]) -> Non
     cursor = None
     try:
         cursor = connection.cursor()
-        with cursor.copy(sql) as copy:
+        bound = statement_bound(engine)
+        with watched(connection.dbapi_connection, bound), cursor.copy(sql) as copy:
             for row in rows:
                 copy.write_row(row)
         cursor.close()
@@ -161,10 +165,11 @@ def _run(
     cursor = None
     try:
         cursor = connection.cursor()
-        if many:
-            cursor.executemany(statement.sql, parameters)
-        else:
-            cursor.execute(statement.sql, parameters)
+        with watched(connection.dbapi_connection, statement_bound(engine)):
+            if many:
+                cursor.executemany(statement.sql, parameters)
+            else:
+                cursor.execute(statement.sql, parameters)
         rows: list[Sequence[Any]] = list(cursor.fetchall()) if fetch else []
         count: int = cursor.rowcount
         cursor.close()

@@ -7,7 +7,6 @@ those connections, say so, and go on with new ones, on PostgreSQL and MariaDB.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from celery import Celery, group
 
 from celery_ratchet.celery.state import ratchet_state
 from tests.acceptance.conftest import Cluster
+from tests.acceptance.test_faults import _runs
 from tests.helpers import wait_until
 from tests.proxy import LossyProxy
 
@@ -42,15 +42,6 @@ def proxied(server_app: Celery, tmp_path: Path) -> Iterator[tuple[LossyProxy, Cl
         proxy.close()
 
 
-def _runs(run_log: Path) -> Counter[str]:
-    if not run_log.exists():
-        return Counter()
-    return Counter(line.split()[0] for line in run_log.read_text().splitlines())
-
-
-@pytest.mark.xfail(
-    strict=True, reason="a statement on a half-open connection waits for ever (issue 36)"
-)
 def test_workers_whose_connections_went_half_open_drop_them_and_run_every_job_once(
     server_app: Celery, proxied: tuple[LossyProxy, Cluster], tmp_path: Path
 ) -> None:

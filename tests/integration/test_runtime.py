@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -125,7 +126,10 @@ def test_claims_the_node_lost_track_of_are_handed_back(
     wait_for(lambda: store.count_by_status() == {"PENDING": 2})
 
 
-def test_a_node_that_cannot_heartbeat_stops_starting_jobs(store: JobStore) -> None:
+def test_a_node_that_cannot_heartbeat_stops_starting_jobs_and_says_so(
+    store: JobStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="celery_ratchet.runtime.base")
     executor = Executor()
     rt = WorkerRuntime(
         store,
@@ -149,8 +153,12 @@ def test_a_node_that_cannot_heartbeat_stops_starting_jobs(store: JobStore) -> No
         store.enqueue_many([new_job(f"held{i}") for i in range(3)])
         time.sleep(0.6)
         assert executor.ran == [], "a node that may be presumed dead started a job"
+        stale = [r for r in caplog.records if "has written no heartbeat for" in r.message]
+        assert len(stale) == 1 and stale[0].levelname == "WARNING", caplog.text
+        assert "starts none of the jobs it claimed" in stale[0].message
         store.heartbeat = real_heartbeat  # type: ignore[method-assign]
         wait_for(lambda: store.count_by_status() == {"SUCCEEDED": 3})
+        assert "wrote a heartbeat again" in caplog.text
     finally:
         store.heartbeat = real_heartbeat  # type: ignore[method-assign]
         rt.close(timeout=10)
