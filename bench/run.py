@@ -4,6 +4,8 @@
     ./dev bench schedules [--schedules 2000] [--every 10] [--workers 3]   (bench/schedules.py)
     ./dev bench backlog [--sizes 10000,1000000] [--claims 2000] [--rounds 12] (bench/backlog.py)
     ./dev bench pinned [--jobs 10000] [--runs 2]   the drains, servers on a core of their own
+    ./dev bench db-cost [--jobs 20000]   what PostgreSQL pays a job, beside pgqueuer and
+                                         procrastinate (bench/db_cost.py)
 
 Measures on PostgreSQL: enqueue rate (``.delay()`` in a loop), bulk enqueue (a group of
 1,000), drain rate (N queued no-op tasks, one worker, ``-c 4``, timed from worker start,
@@ -43,6 +45,7 @@ import celery_ratchet  # noqa: E402
 from bench.apps import REDIS_URL, ratchet_app, redis_app  # noqa: E402
 from bench.claim import bench_claim  # noqa: E402
 from bench.idle import bench_idle  # noqa: E402
+from bench.procs import children  # noqa: E402
 from bench.strays import refuse_strays  # noqa: E402
 from celery_ratchet.celery.install import ratchet_state  # noqa: E402
 
@@ -257,18 +260,11 @@ def start_worker(
 
 def tree_rss_kb(pid: int) -> int:
     """Resident memory of a process and its descendants, in kB."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
+    tree = children()
     total, todo = 0, [pid]
     while todo:
         current = todo.pop()
-        todo += children.get(current, [])
+        todo += tree.get(current, [])
         try:
             for line in (Path("/proc") / str(current) / "status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -462,6 +458,11 @@ def main() -> None:
         from bench.backlog import main as backlog
 
         backlog(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["db-cost"]:  # its own command line: see bench/db_cost.py
+        from bench.db_cost import main as db_cost
+
+        db_cost(sys.argv[2:])
         return
     if sys.argv[1:2] == ["pinned"]:  # its own command line: see bench/pinned.py
         from bench.pinned import main as pinned
