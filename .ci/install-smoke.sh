@@ -38,7 +38,8 @@ my_admin "DROP DATABASE IF EXISTS $db; CREATE DATABASE $db CHARACTER SET utf8mb4
 
 # extra | job store for the quickstart | events worker?
 for spec in "none|sqlite|no" "postgres|postgresql://$PG/$db|no" "mysql|mysql://$MYSQL/$db|no" \
-            "redis|sqlite|yes" "postgres,redis|postgresql://$PG/$db|yes" "web|sqlite|no"; do
+            "redis|sqlite|yes" "postgres,redis|postgresql://$PG/$db|yes" "web|sqlite|no" \
+            "web,metrics|sqlite|no"; do
   IFS='|' read -r extra store events <<<"$spec"
   name="${extra//,/-}"
   venv="$work/venv-$name"
@@ -65,7 +66,7 @@ for spec in "none|sqlite|no" "postgres|postgresql://$PG/$db|no" "mysql|mysql://$
   echo "    quickstart on ${store%%:*}: ok"
   case "$extra" in
     none) (cd "$run" && "$venv/bin/python" "$root/.ci/smoke_web.py" bare) ;;
-    web) (cd "$run" && "$venv/bin/python" "$root/.ci/smoke_web.py" with-extra) ;;
+    web|web,metrics) (cd "$run" && "$venv/bin/python" "$root/.ci/smoke_web.py" with-extra) ;;
   esac
   if [ "$events" = yes ]; then
     store_url="$store"

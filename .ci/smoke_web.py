@@ -1,6 +1,7 @@
 """Install smoke for the dashboard: the installed wheel (not this checkout) renders its pages
 from the templates and static files it ships, and is served by waitress when the web extra
-is installed; without the extra, `ratchet web` exits 2 naming it.
+is installed; without the extra, `ratchet web` exits 2 naming it. /metrics answers with the
+metrics extra, and names it (501) without.
 
     python .ci/smoke_web.py with-extra | bare
 """
@@ -49,6 +50,17 @@ def main() -> None:
         status, body = _get(app, path)
         assert status.startswith("200"), (path, status, body[-400:])
     print("    the dashboard's pages and static files from the installed wheel: ok")
+    status, body = _get(app, "/metrics")
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+    except ImportError:
+        assert status.startswith("501") and b"celery-ratchet[metrics]" in body, (status, body)
+        print("    /metrics without the metrics extra: 501, names the extra: ok")
+        return
+    assert status.startswith("200"), (status, body[-400:])
+    names = {f.name for f in text_string_to_metric_families(body.decode())}
+    assert {"ratchet_jobs", "ratchet_recent_job_run_seconds"} <= names, names
+    print("    /metrics with the metrics extra, read by prometheus_client's parser: ok")
 
 
 if __name__ == "__main__":

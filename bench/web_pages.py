@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -107,6 +109,32 @@ def _timed(url: str) -> float:
     return time.perf_counter() - started
 
 
+@contextmanager
+def read_only_web(url: str) -> Iterator[str]:
+    """``ratchet --url URL web --read-only`` as a process of its own, once it answers: its
+    base URL (bench/metrics_scrape.py scrapes the same)."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "celery_ratchet.cli.main", "--url", url, "web",
+         "--port", str(port := _free_port()), "--read-only"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                _timed(base + "/nodes")
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        yield base
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -118,7 +146,6 @@ def main() -> None:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)'))
         conn.execute(text(f'CREATE DATABASE "{DB}"'))
     url = f"{SERVER}/{DB}"
-    server = None
     try:
         store = JobStore(url)
         store.ensure_schema()
@@ -129,39 +156,25 @@ def main() -> None:
             conn.execute(text("VACUUM ANALYZE scheduler_job"))
         print(f"filled {args.rows} rows in {time.perf_counter() - started:.1f} s")
         store.engine.dispose()
-        port = _free_port()
-        server = subprocess.Popen(
-            [sys.executable, "-m", "celery_ratchet.cli.main", "--url", url, "web",
-             "--port", str(port), "--read-only"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                _timed(base + "/nodes")
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        print(f"{'page':56} {'median ms':>10} {'max ms':>8}  (whole request, {args.repeat} runs)")
-        now = datetime.now(timezone.utc)
-        moments = {
-            "hour_ago": (now - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M"),
-            "two_hours_ago": (now - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M"),
-        }
-        for template in PAGES:
-            page = template.format(**moments)
-            times = [_timed(base + page) * 1000 for _ in range(args.repeat)]
-            print(f"{template:56} {statistics.median(times):10.1f} {max(times):8.1f}")
+        with read_only_web(url) as base:
+            _time_pages(base, args.repeat)
     finally:
-        if server is not None:
-            server.terminate()
-            server.wait(30)
         if not args.keep:
             with admin.connect() as conn:  # type: ignore[attr-defined]
                 conn.execute(text(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)'))
+
+
+def _time_pages(base: str, repeat: int) -> None:
+    print(f"{'page':56} {'median ms':>10} {'max ms':>8}  (whole request, {repeat} runs)")
+    now = datetime.now(timezone.utc)
+    moments = {
+        "hour_ago": (now - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M"),
+        "two_hours_ago": (now - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M"),
+    }
+    for template in PAGES:
+        page = template.format(**moments)
+        times = [_timed(base + page) * 1000 for _ in range(repeat)]
+        print(f"{template:56} {statistics.median(times):10.1f} {max(times):8.1f}")
 
 
 if __name__ == "__main__":

@@ -26,13 +26,17 @@ class CliContext:
         self,
         open_store: Callable[[], JobStore],
         create_store: Callable[[], JobStore] | None = None,
-        web_auth: Callable[[], str | None] | None = None,
+        settings: Callable[[], RatchetSettings] | None = None,
     ) -> None:
         self._open_store = open_store
-        #: ``ratchet_web_auth``: of the app under ``celery -A app``, else the environment's.
-        self.web_auth = web_auth or (lambda: environment_settings().web_auth)
+        #: The settings (``ratchet_web_auth``, ...): the app's under ``celery -A app``, else
+        #: the environment's.
+        self.settings = settings or environment_settings
         self._create_store = create_store or open_store
         self._store: JobStore | None = None
+
+    def web_auth(self) -> str | None:
+        return self.settings().web_auth
 
     @property
     def store(self) -> JobStore:

@@ -375,7 +375,8 @@ def web(
     allowed_hosts: tuple[str, ...],
 ) -> None:
     """Serve the dashboard: jobs, tasks, queues, workers, dead letters, schedules, batches,
-    resources; with their actions (cancel, terminate, retry, run now, pool size...).
+    resources; with their actions (cancel, terminate, retry, run now, pool size...); and
+    GET /metrics for Prometheus (celery-ratchet[metrics]).
 
     Credentials: RATCHET_WEB_AUTH (or the app's ratchet_web_auth), user:password for HTTP
     basic auth or a token; without them, only a loopback address is served."""
@@ -388,7 +389,13 @@ def web(
     auth = cli.web_auth()
     check_bind(host, Guard(auth), insecure_no_auth=insecure_no_auth)
     hosts = HostAllowlist.for_bind(host, allowed_hosts)
-    dashboard = Dashboard(cli.store, auth=auth, read_only=read_only, hosts=hosts)
+    dashboard = Dashboard(
+        cli.store,
+        auth=auth,
+        read_only=read_only,
+        hosts=hosts,
+        node_grace_seconds=cli.settings().node_orphan_grace_seconds,
+    )
     server = serve(host, port, dashboard)
     bare = host.strip("[]")
     shown_host = f"[{bare}]" if ":" in bare else bare

@@ -8,6 +8,7 @@ from sqlalchemy import Float
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from celery_ratchet.store.schema import UTCDateTime
 
@@ -41,7 +42,13 @@ class db_now_minus(FunctionElement[Any]):
     """The database's current UTC time minus a fixed number of seconds."""
 
     type = UTCDateTime()
-    inherit_cache = False
+    # The seconds are written into the SQL: they are part of the statement's cache key, so a
+    # statement using this is compiled once per value instead of at every execution.
+    inherit_cache = True
+    _traverse_internals = [
+        *FunctionElement._traverse_internals,
+        ("seconds", InternalTraversal.dp_plain_obj),
+    ]
     name = "db_now_minus"
 
     def __init__(self, seconds: float) -> None:

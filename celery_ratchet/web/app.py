@@ -2,6 +2,7 @@
 
 ``Dashboard(store, auth=, read_only=, hosts=)`` is the WSGI callable ``ratchet web`` serves,
 and the one an application mounts under a prefix of its own (links follow ``SCRIPT_NAME``).
+``GET /metrics`` is Prometheus' (:mod:`celery_ratchet.web.metrics`).
 Each action is an operation of the store or the runtime that the CLI and Celery's remote
 control use: see :mod:`celery_ratchet.web.actions`.
 """
@@ -27,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 StartResponse = Callable[..., Any]
 Query = Mapping[str, list[str]]
+#: Prometheus' scrape path: the store's metrics (celery_ratchet.web.metrics).
+METRICS_PATH = "/metrics"
 #: Largest form body read; the forms post a few short fields (bulk: a page of job ids).
 MAX_BODY = 64 * 1024
 
@@ -74,11 +77,15 @@ class Dashboard:
         auth: str | None = None,
         read_only: bool = False,
         hosts: HostAllowlist | None = None,
+        node_grace_seconds: float = 60.0,
     ) -> None:
         """``hosts``: the ``Host`` names answered (by default loopback names only), with
         or without auth: another site's name resolved to this address (DNS rebinding)
-        is refused."""
+        is refused. ``node_grace_seconds``: a node silent for longer is not counted alive
+        by ``/metrics`` (the workers' ``ratchet_node_orphan_grace_seconds``)."""
         self.store = store
+        self.node_grace_seconds = node_grace_seconds
+        self._metrics: Callable[..., Iterable[bytes]] | None = None
         self.guard = Guard(auth)
         self.read_only = read_only
         self.hosts = hosts or HostAllowlist(frozenset(), loopback=True)
@@ -96,6 +103,8 @@ class Dashboard:
         base = str(environ.get("SCRIPT_NAME", "")).rstrip("/")
         try:
             self._admit(environ)
+            if method in ("GET", "HEAD") and path == METRICS_PATH:
+                return self._exposition()({**environ, "REQUEST_METHOD": "GET"}, start_response)
             if method in ("GET", "HEAD"):
                 if path.startswith("/static/"):
                     return self._static(path[len("/static/") :], start_response)
@@ -138,6 +147,20 @@ class Dashboard:
             raise Refused(
                 "403 Forbidden", f"host {host!r} is not this dashboard's (see --allowed-host)"
             )
+
+    def _exposition(self) -> Callable[..., Iterable[bytes]]:
+        """``/metrics``' own WSGI application (prometheus_client's), made on first use."""
+        if self._metrics is None:
+            try:
+                from celery_ratchet.web.metrics import StoreCollector, exposition
+            except ImportError as exc:
+                raise Refused(
+                    "501 Not Implemented",
+                    "/metrics needs prometheus_client: pip install celery-ratchet[metrics]",
+                ) from exc
+            collector = StoreCollector(self.store, node_grace_seconds=self.node_grace_seconds)
+            self._metrics = exposition(collector)
+        return self._metrics
 
     def _view(self) -> pages.View:
         return pages.View(self.store, self.read_only, self.workers)

@@ -23,6 +23,7 @@ from sqlalchemy import event, inspect
 from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.inspection import Inspection
 from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.metrics_reads import MetricsReads
 from celery_ratchet.store.step_rows import cancel_downstream, restore_downstream
 
 #: A WHERE (or a join's ON) comparing one of the partially indexed columns.
@@ -105,6 +106,7 @@ def test_lookups_by_step_batch_and_finish_time_use_an_index(store: JobStore) -> 
         seen.children_by_status("a-batch")
         seen.finished_per_minute(3)
         store.queue_stats()
+        MetricsReads(store).read(window_seconds=300, limit=100, bounds=(1.0, 10.0))
         store.archive_finished(30)
         store.expire_results(60)
         batches = BatchStore(store)
