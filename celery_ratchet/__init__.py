@@ -34,6 +34,7 @@ _EXPORTS = {
     "pause_recurring": "celery_ratchet.celery.recurring",
     "resume_recurring": "celery_ratchet.celery.recurring",
     "crontab_to_quartz": "celery_ratchet.celery.recurring",
+    "dashboard": "celery_ratchet.celery.dashboard",
     "metrics_collector": "celery_ratchet.celery.dashboard",
     "MisfirePolicy": "celery_ratchet.domain.schedule",
     "circuit_breaker": "celery_ratchet.celery.breaker",

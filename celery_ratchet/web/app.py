@@ -1,8 +1,9 @@
 """The dashboard as a WSGI application: pages by GET, actions by POST with a CSRF token.
 
-``Dashboard(store, auth=, read_only=, hosts=)`` is the WSGI callable ``ratchet web`` serves,
-and the one an application mounts under a prefix of its own (links follow ``SCRIPT_NAME``).
-``GET /metrics`` is Prometheus' (:mod:`celery_ratchet.web.metrics`).
+``Dashboard(store, auth=, read_only=, hosts=, secret=)`` is the WSGI callable ``ratchet web``
+serves, and the one an application mounts under a prefix of its own (links follow
+``SCRIPT_NAME``; docs/how-to/dashboard.md shows Django, Flask and FastAPI). ``GET /metrics``
+is Prometheus' (:mod:`celery_ratchet.web.metrics`).
 Each action is an operation of the store or the runtime that the CLI and Celery's remote
 control use: see :mod:`celery_ratchet.web.actions`.
 """
@@ -77,16 +78,19 @@ class Dashboard:
         auth: str | None = None,
         read_only: bool = False,
         hosts: HostAllowlist | None = None,
+        secret: str | bytes | None = None,
         node_grace_seconds: float = 60.0,
     ) -> None:
         """``hosts``: the ``Host`` names answered (by default loopback names only), with
         or without auth: another site's name resolved to this address (DNS rebinding)
-        is refused. ``node_grace_seconds``: a node silent for longer is not counted alive
-        by ``/metrics`` (the workers' ``ratchet_node_orphan_grace_seconds``)."""
+        is refused. ``secret``: the CSRF token's, shared by every process that serves the
+        dashboard (an application's own secret key, where several processes serve it).
+        ``node_grace_seconds``: a node silent for longer is not counted alive by
+        ``/metrics`` (the workers' ``ratchet_node_orphan_grace_seconds``)."""
         self.store = store
         self.node_grace_seconds = node_grace_seconds
         self._metrics: Callable[..., Iterable[bytes]] | None = None
-        self.guard = Guard(auth)
+        self.guard = Guard(auth, secret)
         self.read_only = read_only
         self.hosts = hosts or HostAllowlist(frozenset(), loopback=True)
         self.workers = Workers(store)

@@ -19,19 +19,31 @@ from celery_ratchet.errors import ConfigurationError
 
 class Guard:
     """``auth``: ``user:password`` (basic) or a token (``Authorization: Bearer TOKEN``, or
-    basic with any user name and the token as password); None lets everyone in."""
+    basic with any user name and the token as password); None lets everyone in.
 
-    def __init__(self, auth: str | None) -> None:
+    ``secret``: what the CSRF token and the notes' key are made from, for a dashboard that
+    several processes serve (an application mounting it under gunicorn's workers): a form
+    one of them rendered is then accepted by the others. Without it, each process has its
+    own, made at random."""
+
+    def __init__(self, auth: str | None, secret: str | bytes | None = None) -> None:
         auth = (auth or "").strip() or None
         if auth is not None and auth.startswith(":"):
             raise ConfigurationError(
                 "ratchet_web_auth: give user:password or a token, not an empty user name"
             )
         self.auth = auth
-        #: One per process: a form rendered by this process carries it; an attacker's page
-        #: cannot read it (same-origin policy), so cannot forge an action.
-        self.csrf_token = secrets.token_urlsafe(32)
-        self._note_key = secrets.token_bytes(32)
+        if secret is not None and len(secret) < 16:
+            raise ConfigurationError(
+                "the dashboard's secret: give at least 16 characters (an application's own "
+                "secret key), or none for a token of this process alone"
+            )
+        #: A form rendered here carries it; an attacker's page cannot read it (same-origin
+        #: policy), so cannot forge an action.
+        self.csrf_token = (
+            secrets.token_urlsafe(32) if secret is None else _derived(secret, "csrf").hex()
+        )
+        self._note_key = secrets.token_bytes(32) if secret is None else _derived(secret, "notes")
 
     @property
     def required(self) -> bool:
@@ -90,6 +102,12 @@ class HostAllowlist:
         if bound in ("0.0.0.0", "::", ""):
             names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
         return cls(frozenset(names - {""}), loopback=is_loopback(bound))
+
+
+def _derived(secret: str | bytes, purpose: str) -> bytes:
+    """A key of its own for ``purpose``: the secret itself never leaves the process."""
+    key = secret.encode("utf-8") if isinstance(secret, str) else secret
+    return hmac.new(key, f"celery_ratchet dashboard {purpose}".encode(), hashlib.sha256).digest()
 
 
 def _same(given: str, expected: str) -> bool:
