@@ -14,12 +14,13 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
 from celery_ratchet.domain.job import error_record
 from celery_ratchet.runtime import recurring
 from celery_ratchet.runtime.dlq import DeadLetterQueue
 from celery_ratchet.store.jobstore import JobStore
-from celery_ratchet.web.pages import BadRequest, NotFound
+from celery_ratchet.web.pages import PAGES, BadRequest, NotFound
 from celery_ratchet.web.workers import Workers
 
 Form = Mapping[str, list[str]]
@@ -73,9 +74,15 @@ def _count(n: int, what: str) -> str:
 
 
 def _back(form: Form, default: str) -> str:
-    """Where the form came from (a path of this dashboard), else ``default``."""
+    """Where the form came from: a page of this dashboard, with its query, else ``default``.
+    Nothing else: a browser reads ``/\\host``, ``/\t/host`` or ``//host`` as another site,
+    and ``/../`` leaves the prefix the dashboard is mounted under."""
     back = _field(form, "back")
-    return back if back and back.startswith("/") and not back.startswith("//") else default
+    path, _, query = (back or "").partition("?")
+    if path not in PAGES:
+        return default
+    kept = urlencode(parse_qsl(query))
+    return f"{path}?{kept}" if kept else path
 
 
 def _positive(form: Form, name: str, most: int = 1000) -> int:

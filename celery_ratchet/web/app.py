@@ -34,21 +34,6 @@ METRICS_PATH = "/metrics"
 #: Largest form body read; the forms post a few short fields (bulk: a page of job ids).
 MAX_BODY = 64 * 1024
 
-_PAGES: dict[str, tuple[str, Callable[[pages.View, Query], pages.Page]]] = {
-    "/": ("Overview", pages.overview),
-    "/jobs": ("Jobs", pages.jobs),
-    "/job": ("Job", pages.job),
-    "/tasks": ("Tasks", pages.tasks),
-    "/task": ("Task", pages.task),
-    "/queues": ("Queues", pages.queues),
-    "/nodes": ("Workers", pages.nodes),
-    "/node": ("Worker", pages.node),
-    "/dlq": ("Dead letters", pages.dlq),
-    "/schedules": ("Schedules", pages.schedules),
-    "/batches": ("Batches and workflows", pages.batches),
-    "/batch": ("Batch", pages.batch),
-    "/resources": ("Resources", pages.resources),
-}
 _ACTIVE = {"/job": "/jobs", "/batch": "/batches", "/task": "/tasks", "/node": "/nodes"}
 _TYPES = {"css": "text/css; charset=utf-8", "js": "text/javascript; charset=utf-8"}
 # Scripts and styles only from the dashboard's own files: injected markup could not run a
@@ -187,9 +172,9 @@ class Dashboard:
     def _page(
         self, path: str, query: Query, base: str, start_response: StartResponse
     ) -> Iterable[bytes]:
-        if path not in _PAGES:
+        if path not in pages.PAGES:
             raise pages.NotFound(f"no page {path}")
-        title, make = _PAGES[path]
+        title, make = pages.PAGES[path]
         try:
             template, values = make(self._view(), query)
         except pages.Redirect as moved:

@@ -5,7 +5,7 @@ what it read."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -409,3 +409,21 @@ def task(view: View, query: Query) -> Page:
             )
         ),
     }
+
+
+#: The dashboard's pages by path: their titles and what makes them.
+PAGES: dict[str, tuple[str, Callable[[View, Query], Page]]] = {
+    "/": ("Overview", overview),
+    "/jobs": ("Jobs", jobs),
+    "/job": ("Job", job),
+    "/tasks": ("Tasks", tasks),
+    "/task": ("Task", task),
+    "/queues": ("Queues", queues),
+    "/nodes": ("Workers", nodes),
+    "/node": ("Worker", node),
+    "/dlq": ("Dead letters", dlq),
+    "/schedules": ("Schedules", schedules),
+    "/batches": ("Batches and workflows", batches),
+    "/batch": ("Batch", batch),
+    "/resources": ("Resources", resources),
+}

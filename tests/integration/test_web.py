@@ -4,6 +4,7 @@ refusal, auth, read-only mode and escaping of what the database holds."""
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
 import re
@@ -16,7 +17,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlencode
+from urllib.parse import parse_qs, unquote, urlencode, urljoin, urlsplit
 
 import pytest
 from click.testing import CliRunner
@@ -667,3 +668,64 @@ def test_waitress_serves_when_installed_and_the_standard_library_when_asked() ->
             assert server.kind.startswith(kind) and server.port > 0
         finally:
             server.close()
+
+
+#: ``back=`` values that would send a browser elsewhere: another site (a browser reads ``\\``
+#: as ``/`` and drops tabs and newlines), a scheme, or a path out of the dashboard's prefix.
+ELSEWHERE = [
+    "/\\evil.com",
+    "//evil.com",
+    "https://evil.com",
+    "\\\\evil.com",
+    "/%5Cevil.com",
+    "/%2F%2Fevil.com",
+    "/\t/evil.com",
+    "/\n/evil.com",
+    "javascript:alert(1)",
+    "/../elsewhere",
+    "/jobs/../../elsewhere",
+    "/no-such-page",
+]
+
+
+def _lands(location: str, base: str) -> str:
+    """Where a browser on the dashboard goes for ``location``: the path, once it is sure
+    the host is the dashboard's."""
+    seen = re.sub(r"[\t\n\r]", "", location).replace("\\", "/")
+    landed = urlsplit(urljoin(f"http://127.0.0.1:5580{base}/jobs", seen))
+    assert (landed.scheme, landed.netloc) == ("http", "127.0.0.1:5580"), location
+    assert "%5c" not in landed.path.lower() and "%2f" not in landed.path.lower(), location
+    assert landed.path.startswith(f"{base}/") and "/../" not in f"{landed.path}/", location
+    return landed.path[len(base) :]
+
+
+@pytest.mark.parametrize("base", ["", "/ops/ratchet"])
+@pytest.mark.parametrize("back", ELSEWHERE)
+def test_a_back_value_leaving_the_dashboard_goes_to_the_pages_default(
+    store: JobStore, back: str, base: str
+) -> None:
+    store.enqueue_many([new_job("p-1"), new_job("p-2")])
+    app = Dashboard(store)
+
+    def act(path: str, *form: tuple[str, str]) -> Answer:
+        sent = [("csrf", app.guard.csrf_token), *form, ("back", back)]
+        return call(app, path, method="POST", form=sent, script_name=base)
+
+    asked = act("/jobs/cancel", ("job_id", "p-1"))
+    [no] = re.findall(r'<a href="([^"]*)">no, go back</a>', asked.body)
+    assert _lands(html.unescape(no), base) == "/job"
+    cancelled = act("/jobs/cancel", ("job_id", "p-1"), ("job_id", "p-2"), ("confirmed", "yes"))
+    assert cancelled.status == 303 and _lands(cancelled.headers["Location"], base) == "/jobs"
+    retried = act("/dlq/retry", ("job_id", "bad-1"))
+    assert retried.status == 303 and _lands(retried.headers["Location"], base) == "/dlq"
+    purged = act("/dlq/purge", ("job_id", "bad-1"), ("confirmed", "yes"))
+    assert purged.status == 303 and _lands(purged.headers["Location"], base) == "/dlq"
+
+
+@pytest.mark.parametrize("base", ["", "/ops/ratchet"])
+def test_a_back_value_of_a_dashboard_page_keeps_its_query(store: JobStore, base: str) -> None:
+    app = Dashboard(store)
+    sent = [("csrf", app.guard.csrf_token), ("job_id", "bad-1"), ("back", "/job?id=bad-1")]
+    retried = call(app, "/dlq/retry", method="POST", form=sent, script_name=base)
+    assert retried.status == 303
+    assert retried.headers["Location"].startswith(f"{base}/job?id=bad-1&note=requeued")

@@ -134,6 +134,18 @@ def test_a_form_of_one_process_is_accepted_by_another_sharing_the_secret(app: Ce
     assert alone[0].guard.csrf_token != alone[1].guard.csrf_token, "no secret: one per process"
 
 
+@pytest.mark.parametrize("back", ["/\\evil.com", "//evil.com", "https://evil.com", "/../shop"])
+def test_flask_mount_never_redirects_out_of_its_prefix(app: Celery, back: str) -> None:
+    job_id = pending_job(app)
+    client = flask_shop(app).test_client()
+    client.post("/login")
+    [token] = set(CSRF.findall(client.get("/ratchet/jobs").text))
+    form = {"job_id": job_id, "csrf": token, "confirmed": "yes", "back": back}
+    done = client.post("/ratchet/jobs/cancel", data=form)
+    assert done.status_code == 303, done.text
+    assert done.headers["Location"].startswith("/ratchet/job?id="), done.headers["Location"]
+
+
 # -- FastAPI: a2wsgi's WSGIMiddleware, behind a middleware of the application's ---------------
 
 
