@@ -132,6 +132,11 @@ class Actions:
             "/tasks/time-limit": self._time_limit,
         }
 
+    @property
+    def paths(self) -> frozenset[str]:
+        """The paths of every action (each one writes to the job store)."""
+        return frozenset(self._table)
+
     def run(self, path: str, form: Form) -> Done | Confirm:
         action = self._table.get(path)
         if action is None:

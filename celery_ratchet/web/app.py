@@ -21,7 +21,7 @@ from celery_ratchet.settings import mask_password
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.web import pages
 from celery_ratchet.web.actions import Actions, Confirm, Done
-from celery_ratchet.web.guard import Guard, HostAllowlist
+from celery_ratchet.web.guard import Guard, HostAllowlist, ReadOnlyMode
 from celery_ratchet.web.templating import STATIC, href, render, static_file, static_version
 from celery_ratchet.web.workers import Workers
 
@@ -78,7 +78,7 @@ class Dashboard:
         self.guard = Guard(auth, secret)
         self.read_only = read_only
         self.hosts = hosts or HostAllowlist(frozenset(), loopback=True)
-        self.workers = Workers(store)
+        self.workers = Workers(store, read_only=read_only)
         self.actions = Actions(store, self.workers)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -107,6 +107,8 @@ class Dashboard:
             if exc.status.startswith("401"):
                 extra.append(("WWW-Authenticate", 'Basic realm="celery_ratchet"'))
             return self._send(start_response, exc.status, self._error(str(exc), base), extra)
+        except ReadOnlyMode as exc:
+            return self._send(start_response, "403 Forbidden", self._error(str(exc), base))
         except pages.NotFound as exc:
             return self._send(start_response, "404 Not Found", self._error(str(exc), base))
         except pages.BadRequest as exc:
@@ -200,10 +202,10 @@ class Dashboard:
     def _act(
         self, path: str, form: Query, base: str, start_response: StartResponse
     ) -> Iterable[bytes]:
+        if self.read_only and path in self.actions.paths:  # first: whatever the form holds
+            raise ReadOnlyMode(f"{path} would write to the job store")
         if not self.guard.csrf_ok(_field(form, "csrf")):
             raise Refused("403 Forbidden", "the form's CSRF token is missing or wrong: reload")
-        if self.read_only:
-            raise Refused("403 Forbidden", "this dashboard is read-only (--read-only)")
         try:
             outcome = self.actions.run(path, form)
         except pages.BadRequest:

@@ -17,6 +17,17 @@ from typing import Any
 from celery_ratchet.errors import ConfigurationError
 
 
+class ReadOnlyMode(Exception):
+    """The dashboard is read-only and was asked for something that writes to the job store
+    (answered 403)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            "this dashboard is in read-only mode (ratchet web --read-only, or read_only=True "
+            f"where an application mounts it): {what}, so it is refused"
+        )
+
+
 class Guard:
     """``auth``: ``user:password`` (basic) or a token (``Authorization: Bearer TOKEN``, or
     basic with any user name and the token as password); None lets everyone in.

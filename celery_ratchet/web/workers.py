@@ -14,6 +14,7 @@ from typing import Any
 from celery_ratchet.runtime import control as remote
 from celery_ratchet.store.control import control_store
 from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.web.guard import ReadOnlyMode
 
 #: How long a command waits for a worker (each reply); a broadcast stays this long too.
 REPLY_SECONDS = 2.0
@@ -32,11 +33,21 @@ def decode(text: str) -> Any:
 
 
 class Workers:
-    def __init__(self, store: JobStore, *, timeout: float = REPLY_SECONDS) -> None:
+    def __init__(
+        self, store: JobStore, *, timeout: float = REPLY_SECONDS, read_only: bool = False
+    ) -> None:
+        """``read_only``: ask nothing (each command is a control row written to the store)."""
         self.store = store
         self.timeout = timeout
+        self.read_only = read_only
 
     def _send(self, command: str, arguments: dict[str, Any], destination: Sequence[str]) -> str:
+        if self.read_only:
+            raise ReadOnlyMode(
+                f"asking a worker ({command}: a worker's page asks it for its pool and "
+                "tasks) writes a control row to the job store; the Workers page shows what "
+                "the store holds of each"
+            )
         ticket = uuid.uuid4().hex
         remote.send(
             control_store(self.store),

@@ -94,7 +94,13 @@ def hostile_message() -> Message:
 
 @pytest.fixture
 def store(tmp_path: Path) -> JobStore:
-    store = empty_store(f"sqlite:///{tmp_path / 'web.db'}")
+    return seeded(f"sqlite:///{tmp_path / 'web.db'}")
+
+
+def seeded(url: str) -> JobStore:
+    """A store on ``url`` holding a job of each kind the pages show: finished, failed (with
+    hostile text), pending, a batch's child, one holding a permit; a schedule and a node."""
+    store = empty_store(url)
     store.enqueue_many(
         [
             new_job("ok-1"),
