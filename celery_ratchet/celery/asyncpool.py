@@ -47,6 +47,7 @@ from celery_ratchet.celery.pool import (
     stop_mode,
 )
 from celery_ratchet.celery.state import ratchet_state
+from celery_ratchet.threads import background_thread
 
 logger = logging.getLogger(__name__)
 
@@ -261,9 +262,7 @@ class TimeLimits:
         with self._changed:
             heapq.heappush(self._due, (deadline, next(self._order), execution))
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="ratchet-async-time-limits", daemon=True
-                )
+                self._thread = background_thread(self._run, "ratchet-async-time-limits")
                 self._thread.start()
             self._changed.notify()
 
@@ -313,9 +312,7 @@ class AsyncPool(BasePool):
 
     def on_start(self) -> None:
         reset_stop()
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="ratchet-async-loop", daemon=True
-        )
+        self._thread = background_thread(self.loop.run_forever, "ratchet-async-loop")
         self._thread.start()
 
     def is_async(self, execution: Execution) -> bool:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from celery_ratchet.domain.job import RESUBSCRIBED_WAKEUP
+from celery_ratchet.threads import background_thread
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +36,7 @@ class ListenerThread:
         self._lost = False
 
     def start(self, wake: Wake) -> None:
-        self.thread = threading.Thread(
-            target=self._run, args=(wake,), name=f"ratchet-{self.name}", daemon=True
-        )
+        self.thread = background_thread(self._run, f"ratchet-{self.name}", args=(wake,))
         self.thread.start()
 
     def stop(self) -> None:

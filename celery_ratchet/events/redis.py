@@ -12,6 +12,7 @@ import redis
 
 from celery_ratchet.events import ListenerThread, Wake
 from celery_ratchet.settings import mask_password
+from celery_ratchet.threads import background_thread
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +79,8 @@ class RedisPublisher:
             if self._down_since is not None:
                 if time.monotonic() >= self._resume_at and self._trying_in != os.getpid():
                     self._trying_in = os.getpid()
-                    threading.Thread(
-                        target=self._try_again,
-                        args=(sorted(set(queues)),),
-                        name="ratchet-wakeup-retry",
-                        daemon=True,
+                    background_thread(
+                        self._try_again, "ratchet-wakeup-retry", args=(sorted(set(queues)),)
                     ).start()
                 return
         try:

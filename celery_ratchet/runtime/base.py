@@ -36,6 +36,7 @@ from celery_ratchet.runtime.signal_relay import SignalRelay
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.control import control_store
 from celery_ratchet.store.ports import WorkerStore
+from celery_ratchet.threads import background_thread
 
 logger = logging.getLogger(__name__)
 
@@ -331,7 +332,7 @@ class RuntimeBase:
             finally:
                 ended.set()
 
-        thread = threading.Thread(target=run, name=f"ratchet-{name}", daemon=True)
+        thread = background_thread(run, f"ratchet-{name}")
         self._ended[thread] = ended
         thread.start()
         self._threads.append(thread)

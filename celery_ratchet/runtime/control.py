@@ -14,6 +14,7 @@ from typing import Any
 from celery_ratchet.domain.control import ControlCommand
 from celery_ratchet.errors import StoreUnavailable
 from celery_ratchet.store.ports import ControlBroadcasts, ControlCommands
+from celery_ratchet.threads import background_thread
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +51,7 @@ class ControlLoop:
         """Start reading the commands broadcast from ``since`` on (by the database clock:
         the node's registration). A node that starts later than a broadcast does not run
         it, as a worker's mailbox would not receive it."""
-        self._thread = threading.Thread(
-            target=self._loop, args=(since,), name="ratchet-control", daemon=True
-        )
+        self._thread = background_thread(self._loop, "ratchet-control", args=(since,))
         self._thread.start()
 
     def hint(self) -> None:

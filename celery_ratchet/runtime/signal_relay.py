@@ -14,6 +14,8 @@ import contextlib
 import os
 import threading
 
+from celery_ratchet.threads import background_thread
+
 _PULL = b"s"
 _CLOSE = b"x"
 
@@ -42,7 +44,7 @@ class SignalRelay:
         os.set_blocking(write_fd, False)  # a full pipe already holds a pull
         self._write_fd = write_fd
         self._fds = (self._read_fd, write_fd)
-        self._thread = threading.Thread(target=self._relay, name=self._name, daemon=True)
+        self._thread = background_thread(self._relay, self._name)
         self._thread.start()
 
     def pull(self) -> None:

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from celery_ratchet.threads import background_thread
+
 logger = logging.getLogger(__name__)
 
 
@@ -87,9 +89,7 @@ class _Keeper:
         with self._lock:
             self._tick = min(self._tick, tick)
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="ratchet-statement-deadlines", daemon=True
-                )
+                self._thread = background_thread(self._run, "ratchet-statement-deadlines")
                 self._thread.start()
         self._shorter.set()
 

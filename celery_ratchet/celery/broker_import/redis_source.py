@@ -38,6 +38,7 @@ from celery_ratchet.celery.broker_import.convert import (
 )
 from celery_ratchet.celery.broker_import.mover import Item
 from celery_ratchet.errors import ConfigurationError, ImportLockLost
+from celery_ratchet.threads import background_thread
 
 #: kombu's Redis transport: the separator of a priority sub-queue's name, and the priorities
 #: that have one (a message goes to the highest step not above its priority); the keys of
@@ -168,7 +169,7 @@ class RedisSource:
                     f"({(holder or b'?').decode(errors='replace')}); wait for it to end"
                 )
             time.sleep(0.2)
-        self._renewing = threading.Thread(target=self._renew, daemon=True, name="import-lock")
+        self._renewing = background_thread(self._renew, "import-lock")
         self._renewing.start()
 
     def _renew(self) -> None:
