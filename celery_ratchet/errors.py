@@ -60,6 +60,13 @@ class StoreFull(StoreUnavailable):
     write and tries again; a send raises this once its publish retries are spent."""
 
 
+class StorePermissionDenied(StoreUnavailable):
+    """The job store's database user lacks a privilege a statement needs (INSERT, UPDATE,
+    DELETE on a ratchet table): the database refused it, and nothing of it was written. For
+    a worker an outage like a full disk: what it could not write is kept and tried again,
+    and goes through once an administrator grants the privilege."""
+
+
 class SchemaOutdated(RatchetError):
     """The job store's tables predate this version in a way that cannot be fixed in place."""
 

@@ -30,6 +30,7 @@ from celery_ratchet.errors import (
     SchemaMissing,
     SchemaOutdated,
     StoreBusy,
+    StorePermissionDenied,
     StoreUnavailable,
 )
 from celery_ratchet.store import deadline
@@ -45,11 +46,13 @@ from celery_ratchet.store.db_errors import (
     is_missing_column,
     is_missing_table,
     is_not_a_database,
+    is_permission_denied,
     is_prepared_statement_conflict,
     is_retryable_conflict,
     is_statement_cancelled,
     is_unavailable,
     not_a_database,
+    permission_denied,
     prepared_statement_conflict,
     refused,
     refused_by_server,
@@ -359,6 +362,8 @@ class StoreCore:
         connection comes from (default: a SQLAlchemy Connection)."""
         try:
             done = self._attempt_once(work, what, connect or self.engine.connect, conflict_retries)
+        except StorePermissionDenied:
+            raise  # reached: no outage to log
         except StoreUnavailable as exc:
             self.reachability.failed(exc)
             raise
@@ -387,6 +392,8 @@ class StoreCore:
                     raise prepared_statement_conflict(exc, what) from exc
                 if is_statement_cancelled(exc):
                     raise cancelled(exc, what) from exc
+                if is_permission_denied(exc):
+                    raise permission_denied(self.url, exc, what) from exc
                 if self.family == "mysql" and dropped_for_size(self.engine, exc):
                     raise too_large(self.engine, exc, what) from exc
                 if is_retryable_conflict(exc):

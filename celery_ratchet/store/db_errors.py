@@ -19,6 +19,7 @@ from celery_ratchet.errors import (
     StatementCancelled,
     StoreBusy,
     StoreFull,
+    StorePermissionDenied,
     StoreUnavailable,
     TransactionRolledBack,
     ValueRefused,
@@ -108,6 +109,67 @@ def refused_by_server(exc: BaseException) -> bool:
     """The server answered, refusing the statement for a state of its own (read-only, no
     space left): nothing of it was written, whatever the connection does next."""
     return is_read_only(exc) or is_disk_full(exc)
+
+
+#: PostgreSQL's insufficient_privilege.
+_PERMISSION_STATES = {"42501"}
+#: MySQL/MariaDB: ER_TABLEACCESS_DENIED_ERROR ("UPDATE command denied to user ... for table
+#: ..."), ER_COLUMNACCESS_DENIED_ERROR, ER_SPECIFIC_ACCESS_DENIED_ERROR,
+#: ER_PROCACCESS_DENIED_ERROR.
+_PERMISSION_CODES = {1142, 1143, 1227, 1370}
+_MYSQL_DENIED = re.compile(
+    r"(\w+) command denied to user .*? for table [`'\"]?(?:\w+[`'\"]?\.[`'\"]?)?(\w+)"
+)
+_PG_DENIED = re.compile(r"permission denied for (table|sequence|schema|relation) \"?(\w+)")
+_VERB = re.compile(r"\b(INSERT|UPDATE|DELETE|SELECT)\b", re.IGNORECASE)
+
+
+def is_permission_denied(exc: BaseException) -> bool:
+    """True when the database refused a statement because the job store's user lacks a
+    privilege it needs: nothing of it was written, and it is no lost connection."""
+    orig = getattr(exc, "orig", None) if isinstance(exc, DBAPIError) else exc
+    if orig is None:
+        return False
+    if sqlstate_of(orig) in _PERMISSION_STATES:
+        return True
+    args = getattr(orig, "args", None) or (None,)
+    return isinstance(args[0], int) and args[0] in _PERMISSION_CODES
+
+
+def _missing_privilege(exc: BaseException) -> str:
+    """``the UPDATE privilege on table scheduler_job``, as far as the error says it: MySQL
+    and MariaDB name the command, PostgreSQL the object (the statement says the command)."""
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig)
+    found = _MYSQL_DENIED.search(text)
+    if found:
+        return f"the {found.group(1).upper()} privilege on table {found.group(2)}"
+    found = _PG_DENIED.search(text)
+    if found:
+        kind, name = found.groups()
+        if kind in ("sequence", "schema"):
+            return f"the USAGE privilege on {kind} {name}"
+        statement = str(getattr(exc, "statement", "") or "")
+        verb = _VERB.search(statement.split("(")[0]) or _VERB.search(statement)
+        privilege = f"the {verb.group(1).upper()} privilege" if verb else "a privilege"
+        return f"{privilege} on table {name}"
+    return "a privilege the statement needs"
+
+
+def permission_denied(url: str, exc: BaseException, what: str) -> StorePermissionDenied:
+    """The error of a statement the store's database user may not run: the privilege and
+    the table it lacks, the server's reason, never the statement nor its parameters."""
+    orig = getattr(exc, "orig", None) or exc
+    args = tuple(getattr(orig, "args", None) or ())
+    said = args[1] if len(args) == 2 and isinstance(args[1], str) else str(orig)  # MySQL's
+    reason = mask_secrets_of(url, said.strip().splitlines()[0])
+    return StorePermissionDenied(
+        f"the job store at {mask_url(url)} refused a statement: its database user lacks "
+        f"{_missing_privilege(exc)} ({reason}); nothing of it was written. Workers, senders "
+        "and a dashboard that acts need SELECT, INSERT, UPDATE and DELETE on the ratchet "
+        "tables (and USAGE on their sequences on PostgreSQL); a read-only dashboard needs "
+        f"SELECT alone; {what}"
+    )
 
 
 #: MySQL/MariaDB's ER_NET_PACKET_TOO_LARGE: the statement is over ``max_allowed_packet``.
@@ -386,6 +448,11 @@ def in_callers_transaction(conn: Connection, what: str, *, callers: bool = True)
                 "innodb_lock_wait_timeout), or was chosen to end a deadlock; nothing of this "
                 "send was written, and your transaction goes on without it. Send again once "
                 f"the other transaction has ended, or raise the limit; {what}"
+            ) from exc
+        if is_permission_denied(exc) and not rolled_back:
+            url = conn.engine.url.render_as_string(hide_password=False)
+            raise permission_denied(
+                url, exc, f"{what}; your transaction goes on without it"
             ) from exc
         if is_disk_full(exc) and not rolled_back:
             url = conn.engine.url.render_as_string(hide_password=False)

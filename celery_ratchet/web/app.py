@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl
 
-from celery_ratchet.errors import RatchetError
+from celery_ratchet.errors import RatchetError, StorePermissionDenied
 from celery_ratchet.settings import mask_password
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.web import pages
@@ -113,6 +113,15 @@ class Dashboard:
             return self._send(start_response, "404 Not Found", self._error(str(exc), base))
         except pages.BadRequest as exc:
             return self._send(start_response, "400 Bad Request", self._error(str(exc), base))
+        except StorePermissionDenied as exc:
+            message = mask_password(str(exc))
+            logger.warning("ratchet web: %s", message)
+            if not self.read_only:
+                message += (
+                    "; a dashboard meant only to show the job store can be served read-only "
+                    "(ratchet web --read-only), which needs SELECT alone"
+                )
+            return self._send(start_response, "403 Forbidden", self._error(message, base))
         except RatchetError as exc:
             message = mask_password(str(exc))
             logger.warning("ratchet web: %s", message)
