@@ -1,8 +1,9 @@
 """Every job is stored with the seeds' execution type, through every way it is written:
 sent, released as a chain's next step (also handed to the worker that sent it), retried,
-fired as a workflow's branch or join, sent as a batch's callback; ``ratchet jobs --json``
-shows it. An in-process worker on SQLite, PostgreSQL and MariaDB (the dead-letter alert's
-type: test_dlq_alerts.py, and real workers in the acceptance tests)."""
+fired as a workflow's branch or join, sent as a batch's callback; ``ratchet jobs show
+--json`` and ``ratchet jobs --json`` show it. An in-process worker on SQLite, PostgreSQL and
+MariaDB (the dead-letter alert's type: test_dlq_alerts.py, and real workers in the
+acceptance tests)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,27 @@ from tests.integration.tasks import RUNS
 TIMEOUT = 60
 
 
-def types_of(app: Celery) -> dict[str, str]:
-    """Each job's stored type, by id, as ``ratchet jobs --json`` lists them."""
+def type_of(app: Celery, job_id: str) -> str:
+    """The job's stored type as ``ratchet jobs show --json`` shows it, once its row is there:
+    read by its id, so no other row, and no row written after a listing, stands in the way."""
+    url = app.conf.ratchet_url
+    shown: dict[str, object] = {}
+
+    def found() -> bool:
+        answer = CliRunner().invoke(cli, ["--url", url, "jobs", "show", job_id, "--json"])
+        if answer.exit_code != 0:
+            assert f"no job {job_id!r}" in answer.output, answer.output
+            return False
+        shown.update(json.loads(answer.output))
+        return True
+
+    wait_until(found, TIMEOUT, f"job {job_id} to be stored")
+    assert shown["public_type"] in {"SINGLE", "BATCH", "CHAIN", "WORKFLOW", "SYSTEM"}, shown
+    return str(shown["job_type"])
+
+
+def listed_types(app: Celery) -> dict[str, str]:
+    """Each listed job's stored type, by id, as ``ratchet jobs --json`` lists them."""
     url = app.conf.ratchet_url
     listed = CliRunner().invoke(cli, ["--url", url, "jobs", "--json", "--limit", "500"])
     assert listed.exit_code == 0, listed.output
@@ -62,7 +82,18 @@ def test_each_way_of_writing_a_job_stores_its_type(worker_app: Celery) -> None:
     assert retried.get(timeout=TIMEOUT) == ["done after 1", 0]
     submitted.results.get(timeout=TIMEOUT)
     wait_until(lambda: RUNS[key + "-batch"] and RUNS[key + "-join"], TIMEOUT, "the callbacks")
-    types = types_of(app)
+    batches = ratchet_state(app).batches
+    record = batches.get(submitted.id)
+    assert record is not None
+    [join] = [c for c in batches.conditions(flow.id) if c.kind == "JOIN"]
+    ids = {
+        single.id, steps.parent.parent.id, steps.parent.id, steps.id, chorded.id, flow.id,
+        _frozen_id(record.on_success), _frozen_id(join.encoded),
+        *(flow.branches[n].id for n in ("ok", "big")),
+        *(r.id for r in [*grouped.results, *chorded.parent.results, *retried.results,
+                         *submitted.results.results]),
+    }  # fmt: skip
+    types = {job_id: type_of(app, job_id) for job_id in ids}
 
     assert types[single.id] == JobType.SINGLE
     chain_ids = [steps.parent.parent.id, steps.parent.id, steps.id]
@@ -72,14 +103,12 @@ def test_each_way_of_writing_a_job_stores_its_type(worker_app: Celery) -> None:
     assert types[chorded.id] == JobType.WORKFLOW_JOIN
     assert {types[r.id] for r in retried.results} == {JobType.BATCH_CHILD}  # after its retry
     assert {types[r.id] for r in submitted.results.results} == {JobType.BATCH_CHILD}
-    batches = ratchet_state(app).batches
-    record = batches.get(submitted.id)
-    assert record is not None
     assert types[_frozen_id(record.on_success)] == JobType.WORKFLOW_BRANCH
     assert types[flow.id] == JobType.SINGLE
     assert {types[flow.branches[n].id] for n in ("ok", "big")} == {JobType.WORKFLOW_BRANCH}
-    [join] = [c for c in batches.conditions(flow.id) if c.kind == "JOIN"]
     assert types[_frozen_id(join.encoded)] == JobType.WORKFLOW_JOIN
+    listed = listed_types(app)
+    assert {i: listed[i] for i in ids if i in listed} == {i: types[i] for i in ids if i in listed}
 
 
 def _frozen_id(encoded: str | None) -> str:
