@@ -211,13 +211,19 @@ def test_a_task_resending_its_own_key_from_its_success_handler_makes_a_new_job(
     add = worker_app.tasks["t.add"]
     ids: list[str] = []
 
+    def send(n: int) -> None:
+        # The id is listed before the send: the job may run, and succeed, before the send
+        # returns.
+        ids.append(str(uuid.uuid4()))
+        add.apply_async((n, 1), task_id=ids[-1], ratchet={"business_key": k})
+
     def again(sender: Any = None, result: Any = None, **_: Any) -> None:
         if sender is add and sender.request.id in ids and len(ids) < 4:
-            ids.append(add.apply_async((result, 1), ratchet={"business_key": k}).id)
+            send(result)
 
     signals.task_success.connect(again, weak=False)
     try:
-        ids.append(add.apply_async((0, 1), ratchet={"business_key": k}).id)
+        send(0)
         wait_until(
             lambda: len(ids) == 4 and len(jobs_of(worker_app, k)) == 4
             and all(status == "SUCCEEDED" for _, status in jobs_of(worker_app, k)),
