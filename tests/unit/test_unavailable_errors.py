@@ -44,3 +44,41 @@ def test_a_full_disk_is_a_refused_statement_not_a_lost_reply() -> None:
         assert "has no space left" in str(error) and "pw" not in str(error)
     other_errno = MySQLOperationalError(1030, "Got error 5 from storage engine")
     assert not is_disk_full(OperationalError("INSERT", None, other_errno))
+
+
+def test_a_missing_privilege_is_named_with_its_table_never_the_statement() -> None:
+    """The servers' words for it (tests/integration/test_web_privileges.py meets them on
+    real servers): PostgreSQL names the object (the statement says the command), MariaDB
+    the command and the table; a sequence or a schema needs USAGE."""
+    from pymysql.err import OperationalError as MySQLOperationalError
+    from sqlalchemy.exc import ProgrammingError
+
+    from celery_ratchet.errors import StorePermissionDenied
+    from celery_ratchet.store.db_errors import is_permission_denied, permission_denied
+
+    denied = psycopg.errors.InsufficientPrivilege
+    cases = [
+        ("UPDATE scheduler_job SET status=%(s)s",
+         denied("permission denied for table scheduler_job"),
+         "the UPDATE privilege on table scheduler_job"),
+        ("INSERT INTO scheduler_control (a) VALUES (%(a)s)",
+         denied("permission denied for table scheduler_control"),
+         "the INSERT privilege on table scheduler_control"),
+        ("INSERT INTO scheduler_job (a) VALUES (%(a)s)",
+         denied("permission denied for sequence scheduler_job_id_seq"),
+         "the USAGE privilege on sequence scheduler_job_id_seq"),
+        ("DELETE FROM scheduler_job_log",
+         MySQLOperationalError(1142, "DELETE command denied to user 'ro'@'localhost' for "
+                                     "table `shop`.`scheduler_job_log`"),
+         "the DELETE privilege on table scheduler_job_log"),
+    ]  # fmt: skip
+    for statement, orig, named in cases:
+        exc = ProgrammingError(statement, {"s": "secret-arg"}, orig, hide_parameters=True)
+        assert is_permission_denied(exc) and is_permission_denied(orig), orig
+        error = permission_denied("mysql://ro:pw@db/shop", exc, "no job was requeued")
+        assert isinstance(error, StorePermissionDenied) and not error.outcome_unknown
+        message = str(error)
+        assert named in message and message.endswith("no job was requeued"), message
+        assert "secret-arg" not in message and "pw@" not in message and "%(" not in message
+    lock = psycopg.errors.LockNotAvailable("canceling statement due to lock timeout")
+    assert not is_permission_denied(OperationalError("update", None, lock))
