@@ -1,7 +1,8 @@
 """Apps made with ``celery.Celery("shop", task_cls="celery_ratchet:RatchetTask")`` and nothing
 else of celery_ratchet: each client is a fresh process whose first call is a send by name, a
 result read, a worker ping or Celery's testing worker, with ``broker_url`` on a socket that
-counts connections (none may arrive). Every answer can only have come through the store."""
+counts connections (none may arrive), and again on a closed port (the issue's own check).
+Every answer can only have come through the store."""
 
 from __future__ import annotations
 
@@ -182,3 +183,29 @@ def test_celerys_testing_worker_first_runs_from_the_store(shop: Shop) -> None:
     answer = shop.client("testing worker")
     assert answer == {"value": 42, "ratchet_installed": True}
     assert shop.wire.connections == 0
+
+
+#: A broker URL no server answers (port 1 is never listened on here): a process that fell back
+#: to it would fail with Connection refused, as the issue's first reports did.
+CLOSED_BROKER = "amqp://guest:guest@127.0.0.1:1//"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first_call", ["send_task", "AsyncResult.get", "inspect.ping"])
+def test_each_first_call_works_with_the_broker_url_on_a_closed_port(
+    shop: Shop, first_call: str
+) -> None:
+    env = {"SHOP_BROKER": CLOSED_BROKER}
+    if first_call == "AsyncResult.get":
+        sender = RatchetCelery("shop", set_as_current=False)
+        sender.conf.ratchet_url = shop.url
+        try:
+            env["SHOP_TASK_ID"] = sender.send_task("shop.double", args=(21,)).id
+        finally:
+            sender.close()
+    answer = shop.client(first_call, **env)
+    assert answer["ratchet_installed"] is True
+    if first_call == "inspect.ping":
+        assert answer["ping"] == ["taskcls"]
+    else:
+        assert answer["value"] == 42
