@@ -17,6 +17,7 @@ from celery_ratchet.celery import options as options_
 from celery_ratchet.celery.batches import PROGRESS_ENDED_TASK, progress_ended
 from celery_ratchet.celery.chain_handoff import handed_to_this_worker
 from celery_ratchet.celery.compat import cache_producer_pool, cached_producer_pool
+from celery_ratchet.celery.current_job import claim_of_current_job
 from celery_ratchet.celery.events import send_task_sent, type_fields
 from celery_ratchet.celery.job_types import job_type_of
 from celery_ratchet.celery.message import (
@@ -141,7 +142,7 @@ class RatchetAMQP(AMQP):
             options_.apply_to_message(options, headers2, properties)
             # signature_from_request (retries, retry_on_worker_lost) carries the claim header of
             # the request it copies; a replace() is found as the job running in this process.
-            claim = headers2.get(CLAIM_HEADER) or _claim_of_current_job(app, headers2.get("id"))
+            claim = headers2.get(CLAIM_HEADER) or claim_of_current_job(app, headers2.get("id"))
             job = job_from_message(
                 resource=options.get("resource"),
                 business_key=options.get("business_key"),
@@ -225,27 +226,13 @@ def _queue_name(amqp: AMQP, queue: Any, exchange: Any, routing_key: str | None) 
     return str(amqp.default_queue.name)
 
 
-def _claim_of_current_job(app: Celery, task_id: str | None) -> str | None:
-    """The claim token when ``task_id`` is the job this process is running right now."""
-    current = app.current_worker_task
-    if current is None or task_id is None:
-        return None
-    request = current.request
-    if request.id != task_id:
-        return None
-    token = getattr(request, CLAIM_HEADER, None)
-    if token is None and isinstance(request.headers, dict):
-        token = request.headers.get(CLAIM_HEADER)
-    return token
-
-
 def _taking_over_this_job(app: Celery, steps: list[NewJob]) -> list[NewJob]:
     """The chain steps stored ahead, the one whose id is the job this process runs now (a
     task replaced by a chain: its last step takes the task's id) marked to take its row
     over in the same write; the task's row would otherwise still be RUNNING, its id taken,
     when the chain's first step ends and sends that step."""
     for index, step in enumerate(steps):
-        token = _claim_of_current_job(app, step.job_id)
+        token = claim_of_current_job(app, step.job_id)
         if token is not None:
             return [
                 *steps[:index],

@@ -22,6 +22,7 @@ from celery.exceptions import ChordError
 from celery.result import GroupResult, allow_join_result
 from kombu.utils import json as kjson
 
+from celery_ratchet.celery.current_job import claim_of_current_job
 from celery_ratchet.celery.job_types import sending_as
 from celery_ratchet.celery.sender import JobBatch
 from celery_ratchet.celery.state import ratchet_state
@@ -83,7 +84,30 @@ def open_chord(app: Celery, group_id: str, body: Any) -> bool:
             restart=existing is not None,
             unit=unit,
         )
+        _hand_replaced_job_to_body(app, body, unit)
     return existing is None
+
+
+def _hand_replaced_job_to_body(app: Celery, body: Any, unit: Unit | None) -> None:
+    """A task replaced by a group: Celery makes the group a chord whose body takes the
+    task's id. The task's row, still RUNNING here, waits for that body instead; else the
+    body, sent when the last member ends, could find it not yet finished (DuplicateJob)."""
+    current = app.current_worker_task
+    job_id = getattr(current.request, "id", None) if current is not None else None
+    if job_id is None or job_id not in _signature_ids(app, body):
+        return
+    token = claim_of_current_job(app, job_id)
+    if token is not None:
+        ratchet_state(app).store.wait_in_place(job_id, token, unit)
+
+
+def _signature_ids(app: Celery, sig: Any) -> set[str]:
+    """The task ids a signature was frozen with: its own, and its tasks' (a chain's)."""
+    sig = signature(sig, app=app)
+    ids = {sig.options.get("task_id")}
+    for inner in getattr(sig, "tasks", None) or ():
+        ids |= _signature_ids(app, inner)
+    return {i for i in ids if i}
 
 
 def part_of(backend: Any, request: Any, state: str, result: Any) -> BatchPart | None:

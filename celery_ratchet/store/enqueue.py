@@ -422,20 +422,33 @@ class EnqueueOps(RowWriter):
         False when that claim is gone already."""
         (row,) = [r for r in rows if r["job_id"] == step.job_id]
         values = {k: v for k, v in row.items() if k != "job_id"}
-        changed = conn.execute(
-            update(job)
-            .where(*_held(step.job_id, step.takes_over))
-            .values(**values, **_CLEARED_CLAIM, **_CLEARED_RESULT_KEEPING_REVOKE)
-        )
-        if changed.rowcount != 1:
-            return False
-        permit = scheduler_resource_permit
-        conn.execute(
-            delete(permit).where(
-                permit.c.job_id == step.job_id, permit.c.claim_token == step.takes_over
-            )
-        )
-        return True
+        return _wait_in_place(conn, step.job_id, step.takes_over or "", values)
+
+    def wait_in_place(self, job_id: str, token: str, unit: Unit | None = None) -> bool:
+        """The running job ``job_id``, still held by the claim ``token``, becomes a WAITING
+        row that the next send of its id releases with that send's message: a task replaced
+        by a group, whose id the group's chord body (``celery.accumulate``) takes once every
+        member ended; that send could otherwise find the task's row still RUNNING (its
+        outcome not written yet) and be refused as a DuplicateJob. In ``unit`` when given.
+        Its own execution's end then finds its claim gone. False when that claim is gone."""
+        what = "the replaced job was not handed to its replacement"
+        # No step before it releases it (depends_on NULL): a failure written to its id from
+        # outside (the chord's error) finishes it, as it finishes a job of no row.
+        values = {
+            "status": JobStatus.WAITING.value,
+            "scheduled_time": WAITING_DUE,
+            "depends_on": None,
+        }
+
+        def work(conn: Connection) -> bool:
+            with transaction(conn):
+                return _wait_in_place(conn, job_id, token, values)
+
+        if unit is None:
+            return bool(self._run(work, what))
+        conn = connection_of(unit)
+        with in_callers_transaction(conn, what, callers=is_callers(unit)), conn.begin_nested():
+            return _wait_in_place(conn, job_id, token, values)
 
     def enqueue_within(
         self, unit: Unit, jobs: Sequence[NewJob], waiting: Sequence[NewJob] = ()
@@ -566,3 +579,18 @@ class EnqueueOps(RowWriter):
             return True
 
         return self._run(work, "the job was not rescheduled")
+
+
+def _wait_in_place(conn: Connection, job_id: str, token: str, values: dict[str, Any]) -> bool:
+    """The row of ``job_id`` held by ``token`` takes ``values`` (a WAITING row's) with its
+    claim and outcome cleared (a revoke asked of its id kept) and its permit released."""
+    changed = conn.execute(
+        update(job)
+        .where(*_held(job_id, token))
+        .values(**values, **_CLEARED_CLAIM, **_CLEARED_RESULT_KEEPING_REVOKE)
+    )
+    if changed.rowcount != 1:
+        return False
+    permit = scheduler_resource_permit
+    conn.execute(delete(permit).where(permit.c.job_id == job_id, permit.c.claim_token == token))
+    return True

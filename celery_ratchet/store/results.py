@@ -6,9 +6,11 @@ import contextlib
 from typing import Any
 
 from sqlalchemy import (
+    and_,
     case,
     delete,
     insert,
+    or_,
     select,
     update,
 )
@@ -161,12 +163,21 @@ class ResultOps(StoreCore):
 
         # An interim state changes only a row of its own kind: never a finished result (stock
         # Celery ignores a state that comes after SUCCESS), never a job of the store.
-        replaces = [JobStatus.EXTERNAL.value] if status is JobStatus.EXTERNAL else _TERMINAL
+        replaces: Any = job.c.status.in_(
+            [JobStatus.EXTERNAL.value] if status is JobStatus.EXTERNAL else _TERMINAL
+        )
+        if status is not JobStatus.EXTERNAL:
+            # A WAITING row no chain step releases: a replaced task's row waiting for its
+            # group's chord body (store.wait_in_place), whose chord failed.
+            replaces = or_(
+                replaces,
+                and_(job.c.status == JobStatus.WAITING.value, job.c.depends_on.is_(None)),
+            )
 
         def work(conn: Connection) -> None:
             finished = conn.execute(
                 update(job)
-                .where(job.c.job_id == job_id, job.c.status.in_(replaces))
+                .where(job.c.job_id == job_id, replaces)
                 .values(status=new_status, finished_at=db_now(), **result_values)
             ).rowcount
             if finished:

@@ -7,7 +7,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from celery import Celery, chain, states
+from celery import Celery, chain, group, states
 from celery.exceptions import Ignore
 
 import celery_ratchet
@@ -116,6 +116,32 @@ def register_canvas(app: Celery) -> None:
             deadline = time.monotonic() + 20
             while first.state not in states.READY_STATES and time.monotonic() < deadline:
                 time.sleep(0.05)
+
+    @app.task(name="t.replace_with_group", shared=False, bind=True)
+    def replace_with_group(self: Any, nums: list[int], val: int) -> None:
+        raise self.replace(group(app.tasks["t.add"].s(n, val) for n in nums))
+
+    @app.task(name="t.replace_with_group_and_linger", shared=False, bind=True)
+    def replace_with_group_and_linger(self: Any, nums: list[int], val: int) -> None:
+        """Replaced by a group whose chord body takes this task's id, then still running
+        until every member has ended and that body has been sent, or 20 s."""
+        replacement = group(app.tasks["t.add"].s(n, val) for n in nums)
+        replacement.freeze()
+        members = [app.AsyncResult(task.id) for task in replacement.tasks]
+        try:
+            raise self.replace(replacement)
+        finally:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not (
+                all(m.state in states.READY_STATES for m in members)
+                and app.AsyncResult(self.request.id).state in states.READY_STATES
+            ):
+                time.sleep(0.05)
+
+    @app.task(name="t.replace_with_chain_to_group", shared=False, bind=True)
+    def replace_with_chain_to_group(self: Any, x: int) -> None:
+        add = app.tasks["t.add"]
+        raise self.replace(chain(add.s(x, 1), group(add.s(1), add.s(2))))
 
     @app.task(name="t.identity", shared=False)
     def identity(value: Any) -> Any:
