@@ -1,11 +1,15 @@
 """Root conftest for Celery's own t/integration suite run against celery_ratchet.
 
 run.sh copies it to the root of an unpacked Celery sdist; Celery's tests stay unchanged.
-CELSUITE_MODE:
-  ratchet  the suite's apps are ``celery_ratchet.Celery`` apps (task_cls RatchetTask) and its
-           session worker runs ``-P ratchet``; store on RATCHET_URL, result backend from
-           TEST_BACKEND (``ratchet://`` or ``redis://...``)
+CELSUITE_FORM:
+  taskcls  the suite's apps stay ``celery.Celery`` apps; only their task class is swapped
+           (``task_cls="celery_ratchet:RatchetTask"``, a string: this file imports nothing of
+           celery_ratchet, so ratchet is installed by the package's own first-use hook)
+  ratchet  the suite's apps are ``celery_ratchet.Celery`` apps
   stock    nothing changed: Celery's broker and backend from TEST_BROKER / TEST_BACKEND
+In the two ratchet forms the store is RATCHET_URL, the result backend TEST_BACKEND
+(``ratchet://`` or ``redis://...``) and TEST_BROKER a closed port: nothing may reach a broker.
+The session worker runs ``-P ratchet`` (CELSUITE_POOL names another).
 CELSUITE_TIMEOUT: per-test timeout in seconds; the suite's own timeout marks are capped at it
 (CELSUITE_IGNORE_MARKS=1: replaced by it).
 """
@@ -17,29 +21,36 @@ from typing import Any
 
 import pytest
 
-MODE = os.environ.get("CELSUITE_MODE", "ratchet")
+FORM = os.environ.get("CELSUITE_FORM", "taskcls")
 TIMEOUT = float(os.environ.get("CELSUITE_TIMEOUT", "60"))
 
-if MODE == "ratchet":
+if FORM == "ratchet":
     import celery.contrib.testing.app as testing_app
-    import celery.contrib.testing.worker as testing_worker
 
     import celery_ratchet
-    import celery_ratchet.celery.commands  # registers the -P ratchet alias
 
     # The README's way to make a ratchet app: celery_ratchet.Celery for celery.Celery.
     testing_app.Celery = celery_ratchet.Celery  # type: ignore[misc]
-    _start_worker = testing_worker.start_worker
 
-    def start_worker(app: Any, *args: Any, pool: str = "solo", **kwargs: Any) -> Any:
-        pool = os.environ.get("CELSUITE_POOL", "ratchet")
-        return _start_worker(app, *args, pool=pool, **kwargs)
-
-    testing_worker.start_worker = start_worker
+if FORM == "taskcls":
 
     @pytest.fixture(scope="session")
     def celery_parameters() -> dict[str, Any]:
         return {"task_cls": "celery_ratchet:RatchetTask"}
+
+
+if FORM != "stock":
+    import celery.contrib.testing.worker as testing_worker
+
+    # A ratchet app's worker runs `-P ratchet` (the pool by its path: this file imports
+    # nothing of celery_ratchet in the task_cls form); the suite asks for prefork.
+    POOL = os.environ.get("CELSUITE_POOL", "celery_ratchet.celery.pool:RatchetPool")
+    _start_worker = testing_worker.start_worker
+
+    def start_worker(app: Any, *args: Any, pool: str = "solo", **kwargs: Any) -> Any:
+        return _start_worker(app, *args, pool=POOL, **kwargs)
+
+    testing_worker.start_worker = start_worker
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

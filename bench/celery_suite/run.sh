@@ -2,9 +2,13 @@
 # Celery's own integration suite (t/integration of Celery's sdist) against celery_ratchet.
 # Not part of ./dev test: it downloads Celery's sdist and runs its tests outside this repo.
 #
-#   bench/celery_suite/run.sh ratchet  [pytest args]  ratchet store + ratchet result backend
-#   bench/celery_suite/run.sh redisres [pytest args]  ratchet store + Redis result backend
 #   bench/celery_suite/run.sh stock    [pytest args]  stock Celery, Redis broker + backend
+#   bench/celery_suite/run.sh taskcls  [pytest args]  celery.Celery(task_cls="celery_ratchet:
+#                                                     RatchetTask"), result_backend="ratchet://"
+#   bench/celery_suite/run.sh ratchet  [pytest args]  celery_ratchet.Celery, ratchet:// backend
+#   bench/celery_suite/run.sh taskcls-redisres | ratchet-redisres [pytest args]
+#                                                     the same forms, Redis as result backend
+# In the ratchet forms the broker URL is a closed port and the store a PostgreSQL database.
 #
 # Default tests: t/integration/test_tasks.py, test_canvas.py, test_inspect.py. Work files
 # (Celery's sdist, a venv with this checkout installed editable, junit XML) go to
@@ -16,7 +20,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 WORK="${CELSUITE_WORK:-/tmp/celery_suite}"
 PG="${CELSUITE_PG:-postgres@127.0.0.1:5432}"
-run="${1:?name a run: ratchet, redisres or stock}"; shift
+run="${1:?name a run: stock, taskcls, ratchet, taskcls-redisres or ratchet-redisres}"; shift
 mkdir -p "$WORK"
 PY="$WORK/venv/bin/python"
 if [ ! -x "$PY" ]; then
@@ -33,16 +37,18 @@ cp "$HERE/conftest.py" "$SRC/conftest.py"
 tests=("$@")
 [ ${#tests[@]} -eq 0 ] && tests=(t/integration/test_tasks.py t/integration/test_canvas.py
                                  t/integration/test_inspect.py)
-db="celsuite_${run}"
+db="celsuite_${run//-/_}"
 case "$run" in
-  ratchet)  export CELSUITE_MODE=ratchet TEST_BACKEND="ratchet://" ;;
-  redisres) export CELSUITE_MODE=ratchet TEST_BACKEND="redis://127.0.0.1:6379/0" ;;
-  stock)    export CELSUITE_MODE=stock TEST_BROKER="redis://127.0.0.1:6379/0"
+  stock)    export CELSUITE_FORM=stock TEST_BROKER="redis://127.0.0.1:6379/0"
             export TEST_BACKEND="redis://127.0.0.1:6379/0" ;;
-  *) echo "unknown run $run: ratchet, redisres or stock" >&2; exit 2 ;;
+  taskcls|ratchet) export CELSUITE_FORM="$run" TEST_BACKEND="ratchet://" ;;
+  taskcls-redisres|ratchet-redisres)
+            export CELSUITE_FORM="${run%-redisres}" TEST_BACKEND="redis://127.0.0.1:6379/0" ;;
+  *) echo "unknown run $run: stock, taskcls, ratchet, taskcls-redisres or ratchet-redisres" >&2
+     exit 2 ;;
 esac
-if [ "$CELSUITE_MODE" = ratchet ]; then
-  unset TEST_BROKER
+if [ "$CELSUITE_FORM" != stock ]; then
+  export TEST_BROKER="pyamqp://guest@127.0.0.1:1//"  # closed: nothing may reach a broker
   "$PY" - "$PG" "$db" <<'PY'
 import sys
 from sqlalchemy import create_engine, text
