@@ -6,6 +6,8 @@
     ./dev bench pinned [--jobs 10000] [--runs 2]   the drains, servers on a core of their own
     ./dev bench db-cost [--jobs 20000]   what PostgreSQL pays a job, beside pgqueuer and
                                          procrastinate (bench/db_cost.py)
+    ./dev bench celery-suite [all|stock|taskcls|ratchet|taskcls-redisres|ratchet-redisres]
+                             Celery's own integration suite (bench/celery_suite/README.md)
 
 Measures on PostgreSQL: enqueue rate (``.delay()`` in a loop), bulk enqueue (a group of
 1,000), drain rate (N queued no-op tasks, one worker, ``-c 4``, timed from worker start,
@@ -449,6 +451,9 @@ def bench_latency(samples: int, sparse: int) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["celery-suite"]:  # a script of its own: bench/celery_suite/run.sh
+        script = str(ROOT / "bench" / "celery_suite" / "run.sh")
+        os.execv(script, [script, *(sys.argv[2:] or ["all"])])
     if sys.argv[1:2] == ["schedules"]:  # its own command line: see bench/schedules.py
         from bench.schedules import main as schedules
 

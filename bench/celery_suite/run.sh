@@ -2,6 +2,8 @@
 # Celery's own integration suite (t/integration of Celery's sdist) against celery_ratchet.
 # Not part of ./dev test: it downloads Celery's sdist and runs its tests outside this repo.
 #
+#   bench/celery_suite/run.sh all                     the five below, one after another, and
+#                                                     each ratchet run's differences from stock
 #   bench/celery_suite/run.sh stock    [pytest args]  stock Celery, Redis broker + backend
 #   bench/celery_suite/run.sh taskcls  [pytest args]  celery.Celery(task_cls="celery_ratchet:
 #                                                     RatchetTask"), result_backend="ratchet://"
@@ -20,8 +22,19 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 WORK="${CELSUITE_WORK:-/tmp/celery_suite}"
 PG="${CELSUITE_PG:-postgres@127.0.0.1:5432}"
-run="${1:?name a run: stock, taskcls, ratchet, taskcls-redisres or ratchet-redisres}"; shift
+run="${1:?name a run: all, stock, taskcls, ratchet, taskcls-redisres or ratchet-redisres}"; shift
 mkdir -p "$WORK"
+if [ "$run" = all ]; then  # one after another: stock and *-redisres share Redis db 0
+  for one in stock taskcls ratchet taskcls-redisres ratchet-redisres; do
+    "$0" "$one" "$@" >"$WORK/$one.log" 2>&1 || true
+    tail -n 1 "$WORK/$one.log"
+  done
+  for one in taskcls ratchet taskcls-redisres ratchet-redisres; do
+    python3 "$HERE/summary.py" "$WORK/$one.xml" \
+      "$WORK/stock.xml"
+  done
+  exit 0
+fi
 PY="$WORK/venv/bin/python"
 if [ ! -x "$PY" ]; then
   python3 -m venv "$WORK/venv"
