@@ -4,7 +4,8 @@
 # (test_failover.py), MariaDB's Galera provider with rsync for state transfer
 # (test_galera.py), and Quartz 2.3.2 with a JDK for the live cron comparison
 # (tests/unit/test_cron_quartz.py), and Debian's chromium for the dashboard's and Flower's browser
-# tests (tests/acceptance/test_web_browser.py, test_flower_browser.py; never a downloaded browser).
+# tests (tests/acceptance/test_web_browser.py, test_flower_browser.py; never a downloaded browser),
+# and libfaketime for the clock skew tests (tests/acceptance/test_clock_skew.py).
 # Idempotent: installs only what is missing, and never starts or reconfigures a system service.
 # Under CI=true anything it cannot provide fails the run.
 set -euo pipefail
@@ -19,6 +20,8 @@ fi
 [ -f /usr/share/java/quartz2.jar ] || missing+=(libquartz2-java)
 { have java && have javac; } || missing+=(default-jdk-headless)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
+# libfaketime: nodes whose clocks are off (tests/acceptance/test_clock_skew.py, marker slow).
+ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing+=(faketime)
 
 fail() {
   echo "infra: $*" >&2

@@ -130,6 +130,10 @@ class RatchetSettings:
     #: How long other nodes must see a worker's heartbeat stand still before they declare it
     #: dead and recover its running jobs (seconds); must exceed the heartbeat interval.
     node_orphan_grace_seconds: float = 60.0
+    #: A node (worker or sender) whose clock is further than this from the database's logs
+    #: a WARNING saying by how much, once, and again when the offset moves (seconds; 0: never).
+    #: Countdowns, retries and schedules are reckoned on the database's clock whatever it is.
+    clock_skew_warning_seconds: float = 5.0
     #: How often every worker scans for jobs orphaned by a dead node (minutes).
     orphan_scan_interval_minutes: float = 5.0
     #: Longest a statement of the job store's own connections waits for the server's reply
@@ -342,6 +346,11 @@ class RatchetSettings:
             raise ConfigurationError(
                 "ratchet_unknown_task_grace_seconds must be 0 (fail at once) or positive, "
                 f"got {self.unknown_task_grace_seconds!r}"
+            )
+        if self.clock_skew_warning_seconds < 0:
+            raise ConfigurationError(
+                "ratchet_clock_skew_warning_seconds must be 0 (no warning) or positive, "
+                f"got {self.clock_skew_warning_seconds!r}"
             )
         if self.max_recoveries < 0:
             raise ConfigurationError(

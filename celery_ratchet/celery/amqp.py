@@ -114,6 +114,7 @@ class RatchetAMQP(AMQP):
             check_result_backend(app.conf.result_backend)
             if headers:
                 headers2.update(headers)
+            kwargs.pop("now", None)  # what countdowns count from (see sender), not a property
             given = kwargs.pop("ratchet", None)
             if given is None:  # a retry or a replace: the options of the job it copies
                 given = headers2.get(options_.HEADER)

@@ -229,6 +229,7 @@ class JobConsumer(bootsteps.StartStopStep):
             fence=self.fence,
             control=RemoteCommands(c),
             schedule_keys=list(app.conf.beat_schedule or {}),
+            clock=state.clock,
         )
         dispatcher.runtime = runtime
         self.runtime = state.runtime = runtime

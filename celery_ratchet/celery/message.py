@@ -336,14 +336,14 @@ def _to_json(value: dict[str, Any], task_name: str, what: str) -> str:
 EndCallback = Callable[[ClaimedJob, JobStatus | None, str | None, str | None, bool | None], None]
 
 
-def retry_of(job: ClaimedJob, delay: float) -> NewJob:
-    """The claimed job as its own next try, ``delay`` seconds from now: Celery's retry count
-    and ETA in the message move on with it."""
+def retry_of(job: ClaimedJob, delay: float, now: datetime) -> NewJob:
+    """The claimed job as its own next try, ``delay`` seconds from ``now`` (the database's
+    time: see NodeClock): Celery's retry count and ETA in the message move on with it."""
     headers = kjson.loads(job.message.headers)
     headers.pop(CLAIM_HEADER, None)
     headers.pop(FENCE_HEADER, None)
     attempts = int(headers.get("retries") or 0) + 1
-    due = datetime.now(timezone.utc) + timedelta(seconds=delay)
+    due = now + timedelta(seconds=delay)
     headers["retries"], headers["eta"] = attempts, due.isoformat()
     return NewJob(
         job_id=job.job_id,

@@ -218,6 +218,9 @@ def _register(
         task_name=template.task_name,
         priority=template.priority,
         message=template.message,
+        # The first fire time after the database's time: a node whose clock is ahead would
+        # put it off, one behind would make fire times already past due at once.
+        now=ratchet_state(app).clock.now(),
     )
     # Workers sleep until the next due time they know of: tell them (PostgreSQL: the store
     # notified already).
@@ -235,7 +238,8 @@ def pause_recurring(app: Celery, business_key: str) -> None:
 
 
 def resume_recurring(app: Celery, business_key: str) -> None:
-    masters.resume(ratchet_state(app).store, business_key)
+    state = ratchet_state(app)
+    masters.resume(state.store, business_key, now=state.clock.now())
     ratchet_state(app).published([SCHEDULES_QUEUE])
 
 

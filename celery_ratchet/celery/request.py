@@ -158,7 +158,7 @@ class RatchetRequest(Request):
         decision = decision_for(self.task.app, self.task, request, exc)
         if decision is None or not decision.retry:
             return False
-        retried = retry_of(message.job, decision.delay)
+        retried = retry_of(message.job, decision.delay, ratchet_state(self.task.app).clock.now())
         if not ratchet_state(self.task.app).store.replace_running(message.job.token, retried):
             return False
         logger.warning(

@@ -417,6 +417,7 @@ def follow_held_keys(app: Celery) -> None:
         return
 
     def send_following_held_keys(*args: Any, **kwargs: Any) -> Any:
+        _reckon_on_database_clock(app, args, kwargs)
         producer = kwargs.get("producer")
         if isinstance(producer, JobBatch):  # written later: pointed when the batch is
             result = send_task(*args, **kwargs)
@@ -438,6 +439,19 @@ def follow_held_keys(app: Celery) -> None:
     # Known by identity (a caller's functools.wraps wrapper copies the mark), with what it
     # wraps: see compat.sends_as_celery.
     app.ratchet_send_task = (send_following_held_keys, send_task)
+
+
+def _reckon_on_database_clock(app: Celery, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A countdown (and an ``expires`` in seconds) counts from the database's time, not
+    this node's: Celery adds it to ``now``, which it takes from the node's clock unless
+    given. An absolute ``eta=`` is the sender's to choose, and stays as given."""
+    if kwargs.get("now") is not None:
+        return
+    countdown = args[3] if len(args) > 3 else kwargs.get("countdown")
+    expires = kwargs.get("expires")
+    relative_expiry = isinstance(expires, (int, float)) and not isinstance(expires, bool)
+    if countdown or relative_expiry:
+        kwargs["now"] = ratchet_state(app).clock.now()
 
 
 @contextmanager

@@ -8,12 +8,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from datetime import datetime
 from typing import Any
 
 from celery import Celery
 from celery.utils.imports import symbol_by_name
 
 from celery_ratchet.celery.django_store import with_django_defaults
+from celery_ratchet.runtime.node_clock import NodeClock
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.engine import EngineOptions
@@ -43,6 +45,7 @@ class RatchetState:
         self._event_sender: Any = None
         #: Serializers of accept_content a worker refused (``ratchet_allow_pickle`` off).
         self.refused_serializers: list[str] | None = None
+        self._clock: NodeClock | None = None
 
     @property
     def settings(self) -> RatchetSettings:
@@ -70,6 +73,20 @@ class RatchetState:
             return self._store
 
     @property
+    def clock(self) -> NodeClock:
+        """This process's clock, corrected to the job store's database's: relative delays
+        (countdowns, retries, schedules) are reckoned on it."""
+        clock = self._clock
+        if clock is None:
+            with self._lock:
+                if self._clock is None:
+                    self._clock = NodeClock(
+                        _StoreOfThisProcess(self), self.settings.clock_skew_warning_seconds
+                    )
+                clock = self._clock
+        return clock
+
+    @property
     def batches(self) -> BatchStore:
         """Batches, chain steps and workflow conditions in this app's job store."""
         store = self.store
@@ -85,6 +102,7 @@ class RatchetState:
             self._store = None
             self._publisher = None
             self._event_sender = None
+            self._clock = None
 
     def published(self, queues: list[str]) -> None:
         """Jobs of ``queues`` were committed: wake workers through Redis, if configured."""
@@ -183,3 +201,13 @@ def dlq(app: Celery) -> Any:
     from celery_ratchet.runtime.dlq import DeadLetterQueue
 
     return DeadLetterQueue(ratchet_state(app).store)
+
+
+class _StoreOfThisProcess:
+    """The state's store as it is when asked (re-created after a fork)."""
+
+    def __init__(self, state: RatchetState) -> None:
+        self._state = state
+
+    def database_time(self) -> datetime | None:
+        return self._state.store.database_time()

@@ -32,6 +32,7 @@ from celery_ratchet.domain.schedule import MasterSpec
 from celery_ratchet.errors import StoreUnavailable
 from celery_ratchet.runtime.control import CommandRunner, ControlLoop
 from celery_ratchet.runtime.fence import Fence, new_tag, stamp
+from celery_ratchet.runtime.node_clock import NodeClock
 from celery_ratchet.runtime.signal_relay import SignalRelay
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.control import control_store
@@ -163,8 +164,11 @@ class RuntimeBase:
         fence: Fence | None = None,
         control: CommandRunner | None = None,
         schedule_keys: Sequence[str] = (),
+        clock: NodeClock | None = None,
     ) -> None:
         self.store = store
+        #: This node's clock against the database's, measured again with the heartbeats.
+        self.clock = clock
         #: The schedules this node's configuration owns (beat_schedule's entries), said in
         #: its node row: none of them is removed while the node lives.
         self.schedule_keys = list(schedule_keys)

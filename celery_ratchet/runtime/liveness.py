@@ -47,6 +47,8 @@ class Liveness(Claiming):
                     ",".join(self.queues),
                     self.store.display_url,
                 )
+                if self.clock is not None:
+                    self.clock.measure()  # a clock far off is said at start
                 return registered
             except Exception as exc:
                 self._lost_contact()
@@ -68,6 +70,8 @@ class Liveness(Claiming):
                 self._confirmed(sent)
                 self._throttle.clear("heartbeat", "ratchet: heartbeat written again")
                 self._watch_others()
+                if self.clock is not None:
+                    self.clock.measure_when_due()
             else:
                 self._declared_dead()
             self._reconcile()

@@ -131,6 +131,17 @@ class NodeOps(ClaimOps):
             lambda conn: conn.execute(stmt).rowcount == 1, "no heartbeat was written", liveness=True
         )
 
+    def database_time(self) -> datetime | None:
+        """The database's clock, now (UTC): what nodes measure their own clock against;
+        None for SQLite, whose clock is this host's own (and reads in milliseconds)."""
+        if self.family == "sqlite":
+            return None
+        stmt = select(db_now())
+        read: datetime = self._run(
+            lambda conn: conn.execute(stmt).scalar_one(), "the database's time was not read"
+        )
+        return read
+
     def set_node_queues(self, node_id: str, queues: Sequence[str]) -> None:
         n = scheduler_node
         stmt = update(n).where(n.c.node_id == node_id).values(queues=",".join(queues))

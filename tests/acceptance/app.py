@@ -414,3 +414,14 @@ _SIGNALS = {"prerun": signals.task_prerun, "postrun": signals.task_postrun,
             "retry": signals.task_retry, "success": signals.task_success}  # fmt: skip
 for _name, _signal in _SIGNALS.items():
     _signal.connect(_note_signal(_name), weak=False)
+
+
+#: The countdown acc.retried_later's first try retries with (seconds): longer than a test.
+RETRY_LATER_SECONDS = 120
+
+
+@app.task(name="acc.retried_later", bind=True)
+def retried_later(self: Any, key: str) -> None:
+    if not self.request.retries:
+        raise self.retry(countdown=RETRY_LATER_SECONDS)
+    record_run(key)

@@ -86,7 +86,8 @@ def test_apply_async_options_reach_the_request(worker_app: Celery) -> None:
 
 
 def test_countdown_delays_the_run(worker_app: Celery) -> None:
-    sent = datetime.now(timezone.utc)
+    # A countdown counts from the database's time (SQLite: this host's).
+    sent = ratchet_state(worker_app).store.database_time() or datetime.now(timezone.utc)
     result = worker_app.tasks["t.echo_request"].apply_async(countdown=1)
     seen = result.get(timeout=TIMEOUT)
     assert datetime.fromisoformat(seen["eta"]) >= sent + timedelta(seconds=1)
