@@ -145,6 +145,11 @@ class Undecided:
     def __bool__(self) -> bool:
         return True
 
+    def __contains__(self, item: object) -> bool:
+        # Celery before 5.7 asks whether the backend setting holds '://' before it looks
+        # the backend up (backends.by_url): not a URL, so it is taken as the class itself.
+        return False
+
     def __reduce__(self) -> tuple[Any, tuple[Any]]:
         # A pickled app carries Celery's own class here; unpickled, it is looked at anew.
         return (_same, (self.original,))
