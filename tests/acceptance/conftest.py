@@ -8,7 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -222,3 +223,16 @@ def assert_every_tick_once(store: JobStore) -> None:
     fired = ticks(store)
     gaps = [(a, b) for a, b in itertools.pairwise(fired) if b - a != timedelta(seconds=1)]
     assert gaps == [], f"ticks missing between {gaps}"
+
+
+def noted_runs(run_log: Path) -> Counter[str]:
+    """How many times each key ran, as acc.noted_sleep notes its runs in ``run_log``."""
+    if not run_log.exists():
+        return Counter()
+    return Counter(line.split()[0] for line in run_log.read_text().splitlines())
+
+
+def assert_each_ran_once(runs: Counter[str], keys: Iterable[str], when: str = "") -> None:
+    """Every key ran, and none more than once."""
+    assert set(runs) == set(keys)
+    assert {k: n for k, n in runs.items() if n > 1} == {}, f"jobs ran twice{when}"

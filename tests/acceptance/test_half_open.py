@@ -14,8 +14,7 @@ import pytest
 from celery import Celery, group
 
 from celery_ratchet.celery.state import ratchet_state
-from tests.acceptance.conftest import Cluster
-from tests.acceptance.test_faults import _runs
+from tests.acceptance.conftest import Cluster, assert_each_ran_once, noted_runs
 from tests.helpers import wait_until
 from tests.proxy import LossyProxy
 
@@ -72,10 +71,9 @@ def test_workers_whose_connections_went_half_open_drop_them_and_run_every_job_on
         print(store.count_by_status())
         raise
 
-    runs = _runs(run_log)
+    runs = noted_runs(run_log)
     print(f"\n[half-open] runs: {dict(runs)}")
-    assert set(runs) == set(keys)
-    assert {k: n for k, n in runs.items() if n > 1} == {}, "jobs ran twice"
+    assert_each_ran_once(runs, keys)
     logs = cluster.whole_logs()
     assert DROPPED in logs, logs[-6000:]
     assert all(DROPPED in w.log.read_text() for w in workers), logs[-6000:]
