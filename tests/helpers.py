@@ -45,6 +45,14 @@ def new_job(
     )
 
 
+def as_user(admin_url: str, user: str, password: str, database: str | None = None) -> str:
+    """The admin's URL with another login (and, when given, another database)."""
+    server, _, admin_database = admin_url.rpartition("/")
+    scheme = server.partition("://")[0]
+    hostport = server.rpartition("@")[2]
+    return f"{scheme}://{user}:{password}@{hostport}/{database or admin_database}"
+
+
 def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
     """Return once ``predicate()`` is true; fail naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

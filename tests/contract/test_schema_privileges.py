@@ -21,7 +21,7 @@ from celery_ratchet.errors import SchemaNotCreated
 from celery_ratchet.store.engine import engine_for
 from celery_ratchet.store.jobstore import JobStore
 from tests.conftest import Servers
-from tests.helpers import new_job
+from tests.helpers import as_user, new_job
 
 PASSWORD = "no-create-pw"
 
@@ -46,8 +46,7 @@ def limited(servers: Servers, server_dialect: str) -> Iterator[Limited]:
     database += "_nocreate"
     user = f"ratchet_t{os.getpid()}_nocreate"
     admin_url = f"{server}/{database}"
-    hostport = server.rpartition("@")[2]
-    url = f"{server.partition('://')[0]}://{user}:{PASSWORD}@{hostport}/{database}"
+    url = as_user(base, user, PASSWORD, database)
     if server_dialect == "postgresql":
         _run(
             base,

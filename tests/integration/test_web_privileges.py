@@ -22,6 +22,7 @@ from celery_ratchet.store.engine import engine_for
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.web.app import Dashboard
 from tests.conftest import Servers
+from tests.helpers import as_user
 from tests.integration.test_web import call, post, seeded
 
 PASSWORD = "select-only-pw"
@@ -46,10 +47,9 @@ def _run(url: str, *statements: str) -> None:
 def reader(servers: Servers, server_dialect: str) -> Iterator[Reader]:
     admin_url = servers.url(server_dialect)
     admin = seeded(admin_url)
-    server, _, database = admin_url.rpartition("/")
+    database = admin_url.rpartition("/")[2]
     user = f"ratchet_t{os.getpid()}_ro_{uuid.uuid4().hex[:6]}"
-    hostport = server.rpartition("@")[2]
-    url = f"{server.partition('://')[0]}://{user}:{PASSWORD}@{hostport}/{database}"
+    url = as_user(admin_url, user, PASSWORD)
     if server_dialect == "postgresql":
         _run(
             admin_url,
