@@ -8,7 +8,6 @@ import os
 import queue
 import socket
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from celery_ratchet.domain.job import (
 from celery_ratchet.domain.liveness import LivenessJudge
 from celery_ratchet.domain.schedule import MasterSpec
 from celery_ratchet.errors import StoreUnavailable
+from celery_ratchet.runtime.clock import SYSTEM_CLOCK, Clock
 from celery_ratchet.runtime.control import CommandRunner, ControlLoop
 from celery_ratchet.runtime.fence import Fence, new_tag, stamp
 from celery_ratchet.runtime.node_clock import NodeClock
@@ -119,15 +119,16 @@ class _Throttle:
     """Logs a recurring problem once per interval instead of once per attempt. The store
     being unreachable is logged by the store itself, once per outage: here only at DEBUG."""
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, clock: Clock) -> None:
         self.interval = interval
+        self._clock = clock
         self._last: dict[str, float] = {}
 
     def warn(self, key: str, msg: str, *args: object) -> None:
         if any(isinstance(a, StoreUnavailable) for a in args):
             logger.debug(msg, *args)
             return
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if now - self._last.get(key, -1e9) >= self.interval:
             self._last[key] = now
             logger.warning(msg, *args)
@@ -165,8 +166,11 @@ class RuntimeBase:
         control: CommandRunner | None = None,
         schedule_keys: Sequence[str] = (),
         clock: NodeClock | None = None,
+        local_clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.store = store
+        #: What this node's parts read the time from (a test gives one it drives).
+        self._clock = local_clock
         #: This node's clock against the database's, measured again with the heartbeats.
         self.clock = clock
         #: The schedules this node's configuration owns (beat_schedule's entries), said in
@@ -239,9 +243,9 @@ class RuntimeBase:
         self._threads: list[threading.Thread] = []
         #: Set when each of those threads returned (read without a lock: see _wait_until_ended).
         self._ended: dict[threading.Thread, threading.Event] = {}
-        self._throttle = _Throttle(max(settings.poll_interval, 5.0))
+        self._throttle = _Throttle(max(settings.poll_interval, 5.0), local_clock)
         #: When the last heartbeat that went through was sent (monotonic).
-        self._last_heartbeat = time.monotonic()
+        self._last_heartbeat = self._clock.monotonic()
         #: Whether this node's heartbeat was found stale, and said so (see _heartbeat_stale).
         self._stale = False
         self._stale_lock = threading.Lock()
@@ -277,7 +281,7 @@ class RuntimeBase:
     def _probe(self) -> None:
         """Subscribed but never told anything yet: send a probe on every channel (on
         PostgreSQL from the store's connection, not the listening one), now and then."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if self._heard.is_set() or now < self._next_probe or not self._subscribed():
             return
         self._next_probe = now + _PROBE_SECONDS
@@ -347,9 +351,9 @@ class RuntimeBase:
         it interrupted may be inside a join of the same thread, and a join nested in that
         one waits out its whole timeout (the outer join holds the thread's lock)."""
         ended = self._ended[thread]
-        deadline = time.monotonic() + timeout
-        while not ended.is_set() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        deadline = self._clock.monotonic() + timeout
+        while not ended.is_set() and self._clock.monotonic() < deadline:
+            self._clock.sleep(0.01)
 
     def _confirmed(self, sent: float) -> None:
         """A heartbeat (or the registration) sent at ``sent`` went through: no node can
@@ -358,7 +362,7 @@ class RuntimeBase:
         limit = settings.node_orphan_grace_seconds - settings.node_heartbeat_interval_seconds
         with self._stale_lock:
             previous, self._last_heartbeat = self._last_heartbeat, sent
-            now = time.monotonic()
+            now = self._clock.monotonic()
             again = self._stale and now - sent <= limit
             if again:
                 self._stale = False
@@ -389,11 +393,11 @@ class RuntimeBase:
         handed our claims to others: starting a claimed job now could run it twice."""
         settings = self.settings
         limit = settings.node_orphan_grace_seconds - settings.node_heartbeat_interval_seconds
-        silent = time.monotonic() - self._last_heartbeat
+        silent = self._clock.monotonic() - self._last_heartbeat
         if silent <= limit:
             return False
         with self._stale_lock:  # read again: a heartbeat may have gone through meanwhile
-            silent = time.monotonic() - self._last_heartbeat
+            silent = self._clock.monotonic() - self._last_heartbeat
             if silent <= limit:
                 return False
             said, self._stale = self._stale, True

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 from celery_ratchet.domain.breaker import BreakerState, CircuitBreaker
 from celery_ratchet.domain.job import (
@@ -83,7 +82,7 @@ class Claiming(MasterFiring, Revocations):
                 self.dispatch(job)
             except Declined as declining:
                 self._unstart(job)
-                claimed_at = job.claimed_now or datetime.now(timezone.utc)
+                claimed_at = job.claimed_now or self._clock.now()
                 declined.append((job, claimed_at + timedelta(seconds=declining.after_seconds)))
             except Exception as exc:
                 logger.exception("ratchet: could not start job %s", job.job_id)
@@ -136,7 +135,7 @@ class Claiming(MasterFiring, Revocations):
         if found is None:
             return None
         service, config = found
-        now = time.monotonic()
+        now = self._clock.monotonic()
         with self._lock:
             breaker = self.breakers.get(service)
             if breaker is None:
@@ -146,7 +145,7 @@ class Claiming(MasterFiring, Revocations):
                 probe = breaker.state is BreakerState.HALF_OPEN
                 self._protected[(job.job_id, job.token)] = (breaker, probe)
                 return None
-        claimed_at = job.claimed_now or datetime.now(timezone.utc)
+        claimed_at = job.claimed_now or self._clock.now()
         return claimed_at + timedelta(seconds=until - now)
 
     def _defer(
@@ -232,7 +231,7 @@ class Claiming(MasterFiring, Revocations):
                 self._dispatch_ready()
                 room, low = self._room()
                 wants_work = room > 0 and low and not self._heartbeat_stale()
-                if wants_work and (self._hint.is_set() or time.monotonic() >= next_claim):
+                if wants_work and (self._hint.is_set() or self._clock.monotonic() >= next_claim):
                     self._hint.clear()
                     with self._lock:
                         epoch = self._epoch
@@ -253,12 +252,12 @@ class Claiming(MasterFiring, Revocations):
                         if claimed
                         else min(idle_wait * 2, settings.poll_interval)
                     )
-                    next_claim = time.monotonic() + idle_wait
+                    next_claim = self._clock.monotonic() + idle_wait
                     if not claimed and self._told():
                         next_claim = self._next_claim_when_told(next_claim)
                 # Sleep until a slot frees, a wake-up hint arrives, or the next claim is due.
                 timeout = (
-                    max(0.0, next_claim - time.monotonic())
+                    max(0.0, next_claim - self._clock.monotonic())
                     if wants_work
                     else (settings.poll_interval)
                 )
@@ -266,7 +265,7 @@ class Claiming(MasterFiring, Revocations):
                     masters_at = min(self._master_due, self._master_look)
                     if self._masters_changed.is_set():
                         masters_at = 0.0
-                    timeout = min(timeout, max(0.0, masters_at - time.monotonic()))
+                    timeout = min(timeout, max(0.0, masters_at - self._clock.monotonic()))
                 self._wake.wait(timeout)
             except Exception:  # keep claiming: a dead poller would strand this node
                 logger.exception("ratchet: claim loop error; continuing")
@@ -332,7 +331,7 @@ class Claiming(MasterFiring, Revocations):
         except Exception as exc:
             self._throttle.warn("due", "ratchet: next due time not read: %s", exc)
             return float(backoff)
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if due_in is None:
             return now + self._idle_look
         if due_in <= 0:

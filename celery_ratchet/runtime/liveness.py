@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from datetime import datetime
 
 from celery_ratchet.domain.job import (
@@ -28,7 +27,7 @@ class Liveness(Claiming):
         """Register this node, retrying until it goes through; returns when it was
         registered (database clock), or None when told to stop first."""
         while not self._stopping.is_set():
-            sent = time.monotonic()
+            sent = self._clock.monotonic()
             try:
                 registered = self.store.register_node(
                     self.node_id,
@@ -59,7 +58,7 @@ class Liveness(Claiming):
     def _heartbeat_loop(self) -> None:
         interval = self.settings.node_heartbeat_interval_seconds
         while not self._closed.wait(interval):
-            sent = time.monotonic()
+            sent = self._clock.monotonic()
             try:
                 alive = self.store.heartbeat(self.node_id)
             except Exception as exc:
@@ -101,7 +100,7 @@ class Liveness(Claiming):
             self._throttle.warn("heartbeat", "ratchet: heartbeats not read: %s", exc)
             return
         with self._judge_lock:
-            self._judge.observe(heartbeats, time.monotonic())
+            self._judge.observe(heartbeats, self._clock.monotonic())
 
     def _reconcile(self) -> None:
         """Hand back rows this node holds RUNNING but no longer knows about (a claim whose
@@ -143,7 +142,7 @@ class Liveness(Claiming):
         advance all that time."""
         settings = self.settings
         while not self._stopping.wait(settings.orphan_scan_interval):
-            now = time.monotonic()
+            now = self._clock.monotonic()
             with self._judge_lock:
                 may_judge = self._judge.may_judge(now)
                 silent = self._judge.silent(now)

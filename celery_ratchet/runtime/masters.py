@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 from celery_ratchet.domain.job import (
     SCHEDULES_QUEUE,
@@ -36,7 +35,7 @@ class MasterFiring(RuntimeBase):
         poll interval (with a wake-up channel: every ``wakeup_poll_interval``)."""
         if self.occurrence is None:
             return
-        now = time.monotonic()
+        now = self._clock.monotonic()
         due = now >= self._master_due
         look = now >= self._master_look or self._masters_changed.is_set()
         if not (due or look):
@@ -68,7 +67,7 @@ class MasterFiring(RuntimeBase):
         except Exception as exc:
             self._throttle.warn("masters", "ratchet: recurring jobs not checked: %s", exc)
             due_in = self.settings.poll_interval
-        now = time.monotonic()
+        now = self._clock.monotonic()
         self._master_look = now + self._idle_look
         if due_in is None:
             self._master_due = float("inf")
@@ -87,7 +86,7 @@ class MasterFiring(RuntimeBase):
         plans: list[tuple[MasterSpec, Plan] | None] = []
         for master in masters:
             # The database clock decides what is overdue, as it decided what was due.
-            now = max(master.claimed_now or datetime.now(timezone.utc), master.scheduled_time)
+            now = max(master.claimed_now or self._clock.now(), master.scheduled_time)
             try:
                 spec = MasterSpec.from_json(master.schedule_spec or "")
                 decided = plan(spec.timetable, master.scheduled_time, now, spec.policy)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import time
 from dataclasses import replace
 
 from celery_ratchet.domain.job import (
@@ -88,7 +87,7 @@ class Outcomes(RuntimeBase):
             protected = self._protected.pop((job_id, token), None)
             if protected is not None:
                 breaker, probe = protected
-                breaker.record(failed, time.monotonic(), probe=probe)
+                breaker.record(failed, self._clock.monotonic(), probe=probe)
 
     def _report(self, settlement: Settlement) -> None:
         with self._lock:
@@ -146,15 +145,17 @@ class Outcomes(RuntimeBase):
         locked_again = 0.0
         locked_pause = LOCKED_OUTCOME_RETRY_SECONDS
         while True:
-            if locked and time.monotonic() >= locked_again:
+            if locked and self._clock.monotonic() >= locked_again:
                 locked, reachable = self._write_each(locked)
                 if not reachable:
-                    self._write_failed_at = time.monotonic()
+                    self._write_failed_at = self._clock.monotonic()
                 # Each try waits on the locks a moment: longer pauses while they last.
                 locked_pause = min(locked_pause * 2, LOCKED_OUTCOME_RETRY_MAX_SECONDS)
-                locked_again = time.monotonic() + locked_pause
+                locked_again = self._clock.monotonic() + locked_pause
             if not pending:
-                wait = 0.2 if not locked else max(0.0, min(0.2, locked_again - time.monotonic()))
+                wait = 0.2
+                if locked:
+                    wait = max(0.0, min(wait, locked_again - self._clock.monotonic()))
                 try:
                     pending.append(self._settlements.get(timeout=wait))
                 except queue.Empty:
@@ -163,7 +164,7 @@ class Outcomes(RuntimeBase):
                     continue
             self._take_queued(pending)
             if self._may_gather(pending):
-                time.sleep(SETTLE_GATHER_SECONDS)
+                self._clock.sleep(SETTLE_GATHER_SECONDS)
                 self._take_queued(pending)
             pending = [s for s in pending if s is not _CLOSED]
             if not pending:
@@ -172,13 +173,13 @@ class Outcomes(RuntimeBase):
             if reachable:
                 if unwritten and not locked:
                     locked_pause = LOCKED_OUTCOME_RETRY_SECONDS
-                    locked_again = time.monotonic() + locked_pause
+                    locked_again = self._clock.monotonic() + locked_pause
                 locked.extend(unwritten)
                 pending = []
                 continue
-            self._write_failed_at = time.monotonic()
+            self._write_failed_at = self._clock.monotonic()
             if self._closed.wait(self.settings.poll_interval_min * 10):
-                time.sleep(self.settings.poll_interval_min)  # closing: keep trying
+                self._clock.sleep(self.settings.poll_interval_min)  # closing: keep trying
 
     def _take_queued(self, pending: list[Settlement]) -> None:
         """Move the outcomes queued now into ``pending``, up to a batch."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 
 from celery_ratchet.domain.job import (
     ClaimedJob,
@@ -40,12 +39,12 @@ class Revocations(Outcomes):
     def _revocation_wait(self) -> bool | None:
         """Until a revoke is announced (True) or the next look is due (False); None once
         closed. Wakes a few times a second to notice the close, without touching the store."""
-        deadline = time.monotonic() + self._idle_look
+        deadline = self._clock.monotonic() + self._idle_look
         while not self._closed.is_set():
-            if self._revoke_hint.wait(max(0.0, min(deadline - time.monotonic(), 0.2))):
+            if self._revoke_hint.wait(max(0.0, min(deadline - self._clock.monotonic(), 0.2))):
                 self._revoke_hint.clear()
                 return True
-            if time.monotonic() >= deadline:
+            if self._clock.monotonic() >= deadline:
                 return False
         return None
 

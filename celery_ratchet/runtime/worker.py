@@ -7,7 +7,6 @@ must eventually be told the outcome through :meth:`WorkerRuntime.settle`.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 
 from celery_ratchet.domain.job import (
@@ -142,7 +141,7 @@ class WorkerRuntime(Liveness):
         if self._closed.is_set():
             return
         self.stop_claiming()
-        closing = time.monotonic()
+        closing = self._clock.monotonic()
         with self._lock:
             # A success whose result waits for the settler is not unfinished.
             unfinished = [c for c in self._in_flight.items() if c not in self._unwritten]
@@ -153,21 +152,21 @@ class WorkerRuntime(Liveness):
             logger.info(
                 "ratchet: handing back %d jobs the executor did not finish", len(unfinished)
             )
-        deadline = time.monotonic() + timeout
-        while self._unwritten_count() and time.monotonic() < deadline:
+        deadline = self._clock.monotonic() + timeout
+        while self._unwritten_count() and self._clock.monotonic() < deadline:
             if self._write_failed_at > closing + 1.0:  # unreachable, not a passing lock
-                deadline = time.monotonic() + 0.5
+                deadline = self._clock.monotonic() + 0.5
                 break
-            time.sleep(0.05)
+            self._clock.sleep(0.05)
         self._closed.set()
         self._stop_relay.close()
         self._settlements.put(_CLOSED)  # wakes the settler now
         for source in self.wakeups:
             source.stop()
         if self.control is not None:
-            self.control.close(timeout=max(0.1, deadline - time.monotonic()))
+            self.control.close(timeout=max(0.1, deadline - self._clock.monotonic()))
         for thread in self._threads:
-            self._wait_until_ended(thread, max(0.1, deadline - time.monotonic()))
+            self._wait_until_ended(thread, max(0.1, deadline - self._clock.monotonic()))
         left = self._unwritten_count()
         if left:
             # The node row stays: its jobs come back through orphan recovery after the grace
