@@ -29,7 +29,7 @@ os.environ.setdefault("RATCHET_URL", DIRECT)
 
 from bench.apps import ratchet_app  # noqa: E402
 from bench.run import _redis, reset, start_worker, stop  # noqa: E402
-from celery_ratchet.celery.install import ratchet_state  # noqa: E402
+from celery_ratchet.celery.state import ratchet_state  # noqa: E402
 from tests.private_servers import PrivatePgBouncer  # noqa: E402
 
 

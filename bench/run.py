@@ -49,7 +49,7 @@ from bench.claim import bench_claim  # noqa: E402
 from bench.idle import bench_idle  # noqa: E402
 from bench.procs import children  # noqa: E402
 from bench.strays import refuse_strays  # noqa: E402
-from celery_ratchet.celery.install import ratchet_state  # noqa: E402
+from celery_ratchet.celery.state import ratchet_state  # noqa: E402
 
 RESULTS: list[dict[str, Any]] = []
 _redis = redis.Redis.from_url(REDIS_URL)

@@ -84,7 +84,7 @@ def register(url: str, count: int, every: int, aligned: bool, processes: int = 4
 
 def _register_here(count: int, every: int, aligned: int, shares: int, share: int) -> None:
     from bench.apps import ratchet_app
-    from celery_ratchet.celery.recurring import schedule_recurring
+    from celery_ratchet.celery.schedules.recurring import schedule_recurring
 
     signature = ratchet_app.signature("bench.occurrence")
     for i, text in enumerate(schedule_texts(count, every, bool(aligned))):

@@ -1,0 +1,24 @@
+"""The Celery layer: the only package that imports Celery, kombu and billiard.
+
+Its rooms, each named for what it does:
+
+- ``app``: making a Celery app a ratchet app (``install``, the composition root;
+  ``RatchetTask``, ``celery_ratchet.Celery``, the first-use hook, the ``celery ratchet``
+  command and the ``-P ratchet`` pool aliases).
+- ``send``: the send path, from ``apply_async`` to a written job row, and Celery's messages
+  as job rows and back.
+- ``canvas``: chords and batches completed by the database, ``batch()``, streamed batches and
+  ``workflow()``.
+- ``worker``: the worker side: the consumer bootstep that claims rows, the request hooks that
+  settle them, the pools, fencing, retries, breakers and the worker's remote-control answers.
+- ``results``: the result backend on the job rows.
+- ``control``: remote control and revokes from the client, Celery events, Flower, the
+  dashboard and dead-letter alerts.
+- ``schedules``: recurring jobs and housekeeping.
+- ``django``: Django's database as the store, and jobs in Django's transactions.
+- ``broker_import``: moving a broker's messages into the store.
+
+Shared by every room: :mod:`~celery_ratchet.celery.state` (the per-app ratchet state) and
+:mod:`~celery_ratchet.celery.compat` (every Celery, kombu and billiard private touched, one
+name each).
+"""

@@ -6,7 +6,7 @@ checks every name against the installed releases, one test per name, so a releas
 moves one fails the test named after it.
 
 Importing this module imports nothing of Celery's app module: ``first_use`` uses it while
-kombu is being imported by Celery (see ``celery_ratchet.celery.autoload``).
+kombu is being imported by Celery (see ``celery_ratchet.celery.app.autoload``).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def on_every_new_app(callback: Callable[[Any], None]) -> Callable[[], None]:
     app made already. Celery's constructor ends by registering the app with the
     ``_register_app`` its module imported from ``celery._state``: that name is replaced by one
     calling back once the app is registered, at once if Celery's app module is imported, else
-    as soon as its import ends (kombu, which loads ``celery_ratchet.celery.autoload``, is
+    as soon as its import ends (kombu, which loads ``celery_ratchet.celery.app.autoload``, is
     imported while ``celery._state`` still is). Returns what takes the callback out again."""
     if callback not in _NEW_APP_CALLBACKS:
         _NEW_APP_CALLBACKS.append(callback)
@@ -561,7 +561,7 @@ def continues_chain_of(request: Any, job_id: str, embedded_chain: Any) -> bool:
     return embedded_chain is chain
 
 
-# -- groups sent from one message (celery_ratchet.celery.alike_groups) ------------------------
+# -- groups sent from one message (celery_ratchet.celery.send.alike_groups) ------------------------
 
 
 def freeze_group_id(group: Any, options: dict[str, Any]) -> tuple[dict[str, Any], str, Any]:

@@ -1,7 +1,7 @@
 """The per-app ratchet state: settings, the job store and the wake-up sources of one app.
 
 Every module of this layer reaches its app's store through :func:`ratchet_state`; the state
-knows nothing of how an app is installed (:mod:`celery_ratchet.celery.install`)."""
+knows nothing of how an app is installed (:mod:`celery_ratchet.celery.app.install`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 from celery import Celery
 from celery.utils.imports import symbol_by_name
 
-from celery_ratchet.celery.django_store import with_django_defaults
+from celery_ratchet.celery.django.django_store import with_django_defaults
 from celery_ratchet.runtime.node_clock import NodeClock
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.batches import BatchStore

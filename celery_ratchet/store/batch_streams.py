@@ -29,7 +29,7 @@ batch = scheduler_batch
 
 
 class StreamOps(BatchRows):
-    """Streaming batches: see :mod:`celery_ratchet.celery.streams`."""
+    """Streaming batches: see :mod:`celery_ratchet.celery.canvas.streams`."""
 
     def write_chunk(
         self,

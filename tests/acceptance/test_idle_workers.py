@@ -17,7 +17,7 @@ import pytest
 from celery import Celery
 from celery.exceptions import TaskRevokedError
 
-from celery_ratchet.celery.recurring import cancel_recurring, schedule_recurring
+from celery_ratchet.celery.schedules.recurring import cancel_recurring, schedule_recurring
 from celery_ratchet.celery.state import ratchet_state
 from tests.acceptance.conftest import Cluster, side_effects, wait_until
 

@@ -176,7 +176,7 @@ def test_outcomes_with_text_no_database_stores_are_still_written(store: JobStore
 def test_a_reschedule_whose_reply_was_lost_is_not_taken_for_a_lost_claim(
     store: JobStore, caplog: Any
 ) -> None:
-    from celery_ratchet.celery.amqp import _reschedule
+    from celery_ratchet.celery.send.amqp import _reschedule
 
     store.enqueue(new_job("retried"))
     [claimed] = store.claim("n", ["celery"], 1)

@@ -16,7 +16,7 @@ import pytest
 from celery import Celery, chord, group, signals
 from sqlalchemy import text
 
-from celery_ratchet.celery import alike_groups
+from celery_ratchet.celery.send import alike_groups
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.errors import InvalidJob
 from tests.conftest import Servers, empty_store

@@ -12,7 +12,7 @@ from celery.schedules import crontab
 from kombu.utils import json as kjson
 
 import celery_ratchet
-from celery_ratchet.celery.recurring import BeatOwnership, register_all
+from celery_ratchet.celery.schedules.recurring import BeatOwnership, register_all
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.domain.schedule import MasterSpec

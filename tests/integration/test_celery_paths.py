@@ -172,7 +172,7 @@ def test_unserialisable_result_is_logged_and_the_job_succeeds(worker_app: Celery
     messages: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda rec: messages.append(rec.getMessage())  # type: ignore[method-assign]
-    backend_logger = logging.getLogger("celery_ratchet.celery.backend")
+    backend_logger = logging.getLogger("celery_ratchet.celery.results.backend")
     backend_logger.addHandler(handler)
     level = backend_logger.level
     backend_logger.setLevel(logging.WARNING)  # the test worker logs errors only

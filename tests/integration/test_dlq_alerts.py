@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_ratchet.celery.alerts import dead_letter_alerts
-from celery_ratchet.celery.install import install
+from celery_ratchet.celery.app.install import install
+from celery_ratchet.celery.control.alerts import dead_letter_alerts
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus, JobType, Settlement, error_record
 from celery_ratchet.errors import ConfigurationError

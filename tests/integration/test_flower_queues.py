@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 import celery_ratchet
-from celery_ratchet.celery.flower import StoreQueues, queue_lengths
+from celery_ratchet.celery.control.flower import StoreQueues, queue_lengths
 from celery_ratchet.celery.state import ratchet_state
 from tests.conftest import Servers, empty_store
 from tests.integration.conftest import BrokerTrap, make_app

@@ -13,7 +13,7 @@ from celery import Celery
 from click.testing import CliRunner
 from sqlalchemy import update
 
-from celery_ratchet.celery.backend import UNKNOWN_STATE
+from celery_ratchet.celery.results.backend import UNKNOWN_STATE
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.cli.main import cli
 from celery_ratchet.domain.job import JobStatus

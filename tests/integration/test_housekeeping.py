@@ -11,7 +11,7 @@ from celery import Celery
 from click.testing import CliRunner
 
 import celery_ratchet
-from celery_ratchet.celery.housekeeping import ARCHIVE_TASK, ARCHIVER_KEY
+from celery_ratchet.celery.schedules.housekeeping import ARCHIVE_TASK, ARCHIVER_KEY
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.cli.main import cli
 from tests.conftest import Servers, empty_store

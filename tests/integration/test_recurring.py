@@ -69,7 +69,7 @@ def test_beat_schedule_entries_run_without_beat(recurring_app: Celery) -> None:
         time.sleep(0.1)
     names = {
         m["business_key"]
-        for m in celery_ratchet.celery.recurring.masters.describe(
+        for m in celery_ratchet.celery.schedules.recurring.masters.describe(
             ratchet_state(recurring_app).store
         )
     }
@@ -111,7 +111,7 @@ def test_a_decorated_task_is_named_after_its_function(recurring_app: Celery) -> 
     """The seeds: a recurring job's name defaults to its method's name."""
     shown = {
         m["business_key"]: m
-        for m in celery_ratchet.celery.recurring.masters.describe(
+        for m in celery_ratchet.celery.schedules.recurring.masters.describe(
             ratchet_state(recurring_app).store
         )
     }

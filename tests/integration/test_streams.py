@@ -10,8 +10,8 @@ import pytest
 from celery import Celery
 
 import celery_ratchet
+from celery_ratchet.celery.canvas.streams import fail_abandoned
 from celery_ratchet.celery.state import ratchet_state
-from celery_ratchet.celery.streams import fail_abandoned
 from celery_ratchet.domain.batch import BatchKind, BatchState
 from celery_ratchet.errors import InvalidJob, StreamAbandoned
 from tests.helpers import wait_until

@@ -13,7 +13,7 @@ from celery.exceptions import ChordError, TaskRevokedError
 from sqlalchemy import create_engine, text
 
 import celery_ratchet
-from celery_ratchet.celery.batches import encode_signature, finish_stalled
+from celery_ratchet.celery.canvas.batches import encode_signature, finish_stalled
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.batch import BatchKind, BatchPart, BatchState, NewBatch
 from celery_ratchet.domain.job import JobStatus

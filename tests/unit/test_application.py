@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 import celery_ratchet
-from celery_ratchet.celery.amqp import RatchetAMQP
-from celery_ratchet.celery.control import RatchetControl
-from celery_ratchet.celery.events import RatchetEvents
+from celery_ratchet.celery.app.task import RatchetTask
+from celery_ratchet.celery.control.control import RatchetControl
+from celery_ratchet.celery.control.events import RatchetEvents
+from celery_ratchet.celery.send.amqp import RatchetAMQP
 from celery_ratchet.celery.state import NO_BROKER
-from celery_ratchet.celery.task import RatchetTask
 
 
 def test_app_is_a_ratchet_app_before_any_task_is_bound() -> None:
@@ -56,7 +56,7 @@ def test_djangos_fixup_keeps_the_ratchet_task_class() -> None:
         """
         from celery.contrib.django.task import DjangoTask
         import celery_ratchet
-        from celery_ratchet.celery.task import RatchetTask
+        from celery_ratchet.celery.app.task import RatchetTask
         app = celery_ratchet.Celery("shop", set_as_current=False)
         assert issubclass(app.Task, RatchetTask)
         assert not issubclass(app.Task, DjangoTask)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_ratchet.celery.collector import paused_collection
+from celery_ratchet.celery.send.collector import paused_collection
 
 
 @pytest.fixture(autouse=True)

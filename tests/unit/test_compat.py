@@ -23,7 +23,8 @@ from celery.utils.saferepr import saferepr
 from hypothesis import given
 from hypothesis import strategies as st
 
-from celery_ratchet.celery.application import Celery as RatchetCelery
+from celery_ratchet.celery.app.application import Celery as RatchetCelery
+from celery_ratchet.celery.app.task import RatchetTask
 from celery_ratchet.celery.compat import (
     AMQP_CREATE_TASK_SENDER_METHOD,
     BACKEND_RETRY_SLEEP_METHOD,
@@ -76,7 +77,6 @@ from celery_ratchet.celery.compat import (
     unproxied,
     wrap_settings_censor,
 )
-from celery_ratchet.celery.task import RatchetTask
 from celery_ratchet.errors import ConfigurationError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,7 +157,7 @@ def test_group_tasks_are_lazy_tells_a_group_of_a_generator_from_one_of_a_list() 
 def test_wrap_group_apply_async_wraps_celerys_group_once() -> None:
     from celery.canvas import group
 
-    from celery_ratchet.celery import lazy_groups
+    from celery_ratchet.celery.send import lazy_groups
 
     lazy_groups.connect()
     lazy_groups.connect()
@@ -362,7 +362,7 @@ def billiard_pool() -> Iterator[Any]:
 def test_pool_help_stuff_finish_method_is_what_billiards_pool_end_calls() -> None:
     from billiard.pool import Pool
 
-    from celery_ratchet.celery.pool import _BlockingPool
+    from celery_ratchet.celery.worker.pool import _BlockingPool
 
     private_method(Pool, POOL_HELP_STUFF_FINISH_METHOD)
     assert POOL_HELP_STUFF_FINISH_METHOD in vars(_BlockingPool)
@@ -497,7 +497,7 @@ def test_exit_as_billiard_does_is_billiards_shutdown_cleanup() -> None:
 def test_base_pool_get_info_method_is_what_pool_info_returns() -> None:
     from celery.concurrency.base import BasePool
 
-    from celery_ratchet.celery.asyncpool import AsyncPool
+    from celery_ratchet.celery.worker.asyncpool import AsyncPool
 
     private_method(BasePool, BASE_POOL_GET_INFO_METHOD)
     assert BASE_POOL_GET_INFO_METHOD in vars(AsyncPool)
@@ -509,7 +509,7 @@ def test_channel_purge_method_is_what_kombus_queue_purge_calls() -> None:
     from kombu import Connection
     from kombu.transport import memory
 
-    from celery_ratchet.celery.transport import Channel as RatchetChannel
+    from celery_ratchet.celery.worker.transport import Channel as RatchetChannel
 
     private_method(memory.Channel, CHANNEL_PURGE_METHOD)
     assert CHANNEL_PURGE_METHOD in vars(RatchetChannel)
@@ -529,7 +529,7 @@ def test_channel_purge_method_is_what_kombus_queue_purge_calls() -> None:
 def test_amqp_create_task_sender_method_builds_amqp_send_task_message() -> None:
     from celery.app.amqp import AMQP
 
-    from celery_ratchet.celery.amqp import RatchetAMQP
+    from celery_ratchet.celery.send.amqp import RatchetAMQP
 
     private_method(AMQP, AMQP_CREATE_TASK_SENDER_METHOD)
     assert AMQP_CREATE_TASK_SENDER_METHOD in vars(RatchetAMQP)
@@ -547,7 +547,7 @@ def test_connection_reraise_method_is_what_send_task_enters_on_the_producers_con
 
     from kombu import Connection
 
-    from celery_ratchet.celery.sender import _NoBrokerConnection
+    from celery_ratchet.celery.send.sender import _NoBrokerConnection
 
     private_method(Connection, CONNECTION_RERAISE_METHOD)
     assert CONNECTION_RERAISE_METHOD in vars(_NoBrokerConnection)
@@ -570,7 +570,7 @@ def test_backend_storage_methods_are_what_basebackends_public_methods_call() -> 
     from celery.backends.base import BaseBackend
     from celery.result import GroupResult
 
-    from celery_ratchet.celery.backend import RatchetBackend
+    from celery_ratchet.celery.results.backend import RatchetBackend
 
     for name in BACKEND_STORAGE_METHODS:
         assert name in vars(RatchetBackend), name
@@ -597,7 +597,7 @@ def test_backend_storage_methods_are_what_basebackends_public_methods_call() -> 
 def test_backend_retry_sleep_method_is_the_pause_between_two_result_write_retries() -> None:
     from celery.backends.base import BaseBackend
 
-    from celery_ratchet.celery.backend import RatchetBackend
+    from celery_ratchet.celery.results.backend import RatchetBackend
 
     private_method(BaseBackend, BACKEND_RETRY_SLEEP_METHOD)
     assert BACKEND_RETRY_SLEEP_METHOD in vars(RatchetBackend)
@@ -653,7 +653,7 @@ def test_request_announce_revoked_method_is_where_a_revoke_of_a_request_ends() -
     from celery.worker import state as worker_state
     from celery.worker.request import Request
 
-    from celery_ratchet.celery.request import RatchetRequest
+    from celery_ratchet.celery.worker.request import RatchetRequest
 
     private_method(Request, REQUEST_ANNOUNCE_REVOKED_METHOD)
     assert REQUEST_ANNOUNCE_REVOKED_METHOD in vars(RatchetRequest)

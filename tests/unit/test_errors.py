@@ -10,7 +10,7 @@ import pytest
 from celery import Celery
 
 from celery_ratchet import errors
-from celery_ratchet.celery.backend import exception_record
+from celery_ratchet.celery.results.backend import exception_record
 from celery_ratchet.errors import (
     CompressedPayloadTooLarge,
     DuplicateJob,

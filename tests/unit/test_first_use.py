@@ -1,5 +1,5 @@
 """``celery.Celery(task_cls=...)`` apps: ratchet in place before the first send, result read
-or control call, whatever the process does first (celery_ratchet.celery.first_use)."""
+or control call, whatever the process does first (celery_ratchet.celery.app.first_use)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from celery.app.control import Control
 from celery.backends.base import DisabledBackend
 from celery.contrib.testing.app import TestApp, setup_default_app
 
-from celery_ratchet.celery.amqp import RatchetAMQP
-from celery_ratchet.celery.backend import RatchetBackend
-from celery_ratchet.celery.control import RatchetControl
-from celery_ratchet.celery.events import RatchetEvents
-from celery_ratchet.celery.first_use import GATED_CLASSES, Undecided
+from celery_ratchet.celery.app.first_use import GATED_CLASSES, Undecided
+from celery_ratchet.celery.app.task import RatchetTask
+from celery_ratchet.celery.control.control import RatchetControl
+from celery_ratchet.celery.control.events import RatchetEvents
+from celery_ratchet.celery.results.backend import RatchetBackend
+from celery_ratchet.celery.send.amqp import RatchetAMQP
 from celery_ratchet.celery.state import NO_BROKER, is_installed
-from celery_ratchet.celery.task import RatchetTask
 from celery_ratchet.errors import ConfigurationError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,7 +157,7 @@ def test_what_kombu_loads_while_celery_is_imported_is_light_and_registers_no_cod
     check = textwrap.dedent(
         """
         import sys
-        import celery_ratchet.celery.autoload as autoload
+        import celery_ratchet.celery.app.autoload as autoload
         heavy = {"celery.app.base", "sqlalchemy", "kombu.serialization"} & set(sys.modules)
         assert not heavy, heavy
         from kombu.serialization import registry
@@ -185,7 +185,7 @@ def test_a_fresh_process_watches_apps_whatever_it_imports_first(first_import: st
         from celery import Celery
         app = Celery("shop", task_cls="celery_ratchet:RatchetTask", set_as_current=False)
         assert app.__dict__.get("_ratchet_installed"), "not installed"
-        assert "celery_ratchet.celery.install" in sys.modules
+        assert "celery_ratchet.celery.app.install" in sys.modules
         plain = Celery("plain", set_as_current=False)
         assert not plain.__dict__.get("_ratchet_installed")
         """

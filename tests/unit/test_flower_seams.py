@@ -1,5 +1,6 @@
-"""The two names of Flower that celery_ratchet.celery.flower replaces, one test each, so that a
-Flower release that moves one fails the test named after it; and what the hooks leave alone."""
+"""The two names of Flower that celery_ratchet.celery.control.flower replaces, one test each, so
+that a Flower release that moves one fails the test named after it; and what the hooks leave
+alone."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import celery
 import pytest
 from celery.events.receiver import EventReceiver
 
-from celery_ratchet.celery import flower as hooks
-from celery_ratchet.celery.events import RatchetEventReceiver
+from celery_ratchet.celery.control import flower as hooks
+from celery_ratchet.celery.control.events import RatchetEventReceiver
 from tests.conftest import IN_CI
 
 

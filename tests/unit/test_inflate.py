@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 from kombu.compression import compress
 
-from celery_ratchet.celery.inflate import inflate, inflated_limit
+from celery_ratchet.celery.send.inflate import inflate, inflated_limit
 from celery_ratchet.errors import MalformedJob, PayloadTooLarge
 
 MIB = 1 << 20

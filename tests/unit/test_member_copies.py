@@ -9,7 +9,7 @@ from celery.canvas import Signature
 from hypothesis import given
 from hypothesis import strategies as st
 
-from celery_ratchet.celery.alike_groups import _fresh, copier
+from celery_ratchet.celery.send.alike_groups import _fresh, copier
 
 _VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),

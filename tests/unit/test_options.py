@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from celery_ratchet.celery.options import HEADER, apply_to_message, resolve
+from celery_ratchet.celery.send.options import HEADER, apply_to_message, resolve
 from celery_ratchet.errors import ConfigurationError, InvalidJob
 from celery_ratchet.settings import RatchetSettings
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import celery_ratchet
-from celery_ratchet.celery.workflows import WorkflowError, resolve_predicate
+from celery_ratchet.celery.canvas.workflows import WorkflowError, resolve_predicate
 from celery_ratchet.errors import ConfigurationError, PredicateNotAllowed, RatchetError
 from celery_ratchet.settings import RatchetSettings
 

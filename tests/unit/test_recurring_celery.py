@@ -7,7 +7,7 @@ from celery import Celery
 from celery.schedules import BaseSchedule, crontab
 
 import celery_ratchet
-from celery_ratchet.celery.recurring import _register_beat_entry, crontab_to_quartz
+from celery_ratchet.celery.schedules.recurring import _register_beat_entry, crontab_to_quartz
 from celery_ratchet.domain.cron import CronError, CronExpression
 from celery_ratchet.errors import ConfigurationError
 
@@ -93,7 +93,7 @@ def test_recurring_tasks_retry_as_the_seeds_say() -> None:
 def test_occurrences_expire_relative_to_their_own_fire_time() -> None:
     from datetime import datetime, timezone
 
-    from celery_ratchet.celery.recurring import occurrence
+    from celery_ratchet.celery.schedules.recurring import occurrence
     from celery_ratchet.domain.job import ClaimedJob, JobType
     from celery_ratchet.domain.schedule import MasterSpec
     from tests.helpers import new_job

@@ -1,11 +1,12 @@
 """A task message a broker holds, as the job a send of it would have written.
 
 Celery's message protocol 2 (headers, properties, a body of ``(args, kwargs, embed)``) goes
-through the send path's own conversion (:func:`~celery_ratchet.celery.message.job_from_message`):
-the same task id, arguments, ETA, expiry, priority, retries, headers, and the canvas Celery
-embeds (the rest of a chain is stored ahead as waiting steps; links and a chord's body stay in
-the message, as a send keeps them). Protocol 1 (everything in a dict body) is read into
-protocol 2 first. What cannot be stored is refused with the reason, never dropped.
+through the send path's own conversion
+(:func:`~celery_ratchet.celery.send.message.job_from_message`): the same task id, arguments,
+ETA, expiry, priority, retries, headers, and the canvas Celery embeds (the rest of a chain is
+stored ahead as waiting steps; links and a chord's body stay in the message, as a send keeps
+them). Protocol 1 (everything in a dict body) is read into protocol 2 first. What cannot be
+stored is refused with the reason, never dropped.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from celery import Celery
 from kombu.exceptions import ContentDisallowed, DecodeError
 from kombu.message import Message as KombuMessage
 
-from celery_ratchet.celery import options as options_
-from celery_ratchet.celery.inflate import uncompressed_body
-from celery_ratchet.celery.message import (
+from celery_ratchet.celery.send import options as options_
+from celery_ratchet.celery.send.inflate import uncompressed_body
+from celery_ratchet.celery.send.message import (
     job_from_message,
     safe_accept,
     serializer_name,

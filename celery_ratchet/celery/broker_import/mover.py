@@ -18,7 +18,6 @@ from typing import Any, Protocol
 
 from celery import Celery
 
-from celery_ratchet.celery.batches import encode_signature
 from celery_ratchet.celery.broker_import.convert import (
     BrokerMessage,
     ChordMark,
@@ -27,6 +26,7 @@ from celery_ratchet.celery.broker_import.convert import (
     Moved,
     Refused,
 )
+from celery_ratchet.celery.canvas.batches import encode_signature
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.batch import BatchKind, NewBatch
 from celery_ratchet.domain.job import NewJob

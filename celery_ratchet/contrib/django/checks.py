@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from celery_ratchet.celery.django_store import (
+from celery_ratchet.celery.django.django_store import (
     DATABASE_SETTING,
     connection_of,
     database_url,

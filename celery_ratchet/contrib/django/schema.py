@@ -11,7 +11,7 @@ from django.db import migrations
 
 
 def _apply_schema(apps: Any, schema_editor: Any) -> None:
-    from celery_ratchet.celery.django_store import apply_schema
+    from celery_ratchet.celery.django.django_store import apply_schema
 
     apply_schema(schema_editor.connection.alias)
 
