@@ -90,8 +90,11 @@ def _effective(kind: str, now: str, boost_minutes: float) -> str:
     return f"(priority + {BOOST_STEP} * {steps})"
 
 
-def candidates(kind: str, now: str, shape: ClaimShape, columns: str, lock: bool) -> str:
-    """A SELECT of ``columns`` of the due rows to claim, best first, ``:limit`` of them.
+def candidates(
+    kind: str, now: str, shape: ClaimShape, columns: str, lock: bool, limit: int | None = None
+) -> str:
+    """A SELECT of ``columns`` of the due rows to claim, best first, ``limit`` of them (a
+    number written into the SQL), or ``:limit`` (a bound parameter) when None.
 
     Without aging one index scan in (priority desc, due time) order serves it. With aging the
     order depends on the clock, so no index holds it; but within one priority level the
@@ -101,10 +104,11 @@ def candidates(kind: str, now: str, shape: ClaimShape, columns: str, lock: bool)
     """
     lock_clause = " FOR UPDATE SKIP LOCKED" if lock else ""
     due = _due(now, shape)
+    most = ":limit" if limit is None else str(int(limit))
     if not shape.boost_minutes:
-        return f"SELECT {columns} FROM scheduler_job WHERE {due} {_ORDER} LIMIT :limit{lock_clause}"
+        return f"SELECT {columns} FROM scheduler_job WHERE {due} {_ORDER} LIMIT {most}{lock_clause}"
     order = f"ORDER BY {_effective(kind, now, shape.boost_minutes)} DESC, scheduled_time, id"
-    level = "ORDER BY scheduled_time, id LIMIT :limit"
+    level = f"ORDER BY scheduled_time, id LIMIT {most}"
     if kind == "postgresql":
         # FOR UPDATE is refused inside UNION: each level is an ARRAY(...) of locked ids.
         parts = [
@@ -113,7 +117,7 @@ def candidates(kind: str, now: str, shape: ClaimShape, columns: str, lock: bool)
         ]
         return (
             f"SELECT {columns} FROM scheduler_job WHERE id = ANY({' || '.join(parts)}) "
-            f"{order} LIMIT :limit"
+            f"{order} LIMIT {most}"
         )
     if kind == "mysql":
         parts = [
@@ -126,7 +130,7 @@ def candidates(kind: str, now: str, shape: ClaimShape, columns: str, lock: bool)
             f"{level})"
             for level_is in _LEVEL_CONDITIONS
         ]
-    return f"SELECT * FROM ({' UNION ALL '.join(parts)}) AS c {order} LIMIT :limit"
+    return f"SELECT * FROM ({' UNION ALL '.join(parts)}) AS c {order} LIMIT {most}"
 
 
 def _queue_params(queues: Sequence[str]) -> dict[str, str]:
@@ -282,38 +286,44 @@ class _UpdateReturning:
     lock: bool
     needs_transaction: bool
     where: str
+    #: Whether the batch size is written into the statement (one statement per size) rather
+    #: than bound: see :class:`PostgresClaim`.
+    sized: bool = False
 
     def __init__(self, now: str) -> None:
         self.now = now
-        # One strategy per store, a few shapes per worker: compiled once each, kept with the
-        # store (a process-wide cache would be shared by every store the process opens).
-        self._statements: dict[ClaimShape, TextualSelect] = {}
-        self._raw: dict[tuple[ClaimShape, Dialect], RawStatement] = {}
+        # One strategy per store, a few shapes (and sizes) per worker: compiled once each,
+        # kept with the store (a process-wide cache would be shared by every store the
+        # process opens).
+        self._statements: dict[tuple[ClaimShape, int | None], TextualSelect] = {}
+        self._raw: dict[tuple[ClaimShape, int | None, Dialect], RawStatement] = {}
 
-    def statement(self, shape: ClaimShape) -> TextualSelect:
-        found = self._statements.get(shape)
+    def statement(self, shape: ClaimShape, limit: int | None = None) -> TextualSelect:
+        found = self._statements.get((shape, limit))
         if found is None:
             picked = candidates(
-                self.kind, self.now, shape, "id, priority, scheduled_time", self.lock
+                self.kind, self.now, shape, "id, priority, scheduled_time", self.lock, limit
             )
-            found = self._statements[shape] = _prepare(
+            found = self._statements[shape, limit] = _prepare(
                 f"UPDATE scheduler_job SET {_CLAIMED.format(now=self.now)} "
                 f"WHERE {self.where.format(picked=picked)} "
                 f"RETURNING {RETURNED}, {self.now} AS claimed_now"
             )
         return found
 
-    def raw(self, shape: ClaimShape, dialect: Dialect) -> RawStatement:
-        found = self._raw.get((shape, dialect))
+    def raw(self, shape: ClaimShape, dialect: Dialect, limit: int | None = None) -> RawStatement:
+        found = self._raw.get((shape, limit, dialect))
         if found is None:
-            found = self._raw[shape, dialect] = raw_statement(self.statement(shape), dialect)
+            statement = raw_statement(self.statement(shape, limit), dialect)
+            found = self._raw[shape, limit, dialect] = statement
         return found
 
     def claim(self, conn: Connection, shape: ClaimShape, params: dict[str, Any]) -> Claimed:
         # Through the driver itself (store/raw.py): the claim is on every job's way, and
         # SQLAlchemy's execution and result machinery around it cost about as much as the
         # database's executing it.
-        return fetch_claimed(conn, self.raw(shape, conn.dialect), params)
+        limit = int(params["limit"]) if self.sized else None
+        return fetch_claimed(conn, self.raw(shape, conn.dialect, limit), params)
 
 
 def fetch_claimed(conn: Connection, statement: RawStatement, params: dict[str, Any]) -> Claimed:
@@ -371,7 +381,13 @@ class PostgresClaim(_UpdateReturning):
     # its rows by primary key. The rows are locked while PENDING (the lock re-checks the
     # condition), so the update needs no status test, which would tempt the planner onto
     # the status index and its dead entries.
-    kind, lock, needs_transaction = "postgresql", True, False
+    #
+    # The batch size is written into the statement: bound, it left the plan that the driver's
+    # prepared statement keeps for any value estimated at a tenth of the due rows, always
+    # dearer than the plan for each claim's own value, so every claim was planned again
+    # (0.58 ms, more than it ran; docs/bench.md). Written in, a worker's few sizes each keep
+    # their plan.
+    kind, lock, needs_transaction, sized = "postgresql", True, False, True
     where = "id = ANY(ARRAY(SELECT id FROM ({picked}) AS picked))"
 
 

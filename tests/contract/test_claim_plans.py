@@ -1,0 +1,46 @@
+"""PostgreSQL keeps one plan for a claim of a given size. The driver prepares the claim after a
+few runs; PostgreSQL then plans it for each run's values five times and keeps a plan for any
+value (the generic plan) only if that one does not look dearer. With the batch size a bound
+parameter, the generic plan read a tenth of the due rows for its index scans' LIMIT, so every
+claim was planned again (0.58 ms a claim at 20,000 jobs, more than it ran: docs/bench.md).
+The size is written into the statement instead: here the prepared claim, run as a worker runs
+it, must be served by its generic plan."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_ratchet.store.claim import ClaimShape, PostgresClaim, claim_params
+from tests.conftest import Servers, empty_store
+from tests.helpers import new_job
+
+
+@pytest.mark.parametrize("boost_minutes", [15.0, 0.0], ids=["aging", "no-aging"])
+def test_a_prepared_claim_of_one_size_keeps_its_plan(
+    servers: Servers, boost_minutes: float
+) -> None:
+    store = empty_store(servers.url("postgresql"))
+    store.enqueue_many([new_job(f"j{i}", priority=i % 10) for i in range(400)])
+    with store.engine.connect() as conn:
+        conn.exec_driver_sql("ANALYZE scheduler_job")
+    strategy = store._claim
+    assert isinstance(strategy, PostgresClaim)
+    raw = strategy.raw(ClaimShape(1, False, boost_minutes), store.engine.dialect, 4)
+    claimed: set[str] = set()
+    with store.engine.connect() as conn:
+        cursor = conn.connection.driver_connection.cursor()
+        try:
+            for run in range(12):
+                params = claim_params("n", f"token{run}", ["celery"], 4)
+                cursor.execute(raw.sql, raw.parameters(params), prepare=True)
+                claimed.update(row[1] for row in cursor.fetchall())
+            cursor.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                "WHERE statement LIKE 'UPDATE scheduler_job SET %%'"
+            )
+            generic, custom = cursor.fetchone()
+        finally:
+            cursor.close()
+    assert len(claimed) == 48  # each run claimed a batch of its own
+    assert generic >= 6, (generic, custom)
+    assert custom <= 5, (generic, custom)
