@@ -526,6 +526,18 @@ class ClaimOps(StoreCore):
 #: the (status, picked_by) index for each batch (tests/contract/test_settle_plans.py).
 _STILL_RUNNING = "(j.status || '') = 'RUNNING'"
 
+
+def _unnested(arrays: dict[str, str]) -> str:
+    """FROM items: the text array parameters ``arrays`` names (parameter → column), as the
+    rows ``o``. The arrays are read through a sub-select kept as it is (``OFFSET 0``), so
+    the planner estimates as many rows for any batch: given them directly, it knew each
+    batch's length, and the prepared statement's plan for any batch (ten rows) looked dearer
+    than the plan for one of fewer, so every settle of fewer than ten was planned again."""
+    given = ", ".join(f"CAST(:{name} AS TEXT[]) AS {name}" for name in arrays)
+    unnested = ", ".join(f"a.{name}" for name in arrays)
+    return f"(SELECT {given} OFFSET 0) AS a, unnest({unnested}) AS o({', '.join(arrays.values())})"
+
+
 _SETTLE_MANY_PG = text(
     "UPDATE scheduler_job AS j SET status = o.status, "
     "finished_at = CASE WHEN o.status = 'PENDING' THEN NULL ELSE now() END, "
@@ -535,10 +547,17 @@ _SETTLE_MANY_PG = text(
         f"{column} = CASE WHEN o.status = 'PENDING' THEN NULL ELSE j.{column} END"
         for column in _CLEARED_CLAIM
     )
-    + " FROM unnest(CAST(:ids AS TEXT[]), CAST(:tokens AS TEXT[]), CAST(:statuses AS TEXT[]), "
-    "CAST(:errors AS TEXT[]), CAST(:tracebacks AS TEXT[])) "
-    "AS o(job_id, token, status, error, traceback) "
-    f"WHERE j.job_id = o.job_id AND j.claim_token = o.token AND {_STILL_RUNNING}"
+    + " FROM "
+    + _unnested(
+        {
+            "ids": "job_id",
+            "tokens": "token",
+            "statuses": "status",
+            "errors": "error",
+            "tracebacks": "traceback",
+        }
+    )
+    + f" WHERE j.job_id = o.job_id AND j.claim_token = o.token AND {_STILL_RUNNING}"
 )
 
 
@@ -563,10 +582,18 @@ _STORE_RESULTS_PG = text(
     "UPDATE scheduler_job AS j SET status = o.status, finished_at = now(), "
     "job_result = o.job_result, result_type = o.result_type, result_meta = o.result_meta, "
     "last_error = NULL, error_traceback = NULL "
-    "FROM unnest(CAST(:ids AS TEXT[]), CAST(:tokens AS TEXT[]), CAST(:statuses AS TEXT[]), "
-    "CAST(:results AS TEXT[]), CAST(:types AS TEXT[]), CAST(:metas AS TEXT[])) "
-    "AS o(job_id, token, status, job_result, result_type, result_meta) "
-    f"WHERE j.job_id = o.job_id AND j.claim_token = o.token AND {_STILL_RUNNING} "
+    "FROM "
+    + _unnested(
+        {
+            "ids": "job_id",
+            "tokens": "token",
+            "statuses": "status",
+            "results": "job_result",
+            "types": "result_type",
+            "metas": "result_meta",
+        }
+    )
+    + f" WHERE j.job_id = o.job_id AND j.claim_token = o.token AND {_STILL_RUNNING} "
     "RETURNING j.job_id, j.claim_token"
 )
 
