@@ -26,6 +26,19 @@ SENT, DUE, NOT_ALERTED = "sent", "due", "-"
 
 
 @dataclass(frozen=True)
+class AlertState:
+    """What ``ratchet dlq list`` shows of one task name's alerts."""
+
+    task_name: str
+    opened_at: datetime | None
+    failed: int
+    first_opened_at: datetime | None
+    last_sent_at: datetime | None
+    last_alert_id: str | None
+    last_count: int | None
+
+
+@dataclass(frozen=True)
 class AlertWindow:
     """The open window of one task name, as the database holds it."""
 

@@ -13,6 +13,7 @@ from sqlalchemy import bindparam, func, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from celery_ratchet.domain.dlq_alert import MAX_LISTED_JOBS, AlertWindow
+from celery_ratchet.domain.dlq_alert import AlertState as AlertState  # kept importable here
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.store.db_clock import (
     db_now,
@@ -35,19 +36,6 @@ class DeadLetter:
     job_id: str
     error: str | None
     finished_at: datetime
-
-
-@dataclass(frozen=True)
-class AlertState:
-    """What ``ratchet dlq list`` shows of one task name's alerts."""
-
-    task_name: str
-    opened_at: datetime | None
-    failed: int
-    first_opened_at: datetime | None
-    last_sent_at: datetime | None
-    last_alert_id: str | None
-    last_count: int | None
 
 
 _COUNT = (
