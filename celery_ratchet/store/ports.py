@@ -1,8 +1,9 @@
 """What the runtime asks of the job store, one Protocol per concern.
 
-:class:`~celery_ratchet.store.jobstore.JobStore` implements all of them (mypy checks it,
-``tests/contract/test_store_ports.py`` too); the runtime depends on these, not on the class,
-so a store with another shape (a fake in a unit test, another driver) only has to keep them.
+:class:`~celery_ratchet.store.jobstore.JobStore` implements all of them on a database, and
+:class:`~celery_ratchet.store.memory.MemoryStore` in memory (mypy checks both; the contract
+suite, tests/contract, runs on both); the runtime depends on these, not on a class, so a
+store with another shape only has to keep them. They import no SQLAlchemy (pyproject.toml).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from celery_ratchet.domain.control import ControlCommand, ControlReply
-from celery_ratchet.domain.dlq_alert import AlertWindow
+from celery_ratchet.domain.dlq_alert import AlertState, AlertWindow
 from celery_ratchet.domain.job import (
     ClaimedJob,
     JobStatus,
@@ -21,8 +22,7 @@ from celery_ratchet.domain.job import (
     ResultRecord,
     Settlement,
 )
-from celery_ratchet.store.dlq_alerts import AlertState
-from celery_ratchet.store.nodes import OrphanRecovery
+from celery_ratchet.domain.recovery import OrphanRecovery
 
 
 class Announcing(Protocol):

@@ -28,6 +28,7 @@ from celery_ratchet.errors import (
 from celery_ratchet.runtime import recurring
 from celery_ratchet.store.ddl import bring_up_to_date
 from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.memory import MemoryStore
 from celery_ratchet.store.schema import ACTIVE_KEY_INDEX, MYSQL_ACTIVE_KEY_COLUMN
 from celery_ratchet.store.units import Unit
 from tests.helpers import new_job, wait_until
@@ -37,7 +38,10 @@ def keyed(key: str, job_id: str | None = None, **changes: object) -> NewJob:
     return dataclasses.replace(new_job(job_id), business_key=key, **changes)  # type: ignore[arg-type]
 
 
-def rows_with_key(store: JobStore, key: str) -> list[tuple[str, str]]:
+def rows_with_key(store: JobStore | MemoryStore, key: str) -> list[tuple[str, str]]:
+    if isinstance(store, MemoryStore):
+        rows = sorted(store.snapshot().jobs.values(), key=lambda r: r.id)
+        return [(r.job_id, r.status) for r in rows if r.business_key == key]
     with store.engine.connect() as conn:
         found = conn.execute(
             text("SELECT job_id, status FROM scheduler_job WHERE business_key = :k ORDER BY id"),

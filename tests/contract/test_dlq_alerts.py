@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -22,9 +23,9 @@ ALERT_TASK = "tests.on_dead_letters"
 
 
 @pytest.fixture
-def alerting(store: JobStore, db_url: str) -> JobStore:
+def alerting(open_store: Callable[..., JobStore]) -> JobStore:
     """A store on the emptied database that counts dead letters."""
-    return JobStore(db_url, dlq_alert_task=ALERT_TASK)
+    return open_store(dlq_alert_task=ALERT_TASK)
 
 
 def _error(n: int) -> str:

@@ -12,6 +12,7 @@ from sqlalchemy import text
 from celery_ratchet.domain.job import JobStatus, Settlement
 from celery_ratchet.domain.priority import Priority, effective_priority
 from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.memory import MemoryStore
 from tests.helpers import new_job
 
 
@@ -19,7 +20,9 @@ def ago(minutes: float) -> datetime:
     return datetime.now(timezone.utc) - timedelta(minutes=minutes)
 
 
-def permits(store: JobStore, resource: str) -> int:
+def permits(store: JobStore | MemoryStore, resource: str) -> int:
+    if isinstance(store, MemoryStore):
+        return sum(1 for p in store.snapshot().permits if p.resource == resource)
     with store.engine.connect() as conn:
         sql = "SELECT count(*) FROM scheduler_resource_permit WHERE resource = :r"
         return int(conn.execute(text(sql), {"r": resource}).scalar_one())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -11,14 +12,16 @@ from celery_ratchet.domain.job import SCHEDULES_QUEUE, JobStatus, JobType
 from celery_ratchet.domain.schedule import MasterSpec, plan
 from celery_ratchet.runtime import recurring
 from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.memory import MemoryStore
 from tests.helpers import new_job
 
 NOW = datetime(2026, 6, 1, 12, 0, 30, tzinfo=timezone.utc)
 SPEC = MasterSpec("cron:0 * * * * ?", "UTC")
 
 
-def _register(url: str, key: str, spec_json: str) -> str:
-    store = JobStore(url)
+def _register(url: str | JobStore | MemoryStore, key: str, spec_json: str) -> str:
+    """Registers as a node starting would: on a store of its own (a URL), or on ``url``."""
+    store = JobStore(url) if isinstance(url, str) else url
     template = new_job("template", task="tests.tick")
     return recurring.register(
         store,
@@ -42,23 +45,25 @@ def test_many_nodes_registering_one_key_make_one_master(store: JobStore, db_url:
     assert master["scheduled_time"] == datetime(2026, 6, 1, 12, 1, tzinfo=timezone.utc)
 
 
-def test_registering_again_updates_in_place(store: JobStore, db_url: str) -> None:
-    _register(db_url, "report", SPEC.to_json())
+def test_registering_again_updates_in_place(
+    store: JobStore, open_store: Callable[..., JobStore]
+) -> None:
+    _register(open_store(), "report", SPEC.to_json())
     every_hour = MasterSpec("cron:0 0 * * * ?", "Europe/London", misfire="SKIP")
-    assert _register(db_url, "report", every_hour.to_json()) == "updated"
+    assert _register(open_store(), "report", every_hour.to_json()) == "updated"
     [master] = store.list_masters()
     assert MasterSpec.from_json(master["schedule_spec"]) == every_hour
     # 12:00:30 UTC is 13:00:30 in London (BST): the next hour is 14:00 BST, 13:00 UTC.
     assert master["scheduled_time"] == datetime(2026, 6, 1, 13, 0, tzinfo=timezone.utc)
 
 
-def test_pause_resume_and_cancel(store: JobStore, db_url: str) -> None:
-    _register(db_url, "k", SPEC.to_json())
+def test_pause_resume_and_cancel(store: JobStore, open_store: Callable[..., JobStore]) -> None:
+    _register(open_store(), "k", SPEC.to_json())
     recurring.pause(store, "k")
     assert store.claim("n", [SCHEDULES_QUEUE], 5) == []
     assert [m["status"] for m in store.list_masters()] == ["PAUSED"]
     # Paused still counts as active: registering again does not add a second master.
-    assert _register(db_url, "k", SPEC.to_json()) == "updated"
+    assert _register(open_store(), "k", SPEC.to_json()) == "updated"
     recurring.resume(store, "k", now=NOW + timedelta(hours=1))
     [master] = store.list_masters()
     assert (master["status"], master["scheduled_time"]) == (
@@ -67,17 +72,16 @@ def test_pause_resume_and_cancel(store: JobStore, db_url: str) -> None:
     )
     recurring.cancel(store, "k")
     assert store.list_masters() == []
-    assert _register(db_url, "k", SPEC.to_json()) == "revived"
+    assert _register(open_store(), "k", SPEC.to_json()) == "revived"
 
 
-def test_a_fire_time_creates_its_occurrence_once(store: JobStore, db_url: str) -> None:
+def test_a_fire_time_creates_its_occurrence_once(
+    store: JobStore, open_store: Callable[..., JobStore]
+) -> None:
     past = MasterSpec("every:1")
-    _register(db_url, "tick", past.to_json())
+    _register(open_store(), "tick", past.to_json())
     store.enqueue(new_job("unrelated"))
-    with store.engine.connect() as conn:  # make the master due now
-        conn.exec_driver_sql(
-            "UPDATE scheduler_job SET scheduled_time = created_at WHERE job_type = 'RECURRING'"
-        )
+    _make_masters_due(store)
     [master] = [j for j in store.claim("n", [SCHEDULES_QUEUE], 5)]
     assert master.job_type is JobType.RECURRING
     fire = master.scheduled_time
@@ -94,16 +98,33 @@ def test_a_fire_time_creates_its_occurrence_once(store: JobStore, db_url: str) -
     assert store.result("never") is None
 
 
-def _claim_due_master(store: JobStore) -> list:  # type: ignore[type-arg]
+def _make_masters_due(store: JobStore | MemoryStore) -> None:
+    """Every recurring master due now."""
+    if isinstance(store, MemoryStore):
+        store.forge(
+            lambda rows: (
+                [
+                    setattr(r, "scheduled_time", r.created_at)
+                    for r in rows.jobs.values()
+                    if r.job_type == "RECURRING"
+                ]
+                and None
+            )
+        )
+        return
     with store.engine.connect() as conn:
         conn.exec_driver_sql(
             "UPDATE scheduler_job SET scheduled_time = created_at WHERE job_type = 'RECURRING'"
         )
+
+
+def _claim_due_master(store: JobStore) -> list:  # type: ignore[type-arg]
+    _make_masters_due(store)
     return store.claim("n", [SCHEDULES_QUEUE], 5)
 
 
-def test_an_exhausted_master_finishes(store: JobStore, db_url: str) -> None:
-    _register(db_url, "once", MasterSpec("cron:0 0 0 1 1 ? 2027").to_json())
+def test_an_exhausted_master_finishes(store: JobStore, open_store: Callable[..., JobStore]) -> None:
+    _register(open_store(), "once", MasterSpec("cron:0 0 0 1 1 ? 2027").to_json())
     [master] = _claim_due_master(store)
     assert store.fire_master(master, [], None)
     assert store.list_masters() == []
@@ -111,9 +132,11 @@ def test_an_exhausted_master_finishes(store: JobStore, db_url: str) -> None:
     assert record is not None and record.status is JobStatus.SUCCEEDED
 
 
-def test_masters_fired_together_each_fire_once(store: JobStore, db_url: str) -> None:
+def test_masters_fired_together_each_fire_once(
+    store: JobStore, open_store: Callable[..., JobStore]
+) -> None:
     for key in ("a", "b", "c", "d"):
-        _register(db_url, key, MasterSpec("every:1").to_json())
+        _register(open_store(), key, MasterSpec("every:1").to_json())
     masters = sorted(_claim_due_master(store), key=lambda m: m.job_id)
     assert len(masters) == 4
     firings = []
@@ -139,10 +162,10 @@ def test_masters_fired_together_each_fire_once(store: JobStore, db_url: str) -> 
 
 
 def test_a_lost_claim_among_masters_fired_together_stops_only_its_own(
-    store: JobStore, db_url: str
+    store: JobStore, open_store: Callable[..., JobStore]
 ) -> None:
     for key in ("kept", "lost"):
-        _register(db_url, key, MasterSpec("every:1").to_json())
+        _register(open_store(), key, MasterSpec("every:1").to_json())
     kept, lost = sorted(_claim_due_master(store), key=lambda m: m.job_id)
     assert (kept.job_id, lost.job_id) == ("recurring:kept", "recurring:lost")
     with store.engine.connect() as conn:  # another node took the second one over
