@@ -22,6 +22,7 @@ MEMORY = "memory"
 _SQL = "it writes or reads rows with SQL on the store's engine"
 _INDEX = "it drops the database's unique index on active business keys"
 _CALLERS = "it enqueues inside a caller's own database transaction (enqueue_within)"
+_FAULTS = "its faults are injected into the database connection"
 _BATCHES = "batches, chords and streams (store/batches.py) are JobStore's alone"
 JOBSTORE_ONLY: dict[str, str] = {
     "test_archive_and_logs.py": "the archive and job logs are JobStore's alone",
@@ -35,7 +36,6 @@ JOBSTORE_ONLY: dict[str, str] = {
     "characters, driver errors; memory holds any text",
     "test_hostile_rows.py": "its rows are forged with SQL, past what the store writes",
     "test_index_plans.py": "query plans are a database's",
-    "test_lost_replies.py": "its faults are injected into the database connection",
     "test_plain_insert.py": "it tests the insert's driver paths",
     "test_step_handoff.py": "the chain step hand-off (release_step_to) is JobStore's alone",
     "test_orphan_recovery.py": "it ages heartbeats and claims with SQL",
@@ -71,6 +71,14 @@ JOBSTORE_ONLY: dict[str, str] = {
     "test_permits_and_aging.py::test_rows_with_broker_sized_priorities_are_still_claimed": _SQL,
     "test_recurring_store.py::test_a_lost_claim_among_masters_fired_together_stops_only_"
     "its_own": _SQL,
+    "test_lost_replies.py::test_a_claim_whose_reply_was_lost_is_taken_over": _FAULTS,
+    "test_lost_replies.py::test_a_claim_whose_driver_connection_is_lost_after_it_ran_is_"
+    "taken_over": _FAULTS,
+    "test_lost_replies.py::test_an_enqueue_whose_reply_was_lost_is_not_a_duplicate": _FAULTS,
+    "test_lost_replies.py::test_a_chain_step_handed_over_whose_reply_was_lost_is_read_back_"
+    "as_claimed": _FAULTS,
+    "test_lost_replies.py::test_a_group_write_whose_commit_reply_was_lost_is_not_a_"
+    "duplicate": _FAULTS,
 }
 
 

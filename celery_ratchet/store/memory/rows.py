@@ -171,6 +171,14 @@ def tags_text(tags: tuple[str, ...]) -> str | None:
     return "," + ",".join(tags) + ","
 
 
+def storable(text: str | None) -> str | None:
+    """Text as a database stores an outcome's error (``job_rows.storable``): NUL characters
+    and lone surrogates escaped."""
+    if text is None:
+        return None
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class Unrunnable(Exception):
     """A claimed row that cannot be run as it stands (``store.claim.MalformedRow``)."""
 

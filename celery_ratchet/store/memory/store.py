@@ -59,6 +59,7 @@ from celery_ratchet.store.memory.rows import (
     claimed_job,
     new_row,
     result_record,
+    storable,
     summary,
     waiting_row,
 )
@@ -373,8 +374,9 @@ class MemoryStore:
             row.clear_claim()
         else:
             row.finished_at = now
-            row.last_error = s.error if s.error is not None else row.last_error
-            row.error_traceback = s.traceback if s.traceback is not None else row.error_traceback
+            error, traceback = storable(s.error), storable(s.traceback)
+            row.last_error = error if error is not None else row.last_error
+            row.error_traceback = traceback if traceback is not None else row.error_traceback
         if s.status in (JobStatus.FAILED, JobStatus.REVOKED):
             self._cancel_downstream(t, [s.job_id], s.error)
         if s.status is JobStatus.FAILED:
@@ -400,7 +402,7 @@ class MemoryStore:
                 return False
             row.status, row.finished_at = status.value, self.now()
             row.job_result, row.result_type, row.result_meta = job_result, result_type, result_meta
-            row.last_error, row.error_traceback = error, traceback
+            row.last_error, row.error_traceback = storable(error), storable(traceback)
             if status in (JobStatus.FAILED, JobStatus.REVOKED):
                 self._cancel_downstream(t, [job_id], error)
             if status is JobStatus.FAILED:
