@@ -38,7 +38,6 @@ JOBSTORE_ONLY: dict[str, str] = {
     "test_index_plans.py": "query plans are a database's",
     "test_plain_insert.py": "it tests the insert's driver paths",
     "test_step_handoff.py": "the chain step hand-off (release_step_to) is JobStore's alone",
-    "test_orphan_recovery.py": "it ages heartbeats and claims with SQL",
     "test_control_store.py::test_an_older_database_gets_the_control_tables": "schema upgrade",
     "test_jobstore.py::test_successes_with_their_results_are_written_as_the_backend_"
     "writes_each": _SQL,

@@ -11,12 +11,16 @@ from sqlalchemy import text
 
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.memory import MemoryStore
 from tests.helpers import new_job
 
 
-def _silence(store: JobStore, *nodes: str, minutes: float = 10) -> None:
+def _silence(store: JobStore | MemoryStore, *nodes: str, minutes: float = 10) -> None:
     """Heartbeats of ``nodes`` as if written ``minutes`` ago (as after a database outage)."""
     moment = datetime.now(timezone.utc) - timedelta(minutes=minutes)
+    if isinstance(store, MemoryStore):
+        store.forge(lambda rows: [setattr(rows.nodes[n], "heartbeat_ts", moment) for n in nodes])
+        return
     with store.engine.begin() as conn:
         for node in nodes:
             conn.execute(
@@ -25,7 +29,12 @@ def _silence(store: JobStore, *nodes: str, minutes: float = 10) -> None:
             )
 
 
-def _forge(store: JobStore, job_id: str, assignments: str, **values: object) -> None:
+def _forge(store: JobStore | MemoryStore, job_id: str, **values: object) -> None:
+    """The job's row with ``values`` in its columns, as no operation writes them."""
+    if isinstance(store, MemoryStore):
+        store.forge(lambda rows: [setattr(rows.jobs[job_id], k, v) for k, v in values.items()])
+        return
+    assignments = ", ".join(f"{column} = :{column}" for column in values)
     with store.engine.begin() as conn:
         conn.execute(
             text(f"UPDATE scheduler_job SET {assignments} WHERE job_id = :j"),
@@ -83,13 +92,13 @@ def test_running_rows_with_no_owner_or_no_claim_time_are_recovered(store: JobSto
     store.enqueue_many([new_job(i) for i in ids])
     store.claim("gone", ["celery"], 4)
     half_a_minute_ago = datetime.now(timezone.utc) - timedelta(seconds=30)
-    _forge(store, "no-owner", "picked_by = NULL, claimed_at = :t", t=half_a_minute_ago)
-    _forge(store, "no-owner-no-time", "picked_by = NULL, claimed_at = NULL")
-    _forge(store, "unregistered-no-time", "picked_by = 'never-registered', claimed_at = NULL")
-    _forge(store, "dead-no-time", "claimed_at = NULL")
+    _forge(store, "no-owner", picked_by=None, claimed_at=half_a_minute_ago)
+    _forge(store, "no-owner-no-time", picked_by=None, claimed_at=None)
+    _forge(store, "unregistered-no-time", picked_by="never-registered", claimed_at=None)
+    _forge(store, "dead-no-time", claimed_at=None)
     [live_job] = store.claim("live", ["celery"], 1)
     assert live_job.job_id == "live-no-time"
-    _forge(store, "live-no-time", "claimed_at = NULL")
+    _forge(store, "live-no-time", claimed_at=None)
     _silence(store, "gone", minutes=0.1)
     # "no-owner" has a claim time: an owner-less row waits out the grace period first.
     assert store.recover_orphans(60.0, observed={}).requeued == [
@@ -139,7 +148,7 @@ def test_a_recurring_master_is_never_dead_lettered_however_often_it_was_claimed(
     store.register_node("dead", "h", 1, ["celery"], 1)
     store.enqueue(new_job("master"))
     store.claim("dead", ["celery"], 1)
-    _forge(store, "master", "job_type = 'RECURRING', claims = 500")
+    _forge(store, "master", job_type="RECURRING", claims=500)
     _silence(store, "dead")
 
     recovered = store.recover_orphans(1.0, observed=store.node_heartbeats(), max_recoveries=2)
