@@ -123,7 +123,7 @@ CREATE TABLE scheduler_job (
 	error_traceback TEXT,
 	PRIMARY KEY (id)
 )
- WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
+ WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
 
 CREATE INDEX ix_scheduler_job_depends_on ON scheduler_job (depends_on) WHERE depends_on IS NOT NULL;
 

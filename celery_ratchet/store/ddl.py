@@ -125,7 +125,8 @@ def create_missing_tables(conn: Connection, existing: set[str]) -> list[str]:
 
 def add_missing_columns(conn: Connection, *, wait_for_unique_keys: bool = False) -> list[str]:
     """Bring tables made by an earlier celery_ratchet up to date where that is only additive:
-    add each missing nullable column and each missing index. Returns what was added; a
+    add each missing nullable column, each missing index and each storage parameter a
+    PostgreSQL table lacks (:func:`add_storage_parameters`). Returns what was added; a
     missing column that cannot be added (NOT NULL without a default) raises SchemaOutdated.
 
     Active jobs of an earlier version sharing a business key keep the unique index on active
@@ -162,6 +163,39 @@ def add_missing_columns(conn: Connection, *, wait_for_unique_keys: bool = False)
                 added.append(f"index {index.name}")
         if table is scheduler_job and family(conn.dialect.name) == "mysql":
             added += _add_mysql_active_key(conn, columns, indexes, wait_for_unique_keys)
+    return added + add_storage_parameters(conn)
+
+
+def missing_storage_parameters(conn: Connection) -> list[tuple[str, str, str]]:
+    """PostgreSQL: (table, parameter, value) of each storage parameter of the schema (its
+    ``postgresql_with``) that a table lacks, made by an earlier version. A parameter the
+    table has, whatever its value, is left as it is: an operator may have chosen it."""
+    if conn.dialect.name != "postgresql":
+        return []
+    wanted = {t.name: t.info["postgresql_with"] for t in metadata.sorted_tables
+              if t.info.get("postgresql_with")}  # fmt: skip
+    rows = conn.exec_driver_sql(
+        "SELECT relname, reloptions FROM pg_class WHERE relkind IN ('r', 'p') "
+        "AND relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) "
+        "AND relname = ANY(%(names)s)",
+        {"names": list(wanted)},
+    ).all()
+    missing = []
+    for table, options in rows:
+        present = {str(option).split("=", 1)[0] for option in options or ()}
+        missing += [(table, name, value) for name, value in wanted[table].items()
+                    if name not in present]  # fmt: skip
+    return missing
+
+
+def add_storage_parameters(conn: Connection) -> list[str]:
+    """Give tables an earlier version made the storage parameters they lack. A parameter
+    changes no row: it takes a lock that reads and writes do not wait for (nor wait on),
+    and applies to pages filled from then on."""
+    added = []
+    for table, name, value in missing_storage_parameters(conn):
+        conn.exec_driver_sql(f"ALTER TABLE {table} SET ({name} = {value})")
+        added.append(f"{table} ({name} = {value})")
     return added
 
 
@@ -244,7 +278,8 @@ def _refuse_duplicate_keys(conn: Connection) -> None:
 
 
 def schema_differences(conn: Connection) -> list[str]:
-    """What the live database lacks of the schema: tables, columns, indexes."""
+    """What the live database lacks of the schema: tables, columns, indexes, PostgreSQL's
+    storage parameters."""
     inspector = inspect(conn)
     existing = set(inspector.get_table_names())
     problems = []
@@ -268,6 +303,10 @@ def schema_differences(conn: Connection) -> list[str]:
                 problems.append(f"missing column {table.name}.{MYSQL_ACTIVE_KEY_COLUMN}")
             if ACTIVE_KEY_INDEX not in indexes:
                 problems.append(f"missing index {ACTIVE_KEY_INDEX} on {table.name}")
+    problems += [
+        f"missing storage parameter {name} = {value} of {table}"
+        for table, name, value in missing_storage_parameters(conn)
+    ]
     return problems
 
 

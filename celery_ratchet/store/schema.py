@@ -163,11 +163,16 @@ scheduler_job = Table(
     # Nothing reads back an inserted row's id; RETURNING it would cost every enqueue.
     implicit_returning=False,
     # Every job is inserted and updated a few times: vacuum early, so claims do not wade
-    # through dead index entries. Rendered by ddl.table_statements (SQLAlchemy 2.0 has no
-    # ``postgresql_with`` table option; 2.1 does).
+    # through dead index entries; and leave room in each page, so that a job's new version
+    # (its claim, its end) is written beside the old one, where PostgreSQL logs only the
+    # bytes that changed: on another page it logs the whole row (payload, headers and
+    # properties) and a lock of the old one. Rendered by ddl.table_statements (SQLAlchemy
+    # 2.0 has no ``postgresql_with`` table option; 2.1 does); a table an earlier version
+    # made is given a parameter it lacks by ddl.add_storage_parameters.
     info={
         "mysql_options": MYSQL_TABLE_OPTIONS,
         "postgresql_with": {
+            "fillfactor": "70",
             "autovacuum_vacuum_scale_factor": "0.02",
             "autovacuum_vacuum_insert_scale_factor": "0.05",
             "autovacuum_analyze_scale_factor": "0.02",

@@ -52,3 +52,42 @@ def _recreate_database(admin_url: str, url: str) -> None:
 
 def _drop_database(admin_url: str, url: str) -> None:
     _admin(admin_url, "DROP DATABASE IF EXISTS {name}", url.rsplit("/", 1)[1])
+
+
+def test_a_job_table_of_an_earlier_version_gets_the_storage_parameters_it_lacks(
+    servers: Servers,
+) -> None:
+    """PostgreSQL: scheduler_job leaves room in its pages (fillfactor); a table made before
+    is given it at the next start (or `ratchet schema apply`, or Django's migration), and
+    a value an operator set is kept."""
+    store = JobStore(servers.url("postgresql"))
+    store.ensure_schema()
+
+    def options() -> dict[str, str]:
+        with store.engine.connect() as conn:
+            found = conn.execute(
+                text("SELECT reloptions FROM pg_class WHERE relname = 'scheduler_job'")
+            ).scalar_one()
+        return dict(option.split("=", 1) for option in found or ())
+
+    assert options()["fillfactor"] == "70"
+    with store.engine.connect() as conn:
+        conn.execute(text("ALTER TABLE scheduler_job RESET (fillfactor)"))
+    earlier = JobStore(store.url)
+    assert "missing storage parameter fillfactor = 70 of scheduler_job" in (
+        earlier.schema_differences()
+    )
+    earlier.ensure_schema()  # what a worker or client does first
+    assert earlier.schema_differences() == []
+    assert options()["fillfactor"] == "70"
+
+    with store.engine.connect() as conn:
+        conn.execute(text("ALTER TABLE scheduler_job SET (fillfactor = 90)"))
+    chosen = JobStore(store.url)
+    assert chosen.schema_differences() == []
+    chosen.ensure_schema()
+    assert options()["fillfactor"] == "90"
+    with store.engine.connect() as conn:
+        conn.execute(text("ALTER TABLE scheduler_job SET (fillfactor = 70)"))
+    for opened in (store, earlier, chosen):
+        opened.engine.dispose()
