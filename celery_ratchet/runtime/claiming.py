@@ -7,7 +7,6 @@ import os
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from celery_ratchet.domain.breaker import BreakerState, CircuitBreaker
 from celery_ratchet.domain.job import (
     ClaimedJob,
     JobStatus,
@@ -16,27 +15,79 @@ from celery_ratchet.domain.job import (
 from celery_ratchet.errors import StoreBusy, StoreUnavailable
 from celery_ratchet.runtime.base import (
     _DUE_MARGIN_SECONDS,
+    BreakerLookup,
     Declined,
+    Intake,
+    NodeEvents,
+    Throttle,
 )
-from celery_ratchet.runtime.masters import MasterFiring
+from celery_ratchet.runtime.channel import Channel
+from celery_ratchet.runtime.clock import Clock
+from celery_ratchet.runtime.holdings import Holdings
+from celery_ratchet.runtime.masters import Masters
+from celery_ratchet.runtime.outcomes import Settler
 from celery_ratchet.runtime.revocations import Revocations
+from celery_ratchet.runtime.standing import Standing
+from celery_ratchet.settings import RatchetSettings
+from celery_ratchet.store.ports import QueueStore
 
 logger = logging.getLogger(__name__)
 
 
-class Claiming(MasterFiring, Revocations):
-    """Claiming due jobs for a node's free room and handing them to the executor in order."""
+class Claimer:
+    """Owns the claim loop's thread (which also fires the recurring masters) and what it
+    keeps between rounds; :meth:`accepts_chain_step` and :meth:`take_released` are called
+    from the threads that run tasks."""
 
-    def _drop_buffer(self, why: str) -> None:
-        with self._lock:
-            dropped = len(self._ready)
-            self._ready.clear()
+    def __init__(
+        self,
+        store: QueueStore,
+        settings: RatchetSettings,
+        *,
+        node_id: str,
+        intake: Intake,
+        dispatch: Callable[[ClaimedJob], None],
+        breaker_for: BreakerLookup | None,
+        holdings: Holdings,
+        events: NodeEvents,
+        channel: Channel,
+        standing: Standing,
+        settler: Settler,
+        revocations: Revocations,
+        masters: Masters | None,
+        clock: Clock,
+        throttle: Throttle,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.node_id = node_id
+        self._intake = intake
+        self.dispatch = dispatch
+        self.breaker_for = breaker_for
+        self._holdings = holdings
+        self._events = events
+        self._channel = channel
+        self._standing = standing
+        self._settler = settler
+        self._revocations = revocations
+        self._masters = masters
+        self._clock = clock
+        self._throttle = throttle
+        #: The process that claims: a forked pool process holds a copy of this object.
+        self._pid = os.getpid()
+        #: The claim loop's backoff: how long it waits while queues are empty, and when it
+        #: claims next.
+        self._idle_wait = settings.poll_interval_min
+        self._next_claim = 0.0
+
+    def drop_buffer(self, why: str) -> None:
+        dropped = len(self._holdings.take_buffer())
         if dropped:
             logger.error("ratchet: dropped %d claimed, unstarted jobs: %s", dropped, why)
 
-    def _dispatch_ready(self) -> None:
-        if self._heartbeat_stale():
-            self._drop_buffer("no heartbeat for too long, the claims may belong to others now")
+    def dispatch_ready(self) -> None:
+        if self._standing.stale():
+            self.drop_buffer("no heartbeat for too long, the claims may belong to others now")
             return
         deferred: list[tuple[ClaimedJob, datetime]] = []
         declined: list[tuple[ClaimedJob, datetime]] = []
@@ -58,35 +109,24 @@ class Claiming(MasterFiring, Revocations):
         declined: list[tuple[ClaimedJob, datetime]],
     ) -> None:
         while True:
-            with self._lock:
-                if self._stopping.is_set():  # stopping: the buffer is handed back instead
-                    return
-                if not self._ready or len(self._in_flight) >= self.capacity.running:
-                    return
-                job = self._next_startable()
-                if job is None:  # every kind with jobs waiting is at its limit
-                    return
-                # In flight from the moment it leaves the buffer: the claim check
-                # (_reconcile) must never see a job that is about to start as a lost claim.
-                self._in_flight[job.job_id] = job.token
-                self._count_kind(job)
+            job = self._holdings.start_next(self._intake.capacity, self._events.stopping)
+            if job is None:
+                return
             until = self._breaker_hold(job)
             if until is not None:
-                self._unstart(job)
+                self._holdings.unstart(job)
                 deferred.append((job, until))
                 continue
-            with self._lock:
-                if job.resource is not None:
-                    self._permits[(job.job_id, job.token)] = job.resource
+            self._holdings.hold_permit(job)
             try:
                 self.dispatch(job)
             except Declined as declining:
-                self._unstart(job)
+                self._holdings.unstart(job)
                 claimed_at = job.claimed_now or self._clock.now()
                 declined.append((job, claimed_at + timedelta(seconds=declining.after_seconds)))
             except Exception as exc:
                 logger.exception("ratchet: could not start job %s", job.job_id)
-                self.settle(
+                self._settler.settle(
                     Settlement(
                         job.job_id,
                         job.token,
@@ -94,29 +134,6 @@ class Claiming(MasterFiring, Revocations):
                         error=f"could not start the job: {exc!r}",
                     )
                 )
-
-    def _unstart(self, job: ClaimedJob) -> None:
-        """A job taken from the buffer that does not start here after all: its slot (and
-        its permit's place) is free again."""
-        with self._lock:
-            if self._in_flight.get(job.job_id) == job.token:
-                del self._in_flight[job.job_id]
-                self._uncount_kind(job.job_id)
-            self._permits.pop((job.job_id, job.token), None)
-
-    def _next_startable(self) -> ClaimedJob | None:
-        """The first buffered job whose kind is under its limit, taken from the buffer
-        (under the lock)."""
-        capacity = self.capacity
-        if not (capacity.single_limit or capacity.batch_child_limit):
-            return self._ready.popleft()
-        for index, job in enumerate(self._ready):
-            child = job.batch_child
-            limit = capacity.limit_for(job)
-            if not limit or self._kind_counts[child] < limit:
-                del self._ready[index]
-                return job
-        return None
 
     def _breaker_hold(self, job: ClaimedJob) -> datetime | None:
         """When the job's circuit breaker is open: the time to try it again."""
@@ -136,15 +153,9 @@ class Claiming(MasterFiring, Revocations):
             return None
         service, config = found
         now = self._clock.monotonic()
-        with self._lock:
-            breaker = self.breakers.get(service)
-            if breaker is None:
-                breaker = self.breakers[service] = CircuitBreaker(config)
-            until = breaker.defer_until(now)
-            if until is None:
-                probe = breaker.state is BreakerState.HALF_OPEN
-                self._protected[(job.job_id, job.token)] = (breaker, probe)
-                return None
+        until = self._holdings.admit(job, service, config, now)
+        if until is None:
+            return None
         claimed_at = job.claimed_now or self._clock.now()
         return claimed_at + timedelta(seconds=until - now)
 
@@ -157,8 +168,7 @@ class Claiming(MasterFiring, Revocations):
             self.store.defer([(job.job_id, job.token, due) for job, due in deferred])
         except Exception as exc:  # kept claimed and buffered: deferred again next round
             self._throttle.warn("defer", "ratchet: jobs not deferred yet: %s", exc)
-            with self._lock:
-                self._ready.extend(job for job, _ in deferred)
+            self._holdings.rebuffer(job for job, _ in deferred)
             return
         logger.log(
             level,
@@ -170,33 +180,31 @@ class Claiming(MasterFiring, Revocations):
     def _room(self) -> tuple[int, bool]:
         """How many jobs to claim, and whether it is time to: the local buffer is down to half
         (so claims come in batches, not one per finished job)."""
-        with self._lock:
-            ready, held = len(self._ready), len(self._ready) + len(self._in_flight)
-        room = min(self.capacity.total - held, self.settings.claim_batch_size)
-        return room, ready <= self.capacity.buffered // 2
+        capacity = self._intake.capacity
+        ready, held = self._holdings.sizes()
+        room = min(capacity.total - held, self.settings.claim_batch_size)
+        return room, ready <= capacity.buffered // 2
 
     def _claim(self, room: int) -> list[ClaimedJob]:
         # Jobs that need a permit first: few at a time, and never starved by the rest. A node
         # holds no more of them than it can execute at once, so a permit is never held by a
         # job queued behind others while another node sits idle.
         claimed: list[ClaimedJob] = []
-        with self._lock:
-            held = len(self._permits) + sum(1 for j in self._ready if j.resource is not None)
-        permit_room = max(0, self.capacity.executing - held)
+        held = self._holdings.permits_held()
+        permit_room = max(0, self._intake.capacity.executing - held)
+        queues = self._intake.queues
         for resource, capacity in self.settings.resources.items():
             if min(room, permit_room) > len(claimed):
                 claimed += self._claim_with(
                     self.store.claim_for_resource,
                     self.node_id,
-                    self.queues,
+                    queues,
                     resource,
                     capacity,
                     min(room, permit_room) - len(claimed),
                 )
         if room > len(claimed):
-            claimed += self._claim_with(
-                self.store.claim, self.node_id, self.queues, room - len(claimed)
-            )
+            claimed += self._claim_with(self.store.claim, self.node_id, queues, room - len(claimed))
         return claimed
 
     def _claim_with(
@@ -219,57 +227,67 @@ class Claiming(MasterFiring, Revocations):
         self._throttle.forget("claim-busy")
         return claimed
 
-    def _poll_loop(self) -> None:
-        settings = self.settings
-        idle_wait = settings.poll_interval_min
-        next_claim = 0.0
-        while not self._stopping.is_set():
+    def run(self) -> None:
+        """The claim loop, until the node stops claiming."""
+        self._idle_wait, self._next_claim = self.settings.poll_interval_min, 0.0
+        stopping = self._events.stopping
+        while not stopping.is_set():
             try:
-                self._wake.clear()  # before looking: a change made after this wakes the wait below
-                self._probe()
-                self._fire_due_masters()
-                self._dispatch_ready()
-                room, low = self._room()
-                wants_work = room > 0 and low and not self._heartbeat_stale()
-                if wants_work and (self._hint.is_set() or self._clock.monotonic() >= next_claim):
-                    self._hint.clear()
-                    with self._lock:
-                        epoch = self._epoch
-                    claimed = self._claim(room)
-                    revoked = self._drop_revoked(claimed)
-                    if revoked:
-                        claimed = [j for j in claimed if j not in revoked]
-                    self._ran_dry = len(claimed) < room
-                    if claimed:
-                        self._take(claimed, epoch)
-                        self._dispatch_ready()
-                    if len(claimed) == room:  # there may be more due: claim again at once
-                        idle_wait, next_claim = settings.poll_interval_min, 0.0
-                        continue
-                    # The queue ran dry: back off, doubling up to the poll interval.
-                    idle_wait = (
-                        settings.poll_interval_min
-                        if claimed
-                        else min(idle_wait * 2, settings.poll_interval)
-                    )
-                    next_claim = self._clock.monotonic() + idle_wait
-                    if not claimed and self._told():
-                        next_claim = self._next_claim_when_told(next_claim)
-                # Sleep until a slot frees, a wake-up hint arrives, or the next claim is due.
-                timeout = (
-                    max(0.0, next_claim - self._clock.monotonic())
-                    if wants_work
-                    else (settings.poll_interval)
-                )
-                if self.occurrence is not None:
-                    masters_at = min(self._master_due, self._master_look)
-                    if self._masters_changed.is_set():
-                        masters_at = 0.0
-                    timeout = min(timeout, max(0.0, masters_at - self._clock.monotonic()))
-                self._wake.wait(timeout)
+                self._events.woken.clear()  # before looking: a change after this wakes the wait
+                timeout = self.round()
+                if timeout is not None:
+                    self._events.woken.wait(timeout)
             except Exception:  # keep claiming: a dead poller would strand this node
                 logger.exception("ratchet: claim loop error; continuing")
-                self._stopping.wait(settings.poll_interval)
+                stopping.wait(self.settings.poll_interval)
+
+    def round(self) -> float | None:
+        """One look: fire the masters due, start buffered jobs, claim if there is room.
+        Returns how long to wait until the next (a slot freed or a hint ends it sooner), or
+        None to look again at once (a full claim: there may be more due)."""
+        settings = self.settings
+        self._channel.probe()
+        if self._masters is not None:
+            self._masters.fire_due()
+        self.dispatch_ready()
+        room, low = self._room()
+        wants_work = room > 0 and low and not self._standing.stale()
+        hint = self._events.hint
+        if wants_work and (hint.is_set() or self._clock.monotonic() >= self._next_claim):
+            hint.clear()
+            epoch = self._holdings.epoch
+            claimed = self._claim(room)
+            revoked = self._revocations.drop_revoked(claimed)
+            if revoked:
+                claimed = [j for j in claimed if j not in revoked]
+            if len(claimed) < room:
+                self._events.ran_dry.set()
+            else:
+                self._events.ran_dry.clear()
+            if claimed:
+                self._take(claimed, epoch)
+                self.dispatch_ready()
+            if len(claimed) == room:  # there may be more due: claim again at once
+                self._idle_wait, self._next_claim = settings.poll_interval_min, 0.0
+                return None
+            # The queue ran dry: back off, doubling up to the poll interval.
+            self._idle_wait = (
+                settings.poll_interval_min
+                if claimed
+                else min(self._idle_wait * 2, settings.poll_interval)
+            )
+            self._next_claim = self._clock.monotonic() + self._idle_wait
+            if not claimed and self._channel.told():
+                self._next_claim = self._next_claim_when_told(self._next_claim)
+        # Sleep until a slot frees, a wake-up hint arrives, or the next claim is due.
+        timeout = (
+            max(0.0, self._next_claim - self._clock.monotonic())
+            if wants_work
+            else settings.poll_interval
+        )
+        if self._masters is not None:
+            timeout = min(timeout, self._masters.next_look_in())
+        return timeout
 
     def accepts_chain_step(self, queue: str) -> int | None:
         """Whether a chain step of ``queue``, released by a task running in this process,
@@ -279,43 +297,32 @@ class Claiming(MasterFiring, Revocations):
         goes ahead of no backlog, and while it has room for it."""
         if (
             os.getpid() != self._pid  # a pool process's copy of the runtime
-            or queue not in self.queues
-            or not self._ran_dry
-            or self._stopping.is_set()
-            or self._heartbeat_stale()
+            or queue not in self._intake.queues
+            or not self._events.ran_dry.is_set()
+            or self._events.stopping.is_set()
+            or self._standing.stale()
         ):
             return None
-        with self._lock:
-            if self._ready or len(self._in_flight) >= self.capacity.total:
-                return None
-            return self._epoch
+        return self._holdings.room_for_step(self._intake.capacity)
 
     def take_released(self, job: ClaimedJob, epoch: int) -> None:
         """A chain step released as claimed by this node: buffered at once, as a claim of
         its own is (a revoke from now on finds it there), and started by the claim loop."""
-        stamped = self._stamped([job], epoch)
-        with self._lock:
-            if not self._stopping.is_set() and epoch == self._epoch:
-                self._ready.extend(stamped)
-                self._wake.set()
-                return
+        if self._holdings.buffer(
+            self._standing.stamped([job], epoch), epoch, self._events.stopping
+        ):
+            self._events.woken.set()
+            return
         # Stopping meanwhile (the buffer was handed back already), or declared dead and
         # registered again since (claims of before are not ours to start): handed back.
-        self._report(Settlement(job.job_id, job.token, JobStatus.PENDING, resource=job.resource))
+        self._settler.hand_back(job)
 
     def _take(self, claimed: list[ClaimedJob], epoch: int) -> None:
         """Buffer jobs just claimed, unless this node was declared dead (and registered
         again) meanwhile: then the claims are handed back, never started."""
-        stamped = self._stamped(claimed, epoch)
-        with self._lock:
-            current = epoch == self._epoch
-            if current:
-                self._ready.extend(stamped)
-        if not current:
+        if not self._holdings.buffer(self._standing.stamped(claimed, epoch), epoch):
             for job in claimed:
-                self._report(
-                    Settlement(job.job_id, job.token, JobStatus.PENDING, resource=job.resource)
-                )
+                self._settler.hand_back(job)
             logger.warning(
                 "ratchet: handing back %d jobs claimed before this node was declared dead",
                 len(claimed),
@@ -327,13 +334,13 @@ class Claiming(MasterFiring, Revocations):
         (a countdown, a retry, a deferred job), at most the safety interval; a job due but
         not claimed (its permits taken) is tried again after the usual backoff."""
         try:
-            due_in = self.store.next_due_in(self.queues)
+            due_in = self.store.next_due_in(self._intake.queues)
         except Exception as exc:
             self._throttle.warn("due", "ratchet: next due time not read: %s", exc)
             return float(backoff)
         now = self._clock.monotonic()
         if due_in is None:
-            return now + self._idle_look
+            return now + self._channel.idle_look()
         if due_in <= 0:
             return float(backoff)
-        return now + min(due_in + _DUE_MARGIN_SECONDS, self._idle_look)
+        return now + min(due_in + _DUE_MARGIN_SECONDS, self._channel.idle_look())

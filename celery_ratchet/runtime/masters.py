@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
@@ -18,30 +19,75 @@ from celery_ratchet.runtime.base import (
     _MASTER_BATCH,
     _MASTER_CHECK_SECONDS,
     _MASTER_RETRY_SECONDS,
-    RuntimeBase,
+    NodeEvents,
+    OccurrenceFactory,
+    Throttle,
 )
+from celery_ratchet.runtime.channel import Channel
+from celery_ratchet.runtime.clock import Clock
+from celery_ratchet.runtime.standing import Standing
+from celery_ratchet.settings import RatchetSettings
+from celery_ratchet.store.ports import ScheduleStore
 
 logger = logging.getLogger(__name__)
 
 
-class MasterFiring(RuntimeBase):
-    """Firing the recurring masters that are due: claimed in batches, their occurrences written."""
+class Masters:
+    """Run by the claim loop's thread, which owns the due times; :meth:`changed` is
+    thread-safe."""
 
-    def _fire_due_masters(self) -> None:
+    def __init__(
+        self,
+        store: ScheduleStore,
+        settings: RatchetSettings,
+        *,
+        node_id: str,
+        occurrence: OccurrenceFactory,
+        standing: Standing,
+        channel: Channel,
+        events: NodeEvents,
+        clock: Clock,
+        throttle: Throttle,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.node_id = node_id
+        self.occurrence = occurrence
+        self._standing = standing
+        self._channel = channel
+        self._events = events
+        self._clock = clock
+        self._throttle = throttle
+        #: Monotonic times: claim when the earliest master is due; read when that is again
+        #: (a master created or changed elsewhere, without a wake-up).
+        self._master_due = 0.0
+        self._master_look = 0.0
+        self._changed = threading.Event()  # told: read their due time again
+
+    def changed(self) -> None:
+        """A master was created or changed: read their due time again."""
+        self._changed.set()
+
+    def next_look_in(self) -> float:
+        """Seconds until the claim loop should call :meth:`fire_due` again."""
+        if self._changed.is_set():
+            return 0.0
+        at = min(self._master_due, self._master_look)
+        return max(0.0, at - self._clock.monotonic())
+
+    def fire_due(self) -> None:
         """Recurring masters take no slot: they are claimed on their own, whatever the load,
         so a busy node never makes a tick late (and a late tick a misfire). Their next due
         time is known in advance: the node claims when the earliest one is due, and reads
         that time again after each claim, when told a master changed, and otherwise every
         poll interval (with a wake-up channel: every ``wakeup_poll_interval``)."""
-        if self.occurrence is None:
-            return
         now = self._clock.monotonic()
         due = now >= self._master_due
-        look = now >= self._master_look or self._masters_changed.is_set()
+        look = now >= self._master_look or self._changed.is_set()
         if not (due or look):
             return
-        if self._heartbeat_stale():  # claim and read again shortly, without a spin meanwhile
-            self._masters_changed.clear()
+        if self._standing.stale():  # claim and read again shortly, without a spin meanwhile
+            self._changed.clear()
             self._master_due = self._master_look = now + _MASTER_CHECK_SECONDS
             return
         fired = False
@@ -61,14 +107,14 @@ class MasterFiring(RuntimeBase):
 
     def _read_master_due(self, *, claimed_none: bool) -> None:
         # Cleared before reading: a change announced meanwhile is read again next round.
-        self._masters_changed.clear()
+        self._changed.clear()
         try:
             due_in = self.store.next_due_in([SCHEDULES_QUEUE])
         except Exception as exc:
             self._throttle.warn("masters", "ratchet: recurring jobs not checked: %s", exc)
             due_in = self.settings.poll_interval
         now = self._clock.monotonic()
-        self._master_look = now + self._idle_look
+        self._master_look = now + self._channel.idle_look()
         if due_in is None:
             self._master_due = float("inf")
         elif due_in > 0:
@@ -81,7 +127,6 @@ class MasterFiring(RuntimeBase):
     def _fire(self, masters: Sequence[ClaimedJob]) -> None:
         """Recurring masters came due: create their occurrences, per each one's misfire
         policy, and set their next due times, all in one transaction."""
-        assert self.occurrence is not None
         firings: list[tuple[ClaimedJob, list[NewJob], datetime | None]] = []
         plans: list[tuple[MasterSpec, Plan] | None] = []
         for master in masters:
@@ -141,7 +186,7 @@ class MasterFiring(RuntimeBase):
                     len(decided.fire),
                 )
         if created:
-            self._hint.set()
+            self._events.hint.set()
 
     def _fire_alone(
         self, master: ClaimedJob, occurrences: Sequence[NewJob], next_due: datetime | None

@@ -1,13 +1,13 @@
-"""Outcomes of the jobs a node ran: buffered, written in batches by the settler thread."""
+"""Outcomes of the jobs a node ran: queued, written in batches by the settler thread."""
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 from dataclasses import replace
 
 from celery_ratchet.domain.job import (
+    ClaimedJob,
     JobStatus,
     Settlement,
     error_record,
@@ -16,8 +16,15 @@ from celery_ratchet.errors import StoreBusy, StoreUnavailable
 from celery_ratchet.runtime.base import (
     _CLOSED,
     _SETTLE_BATCH,
-    RuntimeBase,
+    Intake,
+    NodeEvents,
+    Throttle,
 )
+from celery_ratchet.runtime.channel import Channel
+from celery_ratchet.runtime.clock import Clock
+from celery_ratchet.runtime.holdings import Holdings
+from celery_ratchet.settings import RatchetSettings
+from celery_ratchet.store.ports import QueueStore
 
 logger = logging.getLogger(__name__)
 
@@ -38,80 +45,58 @@ _LOCKED_BEFORE_GIVING_UP = 3
 SETTLE_GATHER_SECONDS = 0.002
 
 
-class Outcomes(RuntimeBase):
-    """Outcomes of the jobs a node ran: buffered, written in batches by the settler thread."""
+class Settler:
+    """Owns the settler thread and the queue of outcomes to write; the public methods are
+    thread-safe and never block on the database."""
+
+    def __init__(
+        self,
+        store: QueueStore,
+        settings: RatchetSettings,
+        *,
+        holdings: Holdings,
+        events: NodeEvents,
+        intake: Intake,
+        channel: Channel,
+        clock: Clock,
+        throttle: Throttle,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self._holdings = holdings
+        self._events = events
+        self._intake = intake
+        self._channel = channel
+        self._clock = clock
+        self._throttle = throttle
+        self._settlements: queue.Queue[Settlement] = queue.Queue()
+        #: When a write of outcomes last failed (the store unreachable or busy); written by
+        #: the settler thread, read by the one that closes the node.
+        self.write_failed_at = 0.0
 
     def settle(self, settlement: Settlement) -> None:
-        """Record the end of one dispatched job (thread-safe, never blocks on the database)."""
-        settlement = self._with_permit(settlement)
+        """Record the end of one dispatched job."""
+        settlement = self._holdings.with_permit(settlement)
         # Reported before it is freed: at every instant the job is in flight or unwritten,
-        # so the claim check (_reconcile) never takes it for a claim this node lost.
-        self._report(settlement)
-        self._free(settlement.job_id, settlement.token)
+        # so the claim check never takes it for a claim this node lost.
+        self.report(settlement)
+        self.free(settlement.job_id, settlement.token)
 
     def report_result(self, settlement: Settlement) -> None:
-        """Record a success with its result (thread-safe, never blocks on the database),
-        written with the settler's next batch. Its slot stays taken until both the end of
-        the execution was reported (:meth:`release`, which also counts it in its circuit
-        breaker) and the result is written: while the store cannot take outcomes, the node
-        starts nothing more, as when each thread waited for its own write."""
-        self._report(self._with_permit(settlement))
+        """Record a success with its result, written with the next batch. Its slot stays
+        taken until both the end of the execution was reported (:meth:`release`) and the
+        result is written: while the store cannot take outcomes, the node starts nothing
+        more, as when each thread waited for its own write."""
+        self.report(self._holdings.with_permit(settlement))
 
-    def wait_results_written(self, timeout: float) -> bool:
-        """Wait until the results reported so far are written (False: still not, after
-        ``timeout`` seconds). A success not written yet still holds its business key."""
-        with self._outcomes_written:
-            waiting = [k for k, s in self._unwritten.items() if s.result is not None]
-            return self._outcomes_written.wait_for(
-                lambda: not any(k in self._unwritten for k in waiting), timeout
-            )
-
-    def keeps_outcomes_here(self) -> bool:
-        """Whether an outcome reported from this process reaches this node's settler: the
-        worker's own process (not a pool process's copy of the runtime), before it closed."""
-        return os.getpid() == self._pid and not self._closed.is_set()
-
-    def unwritten(self, job_id: str, token: str) -> bool:
-        """Whether an outcome of this execution was reported and is not written yet."""
-        with self._lock:
-            return (job_id, token) in self._unwritten
-
-    def _with_permit(self, settlement: Settlement) -> Settlement:
-        with self._lock:
-            resource = self._permits.pop((settlement.job_id, settlement.token), None)
-        return settlement if resource is None else replace(settlement, resource=resource)
-
-    def record_outcome(self, job_id: str, token: str, failed: bool) -> None:
-        """Count a finished execution in its task's circuit breaker, if it has one."""
-        with self._lock:
-            protected = self._protected.pop((job_id, token), None)
-            if protected is not None:
-                breaker, probe = protected
-                breaker.record(failed, self._clock.monotonic(), probe=probe)
-
-    def _report(self, settlement: Settlement) -> None:
-        with self._lock:
-            self._unwritten[(settlement.job_id, settlement.token)] = settlement
+    def report(self, settlement: Settlement) -> None:
+        """Queue an outcome for the settler to write."""
+        self._holdings.reported(settlement)
         self._settlements.put(settlement)
 
-    def _written(self, settlements: list[Settlement]) -> None:
-        with self._lock:
-            for s in settlements:
-                self._unwritten.pop((s.job_id, s.token), None)
-            freed = [k for k in self._free_when_written if k not in self._unwritten]
-            self._free_when_written.difference_update(freed)
-            self._outcomes_written.notify_all()
-        for job_id, token in freed:
-            self._free(job_id, token)
-        if any(s.status is JobStatus.PENDING for s in settlements):
-            # Handed back, due again at once: this node may claim them (claims it had lost
-            # track of), others are told where the channel does not tell them by itself.
-            self._announce(self.queues)
-            self.wake()
-
-    def _unwritten_count(self) -> int:
-        with self._lock:
-            return len(self._unwritten)
+    def hand_back(self, job: ClaimedJob) -> None:
+        """A claimed job that will not start here: back to PENDING."""
+        self.report(Settlement(job.job_id, job.token, JobStatus.PENDING, resource=job.resource))
 
     def release(self, job_id: str, token: str, *, due_again: bool = True) -> None:
         """Free the slot of a job whose row needs no write. ``due_again``: the row may be
@@ -119,25 +104,30 @@ class Outcomes(RuntimeBase):
         look. Else (a success whose result the backend stored) nothing of it is due; work
         it released (a chain's next step) is announced where a channel tells this node,
         and only polling needs the claim."""
-        with self._lock:
-            result_unwritten = (job_id, token) in self._unwritten
-            if result_unwritten:
-                self._free_when_written.add((job_id, token))
-        if not result_unwritten:
-            self._free(job_id, token)
-        if due_again or not self._told():
-            self._hint.set()
+        if not self._holdings.free_when_written(job_id, token):
+            self.free(job_id, token)
+        if due_again or not self._channel.told():
+            self._events.hint.set()
 
-    def _free(self, job_id: str, token: str) -> None:
-        with self._lock:
-            if self._in_flight.get(job_id) == token:
-                del self._in_flight[job_id]
-                self._uncount_kind(job_id)
-            self._permits.pop((job_id, token), None)
-            self._protected.pop((job_id, token), None)  # an end with no outcome to count
-        self._wake.set()
+    def free(self, job_id: str, token: str) -> None:
+        self._holdings.free(job_id, token)
+        self._events.woken.set()
 
-    def _settle_loop(self) -> None:
+    def close(self) -> None:
+        """Wake the settler now: it returns once nothing is left to write."""
+        self._settlements.put(_CLOSED)
+
+    def _written(self, settlements: list[Settlement]) -> None:
+        for job_id, token in self._holdings.written(settlements):
+            self.free(job_id, token)
+        if any(s.status is JobStatus.PENDING for s in settlements):
+            # Handed back, due again at once: this node may claim them (claims it had lost
+            # track of), others are told where the channel does not tell them by itself.
+            self._channel.announce(self._intake.queues)
+            self._events.wake()
+
+    def run(self) -> None:
+        """The settler thread: writes the outcomes queued, in batches, until closed."""
         pending: list[Settlement] = []
         # Outcomes whose rows another transaction kept locked: tried again on their own now
         # and then, so that they never hold back the outcomes reported after them.
@@ -148,7 +138,7 @@ class Outcomes(RuntimeBase):
             if locked and self._clock.monotonic() >= locked_again:
                 locked, reachable = self._write_each(locked)
                 if not reachable:
-                    self._write_failed_at = self._clock.monotonic()
+                    self.write_failed_at = self._clock.monotonic()
                 # Each try waits on the locks a moment: longer pauses while they last.
                 locked_pause = min(locked_pause * 2, LOCKED_OUTCOME_RETRY_MAX_SECONDS)
                 locked_again = self._clock.monotonic() + locked_pause
@@ -159,17 +149,17 @@ class Outcomes(RuntimeBase):
                 try:
                     pending.append(self._settlements.get(timeout=wait))
                 except queue.Empty:
-                    if self._closed.is_set() and not locked:
+                    if self._events.closed.is_set() and not locked:
                         return
                     continue
             self._take_queued(pending)
-            if self._may_gather(pending):
+            if self.may_gather(pending):
                 self._clock.sleep(SETTLE_GATHER_SECONDS)
                 self._take_queued(pending)
             pending = [s for s in pending if s is not _CLOSED]
             if not pending:
                 continue
-            unwritten, reachable = self._write(pending)
+            unwritten, reachable = self.write(pending)
             if reachable:
                 if unwritten and not locked:
                     locked_pause = LOCKED_OUTCOME_RETRY_SECONDS
@@ -177,8 +167,8 @@ class Outcomes(RuntimeBase):
                 locked.extend(unwritten)
                 pending = []
                 continue
-            self._write_failed_at = self._clock.monotonic()
-            if self._closed.wait(self.settings.poll_interval_min * 10):
+            self.write_failed_at = self._clock.monotonic()
+            if self._events.closed.wait(self.settings.poll_interval_min * 10):
                 self._clock.sleep(self.settings.poll_interval_min)  # closing: keep trying
 
     def _take_queued(self, pending: list[Settlement]) -> None:
@@ -189,25 +179,23 @@ class Outcomes(RuntimeBase):
             except queue.Empty:
                 return
 
-    def _may_gather(self, pending: list[Settlement]) -> bool:
+    def may_gather(self, pending: list[Settlement]) -> bool:
         """Whether to let more outcomes gather before writing ``pending`` (all that was
         queued): not when the batch is full, nor when one of them is a result whose slot
         stays taken until it is written (the node would start less meanwhile), nor when
         nothing else is running to add to the batch."""
         if len(pending) >= _SETTLE_BATCH or any(s.result is not None for s in pending):
             return False
-        return self._still_running()
+        return self.still_running()
 
-    def _still_running(self) -> bool:
+    def still_running(self) -> bool:
         """Whether a job of this node is running (its outcome is still to come), before the
         node closes. A slot held for a result reported and not written is no running job."""
-        if self._closed.is_set():
+        if self._events.closed.is_set():
             return False
-        with self._lock:
-            unwritten = self._unwritten
-            return any((job, token) not in unwritten for job, token in self._in_flight.items())
+        return self._holdings.still_running()
 
-    def _write(self, settlements: list[Settlement]) -> tuple[list[Settlement], bool]:
+    def write(self, settlements: list[Settlement]) -> tuple[list[Settlement], bool]:
         """Write outcomes; returns those not written, and whether the store could be reached.
         While it cannot, none is written: all are kept, to try again later. A row another
         transaction keeps locked is waited on briefly; then the batch is written row by row,

@@ -129,7 +129,7 @@ def test_claims_the_node_lost_track_of_are_handed_back(
 def test_a_node_that_cannot_heartbeat_stops_starting_jobs_and_says_so(
     store: JobStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="celery_ratchet.runtime.base")
+    caplog.set_level(logging.WARNING, logger="celery_ratchet.runtime.standing")
     executor = Executor()
     rt = WorkerRuntime(
         store,
@@ -301,8 +301,8 @@ def test_a_stop_asked_by_a_signal_handler_that_interrupted_the_stops_own_set_ret
     """A cold stop (SIGQUIT) landing while the warm stop's handler sets the stop: the
     handler runs in the same thread, which holds the event's lock."""
     rt, _ = runtime
-    handler_fired_while_holding(rt._stopping, rt.request_stop)
-    wait_for(rt._stopping.is_set)
+    handler_fired_while_holding(rt._events.stopping, rt.request_stop)
+    wait_for(rt._events.stopping.is_set)
 
 
 def test_a_step_released_by_a_stored_success_is_claimed_at_once_on_a_polling_only_node(
@@ -512,7 +512,7 @@ def test_a_store_lost_while_writing_row_by_row_is_an_outage_not_a_lock(
 
     monkeypatch.setattr(store, "settle", failing)
     rt = live_node(store, Executor())
-    unwritten, reachable = rt._write(settlements)
+    unwritten, reachable = rt.settler.write(settlements)
     assert (len(unwritten), reachable) == (5, False)
     assert tries == [5, 1]  # one row tried alone, then no more
 
@@ -525,20 +525,20 @@ def test_the_settler_lets_outcomes_gather_only_while_other_jobs_of_the_node_run(
     are a result (its slot waits for the write) and everything once the node closes. Slots
     held only for results waiting to be written are no running jobs."""
     rt = live_node(store, Executor())
-    assert not rt._still_running()
-    rt._in_flight["running"] = "t1"
-    assert rt._still_running()
-    rt._unwritten[("running", "t1")] = Settlement("running", "t1", JobStatus.SUCCEEDED)
-    assert not rt._still_running()  # its result is reported: nothing more is coming
-    rt._in_flight["other"] = "t2"
-    assert rt._still_running()
+    assert not rt.settler.still_running()
+    rt._holdings._in_flight["running"] = "t1"
+    assert rt.settler.still_running()
+    rt._holdings._unwritten[("running", "t1")] = Settlement("running", "t1", JobStatus.SUCCEEDED)
+    assert not rt.settler.still_running()  # its result is reported: nothing more is coming
+    rt._holdings._in_flight["other"] = "t2"
+    assert rt.settler.still_running()
     ended = Settlement("done", "t3", JobStatus.SUCCEEDED)
-    assert rt._may_gather([ended])
+    assert rt.settler.may_gather([ended])
     kept = StoredResult(value="4", type_name="int", meta=None)
-    assert not rt._may_gather([ended, dataclasses.replace(ended, result=kept)])
-    rt._closed.set()
-    assert not rt._still_running()
-    assert not rt._may_gather([ended])
+    assert not rt.settler.may_gather([ended, dataclasses.replace(ended, result=kept)])
+    rt._events.closed.set()
+    assert not rt.settler.still_running()
+    assert not rt.settler.may_gather([ended])
 
 
 class HoldingExecutor(Executor):
