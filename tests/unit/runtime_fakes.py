@@ -10,8 +10,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from celery_ratchet.domain.job import ClaimedJob, NewJob, Settlement
+from celery_ratchet.domain.recovery import OrphanRecovery
 from celery_ratchet.errors import StoreUnavailable
-from celery_ratchet.store.nodes import OrphanRecovery
 from tests.helpers import new_job
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -19,11 +19,11 @@ from celery_ratchet.domain.job import (
     Settlement,
     StoredResult,
 )
+from celery_ratchet.domain.recovery import OrphanRecovery
 from celery_ratchet.domain.schedule import MasterSpec
 from celery_ratchet.runtime.base import Capacity
 from celery_ratchet.runtime.worker import WorkerRuntime
 from celery_ratchet.settings import RatchetSettings
-from celery_ratchet.store.nodes import OrphanRecovery
 from celery_ratchet.store.ports import WorkerStore
 from tests.helpers import new_job
 from tests.unit.runtime_fakes import START, FakeClock, FakeStore, claimed
