@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from datetime import datetime, timedelta, timezone
 
@@ -266,6 +267,29 @@ def test_bulk_enqueue_is_all_or_nothing(store: JobStore) -> None:
     assert store.count_by_status() == {"PENDING": 1}
     store.enqueue_many([new_job(f"c{i}") for i in range(500)])
     assert store.count_by_status() == {"PENDING": 501}
+
+
+def test_a_chain_step_stored_over_its_running_job_takes_the_row_over(store: JobStore) -> None:
+    """A task replaced by a chain whose last step takes its id: the running row becomes that
+    WAITING step in the same write; the replaced execution's outcome finds its claim gone,
+    and the step before releases it as any step."""
+    store.enqueue(new_job("replaced"))
+    [running] = store.claim("n", ["celery"], 1)
+    last = dataclasses.replace(
+        new_job("replaced", task="tests.last"), depends_on="first", takes_over=running.token
+    )
+    store.enqueue_many([new_job("first")], waiting=[last])
+    record = store.result("replaced")
+    assert record is not None
+    assert (record.status, record.task_name) == (JobStatus.WAITING, "tests.last")
+    assert store.settle([Settlement("replaced", running.token, JobStatus.SUCCEEDED)]) == 0
+    [first] = store.claim("n", ["celery"], 5)
+    assert first.job_id == "first"
+    assert store.settle([Settlement("first", first.token, JobStatus.SUCCEEDED)]) == 1
+    released = dataclasses.replace(new_job("replaced", task="tests.last"), parent_id="first")
+    store.enqueue(released)
+    [step] = store.claim("n", ["celery"], 5)
+    assert (step.job_id, step.task_name, step.claims) == ("replaced", "tests.last", 1)
 
 
 def test_handed_back_jobs_are_due_again_and_marked_redelivered(store: JobStore) -> None:

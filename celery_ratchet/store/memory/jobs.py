@@ -30,6 +30,7 @@ from celery_ratchet.store.memory.rows import (
     RUNNING,
     TERMINAL,
     WAITING,
+    WAITING_COLUMNS,
     JobRow,
     Permit,
     Tables,
@@ -70,8 +71,11 @@ class JobRows:
         with self.state.atomic() as t:
             now = self.state.now()
             for step in waiting:
-                if step.job_id not in t.jobs:
+                row = t.jobs.get(step.job_id)
+                if row is None:
                     t.jobs[step.job_id] = waiting_row(t.take_id(), step, now)
+                elif step.takes_over and row.held_by(step.job_id, step.takes_over):
+                    self._take_over(t, row, waiting_row(row.id, step, now))
             held: dict[str, str] = {}
             for new in jobs:
                 holder = self._place(t, new, now, maybe_committed)
@@ -89,6 +93,19 @@ class JobRows:
                 held[new.job_id] = holder
             self.state.announced.extend(sorted({new.queue for new in jobs}))
             return held
+
+    def _take_over(self, t: Tables, row: JobRow, step: JobRow) -> None:
+        """The running row becomes the WAITING step that ends the chain replacing its job
+        (``enqueue._take_over``): its claim and outcome cleared (a revoke asked of its id
+        kept), its permit released. Its own execution's end then finds its claim gone."""
+        token = row.claim_token
+        for column in WAITING_COLUMNS:
+            setattr(row, column, getattr(step, column))
+        revoke = row.revoke_requested
+        row.clear_claim()
+        row.clear_result()
+        row.revoke_requested = revoke
+        self.state.release(t, row.job_id, token)
 
     def _place(self, t: Tables, new: NewJob, now: datetime, retried: bool) -> str | None:
         """Write one job; the id of the active job holding its business key instead."""

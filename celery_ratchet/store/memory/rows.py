@@ -153,10 +153,20 @@ def new_row(id_: int, new: NewJob, now: datetime) -> JobRow:
     return row
 
 
+#: What a chain step stored ahead writes, over a running row it takes over too
+#: (``job_rows._WAITING_COLUMNS`` and the columns the insert gives).
+WAITING_COLUMNS = (
+    "task_name", "queue", "job_type", "priority", "root_id", "parent_id", "group_id",
+    "payload", "content_type", "content_encoding", "headers", "properties", "depends_on",
+    "status", "scheduled_time", "created_at", "attempts", "claims",
+)  # fmt: skip
+
+
 def waiting_row(id_: int, step: NewJob, now: datetime) -> JobRow:
     """A chain step stored ahead: WAITING, never claimed, no business key."""
     row = new_row(id_, step, now)
     row.status, row.scheduled_time, row.depends_on = WAITING, WAITING_DUE, step.depends_on
+    row.attempts = row.claims = 0
     row.expires_at = row.business_key = row.schedule_spec = row.resource = row.tags = None
     return row
 
