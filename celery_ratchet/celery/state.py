@@ -138,7 +138,7 @@ class RatchetState:
                     on_silent=store.stop_notifying,
                 )
             )
-        elif settings.listen_notify and settings.pgbouncer and store.family == "postgresql":
+        elif settings.listen_notify and settings.pgbouncer and store.dialect.notifies:
             logger.info(
                 "ratchet: no LISTEN/NOTIFY wake-ups through PgBouncer (ratchet_pgbouncer): "
                 "workers find jobs by polling; set ratchet_listen_url to a direct PostgreSQL "

@@ -95,7 +95,7 @@ class BatchRows:
         its other connections, so each statement commits on its own there."""
         self.store.ensure_schema()
         with self.store.engine.connect() as conn:
-            if conn.dialect.name == "sqlite":
+            if self.store.dialect.single_writer:
                 yield conn
                 return
             conn = conn.execution_options(isolation_level="READ COMMITTED")

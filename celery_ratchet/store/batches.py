@@ -233,7 +233,7 @@ class BatchStore(StreamOps, ConditionOps, ProgressOps, BatchRows):
             try:
                 yield Unit(conn, store_owned=True)
             except BaseException:
-                if conn.dialect.name == "sqlite":  # committed already: undo by hand
+                if self.store.dialect.single_writer:  # committed already: undo by hand
                     conn.execute(reopen)
                 raise
 

@@ -9,23 +9,17 @@ another claimer holds are skipped, never waited for.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
-from sqlalchemy import bindparam, text
+from sqlalchemy import text
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.sql.selectable import TextualSelect
 
 from celery_ratchet.domain.job import ClaimedJob, JobType, Message
 from celery_ratchet.domain.priority import BOOST_STEP, MAX_PRIORITY, MIN_PRIORITY
-from celery_ratchet.store.db_clock import (
-    db_now,
-)
-from celery_ratchet.store.engine import (
-    family,
-)
 from celery_ratchet.store.raw import RawStatement, fetch_on, raw_statement
 from celery_ratchet.store.schema import KeptDateTime
 
@@ -36,7 +30,7 @@ RETURNED = (
 )
 _ORDER = "ORDER BY priority DESC, scheduled_time, id"
 _DUE = "status = 'PENDING' AND queue IN ({queues}) AND scheduled_time <= {now} AND {resource}"
-_CLAIMED = (
+CLAIMED_SET = (
     "status = 'RUNNING', picked_by = :node, claim_token = :token, claimed_at = {now}, "
     "started_at = NULL, claims = claims + 1"
 )
@@ -147,7 +141,7 @@ def _params(
     return params
 
 
-def _prepare(sql: str) -> TextualSelect:
+def prepared(sql: str) -> TextualSelect:
     return text(sql).columns(scheduled_time=KeptDateTime(), claimed_now=KeptDateTime())
 
 
@@ -279,7 +273,7 @@ class ClaimStrategy(Protocol):
         ...
 
 
-class _UpdateReturning:
+class UpdateReturning:
     """One ``UPDATE … RETURNING`` claims the rows; ``where`` picks them from the candidates."""
 
     kind: str
@@ -304,8 +298,8 @@ class _UpdateReturning:
             picked = candidates(
                 self.kind, self.now, shape, "id, priority, scheduled_time", self.lock, limit
             )
-            found = self._statements[shape, limit] = _prepare(
-                f"UPDATE scheduler_job SET {_CLAIMED.format(now=self.now)} "
+            found = self._statements[shape, limit] = prepared(
+                f"UPDATE scheduler_job SET {CLAIMED_SET.format(now=self.now)} "
                 f"WHERE {self.where.format(picked=picked)} "
                 f"RETURNING {RETURNED}, {self.now} AS claimed_now"
             )
@@ -376,76 +370,7 @@ _SCHEDULED = _ClaimedRow._fields.index("scheduled_time")
 _CLAIMED_NOW = _ClaimedRow._fields.index("claimed_now")
 
 
-class PostgresClaim(_UpdateReturning):
-    # ANY(ARRAY(...)) runs the locking subquery once, ahead of the update, which then finds
-    # its rows by primary key. The rows are locked while PENDING (the lock re-checks the
-    # condition), so the update needs no status test, which would tempt the planner onto
-    # the status index and its dead entries.
-    #
-    # The batch size is written into the statement: bound, it left the plan that the driver's
-    # prepared statement keeps for any value estimated at a tenth of the due rows, always
-    # dearer than the plan for each claim's own value, so every claim was planned again
-    # (0.58 ms, more than it ran; docs/bench.md). Written in, a worker's few sizes each keep
-    # their plan.
-    kind, lock, needs_transaction, sized = "postgresql", True, False, True
-    where = "id = ANY(ARRAY(SELECT id FROM ({picked}) AS picked))"
-
-
-class SQLiteClaim(_UpdateReturning):
-    # The write lock is taken up front (BEGIN IMMEDIATE), so claimers queue instead of failing.
-    kind, lock, needs_transaction = "sqlite", False, True
-    where = "status = 'PENDING' AND id IN (SELECT id FROM ({picked}))"
-
-
-class MySQLClaim:
-    # No UPDATE ... RETURNING: lock and read the rows, then flip them, in one transaction.
-    needs_transaction = True
-
-    def __init__(self, now: str) -> None:
-        self.now = now
-        self.mark_running = text(
-            f"UPDATE scheduler_job SET {_CLAIMED.format(now=now)} "
-            "WHERE id IN :ids AND status = 'PENDING'"
-        ).bindparams(bindparam("ids", expanding=True))
-        self._selects: dict[ClaimShape, TextualSelect] = {}  # as _UpdateReturning's
-
-    def select_locked(self, shape: ClaimShape) -> TextualSelect:
-        found = self._selects.get(shape)
-        if found is None:
-            columns = f"{RETURNED}, {self.now} AS claimed_now"
-            found = self._selects[shape] = _prepare(
-                candidates("mysql", self.now, shape, columns, True)
-            )
-        return found
-
-    def claim(self, conn: Connection, shape: ClaimShape, params: dict[str, Any]) -> Claimed:
-        rows = conn.execute(self.select_locked(shape), params).all()
-        if not rows:
-            return Claimed([], [])
-        ids = [r.id for r in rows]
-        conn.execute(
-            self.mark_running, {"node": params["node"], "token": params["token"], "ids": ids}
-        )
-        return decode(rows, params["token"], claims_offset=1)
-
-
 def claim_params(
     node_id: str, token: str, queues: Sequence[str], limit: int, resource: str | None = None
 ) -> dict[str, Any]:
     return _params(node_id, token, queues, limit, resource)
-
-
-def strategy_for(dialect: Dialect) -> ClaimStrategy:
-    strategies: dict[str, Callable[[str], ClaimStrategy]] = {
-        "postgresql": PostgresClaim,
-        "mysql": MySQLClaim,
-        "sqlite": SQLiteClaim,
-    }
-    now = str(db_now().compile(dialect=dialect))
-    try:
-        return strategies[family(dialect.name)](now)
-    except KeyError:
-        raise NotImplementedError(
-            f"no claim strategy for {dialect.name!r}; celery_ratchet supports "
-            "PostgreSQL, MySQL 8 / MariaDB 10.6+ and SQLite"
-        ) from None

@@ -34,10 +34,7 @@ from celery_ratchet.errors import (
     StoreUnavailable,
 )
 from celery_ratchet.store import deadline
-from celery_ratchet.store.claim import (
-    RETURNED,
-    strategy_for,
-)
+from celery_ratchet.store.claim import RETURNED
 from celery_ratchet.store.db_clock import (
     db_now,
 )
@@ -59,6 +56,7 @@ from celery_ratchet.store.db_errors import (
     unavailable,
 )
 from celery_ratchet.store.ddl import bring_up_to_date, index_shapes, schema_differences
+from celery_ratchet.store.dialect import dialect_for
 from celery_ratchet.store.engine import (
     EngineOptions,
     engine_for,
@@ -80,8 +78,6 @@ from celery_ratchet.store.packets import dropped_for_size, too_large
 from celery_ratchet.store.raw import raw_statement
 from celery_ratchet.store.redact import mask_url
 from celery_ratchet.store.schema import (
-    ACTIVE_KEY_WHERE,
-    MYSQL_ACTIVE_KEY_COLUMN,
     KeptDateTime,
     scheduler_resource_permit,
 )
@@ -177,35 +173,24 @@ class StoreCore:
         self.reachability = Reachability(self.display_url)
         self.engine = engine or engine_for(url, engine_options)
         self.family = family(self.engine.dialect.name)
+        #: What this database does differently (store/dialect.py).
+        self.dialect = dialect_for(self.engine.dialect)
         #: The deadline of a heartbeat's and a registration's statements (store/deadline.py).
         self._liveness_bound = liveness_bound(
             self.engine, self._engine_options or engine_options or EngineOptions()
         )
-        self._claim = strategy_for(self.engine.dialect)
+        self._claim = self.dialect.claim_strategy()
         self._create_schema = create_schema
         self._schema_ready = False
         #: PostgreSQL: inserts notify listening workers (LISTEN/NOTIFY wake-ups).
-        self.notify = notify and self.family == "postgresql"
+        self.notify = notify and self.dialect.notifies
         self._insert = _insert_statement(self.engine.dialect, notify=self.notify)
         self._raw_insert = raw_statement(self._insert, self.engine.dialect)
         self._insert_keyed_row = _insert_statement(
             self.engine.dialect, notify=self.notify, keyed=True
         )
-        if self.family == "mysql":
-            # A locking read sees the latest committed row, even inside a caller's
-            # REPEATABLE READ transaction whose snapshot predates the holder.
-            self._key_holder = text(
-                f"SELECT job_id FROM scheduler_job WHERE {MYSQL_ACTIVE_KEY_COLUMN} = :key "
-                "LOCK IN SHARE MODE"
-            )
-            self._committed_key_holder = text(
-                f"SELECT job_id FROM scheduler_job WHERE {MYSQL_ACTIVE_KEY_COLUMN} = :key"
-            )
-        else:
-            self._key_holder = text(
-                f"SELECT job_id FROM scheduler_job WHERE business_key = :key AND {ACTIVE_KEY_WHERE}"
-            )
-            self._committed_key_holder = self._key_holder
+        self._key_holder = self.dialect.key_holder(locking=True)
+        self._committed_key_holder = self.dialect.key_holder(locking=False)
         released = _new_job_values()
         released.pop("group_id")  # a step keeps the group its signature was frozen with
         released.pop("job_type")  # and its type (CHAIN_STEP): the message sent cannot say
@@ -394,7 +379,7 @@ class StoreCore:
                     raise cancelled(exc, what) from exc
                 if is_permission_denied(exc):
                     raise permission_denied(self.url, exc, what) from exc
-                if self.family == "mysql" and dropped_for_size(self.engine, exc):
+                if self.dialect.limits_statement_size and dropped_for_size(self.engine, exc):
                     raise too_large(self.engine, exc, what) from exc
                 if is_retryable_conflict(exc):
                     if conflicts >= conflict_retries:

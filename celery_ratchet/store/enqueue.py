@@ -30,6 +30,7 @@ from celery_ratchet.errors import (
     StoreBusy,
 )
 from celery_ratchet.store.db_errors import in_callers_transaction, sqlstate_of
+from celery_ratchet.store.dialect import dialect_of
 from celery_ratchet.store.engine import (
     insert_ignoring_conflicts,
     same_database,
@@ -74,7 +75,7 @@ _IDS_PER_LOOKUP = 1000
 
 
 def _present(conn: Connection, ids: Sequence[str]) -> set[str]:
-    if conn.dialect.name == "postgresql":
+    if dialect_of(conn).looks_up_by_array:
         # One array parameter: an IN list of a thousand is compiled anew for every look-up.
         rows = conn.exec_driver_sql(
             f"SELECT job_id FROM {job.name} WHERE job_id = ANY(%(ids)s)", {"ids": list(ids)}
@@ -309,7 +310,9 @@ class EnqueueOps(RowWriter):
         held: dict[str, str] = {}
         for new, p in zip(jobs, params, strict=True):
             if new.business_key is not None:
-                holder = self._committed_holder(p) if within and self.family != "sqlite" else None
+                holder = (
+                    self._committed_holder(p) if within and not self.dialect.single_writer else None
+                )
                 if holder is None:
                     holder = self._insert_keyed(conn, p, retried, guard, within=within)
             else:

@@ -38,6 +38,7 @@ from celery_ratchet.store.db_clock import (
     db_now,
 )
 from celery_ratchet.store.db_errors import sqlstate_of
+from celery_ratchet.store.dialect import dialect_for
 from celery_ratchet.store.engine import (
     insert_ignoring_conflicts,
 )
@@ -203,7 +204,8 @@ def _insert_statement(
     ``keyed`` (one row with a business key): PostgreSQL and SQLite insert nothing when an
     active job holds the key (the partial unique index is the arbiter; a taken job id still
     raises); MySQL has no such clause: its duplicate-key error names the index instead."""
-    now = str(db_now().compile(dialect=dialect))
+    capable = dialect_for(dialect)
+    now = capable.now()
 
     def suffix(i: int) -> str:
         return "" if rows == 1 else f"_{i}"
@@ -229,14 +231,11 @@ def _insert_statement(
     if ignore_existing:
         # Only a taken job id is skipped; MySQL's INSERT IGNORE would also swallow errors
         # such as an id cut short to fit its column.
-        insert_into, on_conflict = {
-            "postgresql": ("INSERT INTO", " ON CONFLICT (job_id) DO NOTHING"),
-            "sqlite": ("INSERT OR IGNORE INTO", ""),
-        }.get(dialect.name, ("INSERT INTO", " ON DUPLICATE KEY UPDATE job_id = job_id"))
-    if keyed and dialect.name in ("postgresql", "sqlite"):
+        insert_into, on_conflict = capable.insert_ignoring_taken_ids()
+    if keyed and capable.inserts_skipping_held_keys:
         on_conflict = f" ON CONFLICT (business_key) WHERE {ACTIVE_KEY_WHERE} DO NOTHING"
     returning = ""
-    if notify and dialect.name == "postgresql":
+    if notify and capable.notifies:
         returning = f" RETURNING pg_notify('{NOTIFY_CHANNEL}', queue)"
     return text(
         f"{insert_into} scheduler_job ({_INSERTED}) VALUES {values}{on_conflict}{returning}"

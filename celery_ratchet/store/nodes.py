@@ -103,7 +103,7 @@ class NodeOps(ClaimOps):
     def database_time(self) -> datetime | None:
         """The database's clock, now (UTC): what nodes measure their own clock against;
         None for SQLite, whose clock is this host's own (and reads in milliseconds)."""
-        if self.family == "sqlite":
+        if self.dialect.clock_is_hosts:
             return None
         stmt = select(db_now())
         read: datetime = self._run(
@@ -180,7 +180,7 @@ class NodeOps(ClaimOps):
         silent = select(n.c.node_id, n.c.heartbeat_ts).where(n.c.heartbeat_ts < cutoff)
         if observed is not None:
             silent = silent.where(n.c.node_id.in_(list(observed)))
-        if self.family != "sqlite":
+        if self.dialect.locks_rows:
             silent = silent.with_for_update(skip_locked=True)
         owned_by = job.c.picked_by.in_(bindparam("dead", expanding=True))
         unowned = and_(
@@ -202,7 +202,7 @@ class NodeOps(ClaimOps):
                 where = and_(running, or_(owned_by, unowned) if dead else unowned)
                 params = {"dead": dead} if dead else {}
                 found = select(job.c.job_id, job.c.claims, job.c.job_type, job.c.queue).where(where)
-                if self.family != "sqlite":  # (SQLite: the transaction holds the write lock)
+                if self.dialect.locks_rows:  # (SQLite: the transaction holds the write lock)
                     # Locked as read: a settle racing this recovery waits for it, then finds
                     # the claim gone; the downstream effects below match the rows changed.
                     found = found.with_for_update()

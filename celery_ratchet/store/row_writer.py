@@ -40,7 +40,7 @@ class RowWriter(StoreCore):
         """On MySQL/MariaDB a row is sent in one statement, which the server takes only
         within ``max_allowed_packet``; one over it is dropped with the connection, which
         would read as an outage whose outcome is unknown. Refuse it before sending."""
-        if self.engine.dialect.name != "mysql":
+        if not self.dialect.limits_statement_size:
             return
         sizes = [
             (len(j.message.payload) + len(j.message.headers) + len(j.message.properties), j)
@@ -82,9 +82,9 @@ class RowWriter(StoreCore):
     ) -> None:
         # Measured per 1,000 rows: psycopg and sqlite3 pipeline executemany (25k and 60k
         # rows/s); PyMySQL sends it row by row (4.5k/s) but multi-row VALUES reach 15k/s.
-        if self.family != "mysql":
+        if self.dialect.batches_executemany:
             if conn.dialect is self.engine.dialect and not ignore_existing:
-                if len(params) >= _COPIED_ROWS and _copies_bytea(conn):
+                if len(params) >= _COPIED_ROWS and self.dialect.copies_rows(conn):
                     self._copy_in(conn, params)
                     return
                 # Through the driver itself, as the single-row insert: SQLAlchemy's parameter
@@ -139,13 +139,3 @@ class RowWriter(StoreCore):
             carried += size
         if chunk:
             yield chunk
-
-
-def _copies_bytea(conn: Connection) -> bool:
-    """Whether COPY writes a payload as given on ``conn``: psycopg 3, and a session with
-    ``standard_conforming_strings`` on (off, psycopg's text escaping of bytes doubles the
-    backslash of its hex form, and COPY would store that text instead of the payload)."""
-    if conn.dialect.driver != "psycopg":
-        return False
-    info = getattr(conn.connection.dbapi_connection, "info", None)
-    return info is not None and info.parameter_status("standard_conforming_strings") == "on"

@@ -261,7 +261,7 @@ class ClaimOps(StoreCore):
         # MySQL/MariaDB write results row by row: a batch that runs out of its lock wait
         # half-way must take back the rows before, which the caller then writes one by one.
         atomic = bool(ending) or (
-            lock_wait is not None and self.family == "mysql" and len(settlements) > 1
+            lock_wait is not None and not self.dialect.batches_executemany and len(settlements) > 1
         )
 
         def work(conn: Connection) -> int:
@@ -307,7 +307,7 @@ class ClaimOps(StoreCore):
         """Successes with their results (handed over by the result backend instead of written
         by it), as :meth:`store_outcome` writes each; the number of rows changed."""
         rows = [_result_params(s) for s in results]
-        if self.family == "postgresql":
+        if self.dialect.settles_by_arrays:
             returned = fetch_on(conn, self._raw_store_results_pg, _as_arrays(rows, _RESULT_ARRAYS))
             stored = {(job_id, token) for job_id, token in returned}
         else:
@@ -368,11 +368,11 @@ class ClaimOps(StoreCore):
             dlq_alerts.count_dead_letters(conn, letters, excluded=self.dlq_alert_task)
 
     def _settle_rows(self, conn: Connection, params: list[dict[str, Any]]) -> int:
-        if self.family == "postgresql":
+        if self.dialect.settles_by_arrays:
             # One statement over arrays, through the driver: a batch of outcomes costs the
             # worker one parameter set instead of one per row (pipelined executemany).
             return execute_on(conn, self._raw_settle_many, _as_arrays(params))
-        if self.family != "mysql":  # executemany: sqlite3's own loop, in C
+        if self.dialect.batches_executemany:  # sqlite3's own loop, in C
             return conn.execute(self._settle_one, params).rowcount
         # PyMySQL would send executemany row by row: group the plain outcomes instead.
         plain = [p for p in params if p["p_error"] is None and p["p_traceback"] is None]

@@ -42,7 +42,7 @@ class StepHandoffOps(ClaimOps, RowWriter):
         params = {**_params(new), "node": node_id, "token": token}
 
         def release(conn: Connection) -> Claimed:
-            if self.family == "mysql":  # no UPDATE ... RETURNING: the row is read back
+            if not self.dialect.updates_returning:  # no UPDATE ... RETURNING: the row is read back
                 with transaction(conn):
                     if conn.execute(self._handoff_statement, params).rowcount != 1:
                         return Claimed([], [])

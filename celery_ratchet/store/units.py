@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from celery_ratchet.errors import ConfigurationError
+from celery_ratchet.store.dialect import dialect_of
 
 #: Run a function once the owner's transaction commits (Django's ``on_commit``).
 AfterCommit = Callable[[Callable[[], None]], None]
@@ -46,7 +47,7 @@ class Unit:
         SQLite has one writer: the store commits each statement of its decisions at once
         there (a transaction held open would block this process's other connections), so
         what follows is written on its own."""
-        return self._connection.dialect.name != "sqlite"
+        return not dialect_of(self._connection).single_writer
 
     def __repr__(self) -> str:
         return f"<Unit of work on {self._connection.engine.url.get_backend_name()}>"
