@@ -15,7 +15,7 @@ import click
 from celery_ratchet.domain.job import JobStatus, Unreadable
 from celery_ratchet.errors import RatchetError
 from celery_ratchet.settings import RatchetSettings, mask_password
-from celery_ratchet.store.core import outages_said_by_caller
+from celery_ratchet.store.database import outages_said_by_caller
 from celery_ratchet.store.jobstore import JobStore
 
 

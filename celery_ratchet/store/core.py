@@ -1,13 +1,10 @@
-"""The store's shared ground: one database, its connections and errors, the schema, the
-prepared statements and the wake-ups."""
+"""The store's shared ground while its concerns move into parts of their own: one
+:class:`~celery_ratchet.store.database.Database`, its :class:`~celery_ratchet.store.dialect.Dialect`
+and the prepared statements several concerns share."""
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -20,50 +17,18 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DataError, DBAPIError
 
 from celery_ratchet.domain.job import (
     JobStatus,
 )
 from celery_ratchet.domain.priority import DEFAULT_BOOST_MINUTES
-from celery_ratchet.errors import (
-    SchemaMissing,
-    SchemaOutdated,
-    StoreBusy,
-    StorePermissionDenied,
-    StoreUnavailable,
-)
-from celery_ratchet.store import deadline
 from celery_ratchet.store.claim import RETURNED
+from celery_ratchet.store.database import CONFLICT_RETRIES, Database, Reachability
 from celery_ratchet.store.db_clock import (
     db_now,
 )
-from celery_ratchet.store.db_errors import (
-    cancelled,
-    is_missing_column,
-    is_missing_table,
-    is_not_a_database,
-    is_permission_denied,
-    is_prepared_statement_conflict,
-    is_retryable_conflict,
-    is_statement_cancelled,
-    is_unavailable,
-    not_a_database,
-    permission_denied,
-    prepared_statement_conflict,
-    refused,
-    refused_by_server,
-    unavailable,
-)
-from celery_ratchet.store.ddl import bring_up_to_date, index_shapes, schema_differences
-from celery_ratchet.store.dialect import dialect_for
-from celery_ratchet.store.engine import (
-    EngineOptions,
-    engine_for,
-    family,
-    liveness_bound,
-    lock_bounded_options,
-)
+from celery_ratchet.store.dialect import Dialect
+from celery_ratchet.store.engine import EngineOptions
 from celery_ratchet.store.job_rows import (
     _CLEARED_CLAIM,
     _CLEARED_RESULT,
@@ -74,79 +39,18 @@ from celery_ratchet.store.job_rows import (
     _new_job_values,
     job,
 )
-from celery_ratchet.store.packets import dropped_for_size, too_large
 from celery_ratchet.store.raw import raw_statement
-from celery_ratchet.store.redact import mask_url
 from celery_ratchet.store.schema import (
     KeptDateTime,
     scheduler_resource_permit,
 )
 
-logger = logging.getLogger(__name__)
-
-
-class Reachability:
-    """Logs the job store going away once, and its return once, per process: not one line
-    per failed statement. Processes whose outages another process reports (a worker's pool
-    processes, reported by the worker) log them at DEBUG only (:func:`quiet_outages`)."""
-
-    #: Level of the two lines; DEBUG where another process of the same worker logs them.
-    level = logging.WARNING
-
-    def __init__(self, display_url: str) -> None:
-        self.display_url = display_url
-        self._lock = threading.Lock()
-        self._down_since: float | None = None
-
-    @property
-    def down(self) -> bool:
-        return self._down_since is not None
-
-    def failed(self, exc: BaseException) -> None:
-        with self._lock:
-            if self._down_since is not None:
-                return
-            self._down_since = time.monotonic()
-        logger.log(self.level, "ratchet: the job store is unreachable: %s", exc)
-
-    def succeeded(self) -> None:
-        if self._down_since is None:  # read without the lock: the common case stays cheap
-            return
-        with self._lock:
-            since, self._down_since = self._down_since, None
-        if since is not None:
-            logger.log(
-                self.level,
-                "ratchet: the job store at %s is reachable again after %.1fs",
-                self.display_url,
-                time.monotonic() - since,
-            )
-
-
-def quiet_outages() -> None:
-    """In this process, log the job store's outages at DEBUG: another process (the worker's
-    main process) reports them."""
-    Reachability.level = logging.DEBUG
-
-
-@contextlib.contextmanager
-def outages_said_by_caller() -> Iterator[None]:
-    """Within, the job store's outages are logged at DEBUG: the caller (a CLI command)
-    says its error itself, as its one line."""
-    level, Reachability.level = Reachability.level, logging.DEBUG
-    try:
-        yield
-    finally:
-        Reachability.level = level
-
-
 T = TypeVar("T")
-CONFLICT_RETRIES = 5
 
 
 class StoreCore:
-    """Job rows in one database: the connection, its errors, the schema and the wake-ups
-    every concern of the store shares."""
+    """Job rows in one database: the :class:`Database` and :class:`Dialect` every concern
+    of the store shares, and the statements prepared for several of them."""
 
     def __init__(
         self,
@@ -159,31 +63,25 @@ class StoreCore:
         engine_options: EngineOptions | None = None,
         dlq_alert_task: str | None = None,
     ):
+        #: The database: connections, outages and retries, announcements, schema checks.
+        self.db = Database(
+            url,
+            create_schema=create_schema,
+            engine=engine,
+            notify=notify,
+            engine_options=engine_options,
+        )
+        #: What this database does differently (store/dialect.py).
+        self.dialect: Dialect = self.db.dialect
         self.url = url
-        #: How the engine's connections are made; None: an engine handed in, made elsewhere.
-        self._engine_options = (engine_options or EngineOptions()) if engine is None else None
-        self._lock_bounded_engines: dict[float, Engine | None] = {}
+        self.display_url = self.db.display_url
+        self.family = self.db.family
         #: The task sent dead-letter alerts: with one, each job failing for good is counted
         #: into its task name's alert window, in the transaction that fails it.
         self.dlq_alert_task = dlq_alert_task
         #: Aging: a waiting job gains one priority level per this many minutes (0: never).
         self.priority_boost_minutes = max(float(priority_boost_minutes), 0.0)
-        self.display_url = mask_url(url)
-        #: Whether the database answers, as this process last found it.
-        self.reachability = Reachability(self.display_url)
-        self.engine = engine or engine_for(url, engine_options)
-        self.family = family(self.engine.dialect.name)
-        #: What this database does differently (store/dialect.py).
-        self.dialect = dialect_for(self.engine.dialect)
-        #: The deadline of a heartbeat's and a registration's statements (store/deadline.py).
-        self._liveness_bound = liveness_bound(
-            self.engine, self._engine_options or engine_options or EngineOptions()
-        )
         self._claim = self.dialect.claim_strategy()
-        self._create_schema = create_schema
-        self._schema_ready = False
-        #: PostgreSQL: inserts notify listening workers (LISTEN/NOTIFY wake-ups).
-        self.notify = notify and self.dialect.notifies
         self._insert = _insert_statement(self.engine.dialect, notify=self.notify)
         self._raw_insert = raw_statement(self._insert, self.engine.dialect)
         self._insert_keyed_row = _insert_statement(
@@ -280,9 +178,28 @@ class StoreCore:
             .values(**_new_job_values(), **_CLEARED_CLAIM, **_CLEARED_RESULT, created_at=db_now())
         )
 
+        self.db.when_silent(self._prepare_silent)
+
+    @property
+    def engine(self) -> Engine:
+        """The database's engine (one pool of connections)."""
+        return self.db.engine
+
+    @property
+    def notify(self) -> bool:
+        """PostgreSQL: inserts notify listening workers (LISTEN/NOTIFY wake-ups)."""
+        return self.db.notify
+
+    @property
+    def reachability(self) -> Reachability:
+        """Whether the database answers, as this process last found it."""
+        return self.db.reachability
+
     def stop_notifying(self) -> None:
         """No more ``pg_notify`` on inserts: nothing receives them (see ``send_probe``)."""
-        self.notify = False
+        self.db.stop_notifying()
+
+    def _prepare_silent(self) -> None:
         self._insert = _insert_statement(self.engine.dialect, notify=False)
         self._raw_insert = raw_statement(self._insert, self.engine.dialect)
         self._insert_keyed_row = _insert_statement(self.engine.dialect, keyed=True)
@@ -292,13 +209,9 @@ class StoreCore:
     def send_probe(self, payload: str) -> None:
         """NOTIFY the wake-up channel through the store's own connections, the way inserts
         do: a listener that never receives it listens where enqueues do not notify."""
-        statement = select(func.pg_notify(NOTIFY_CHANNEL, bindparam("payload")))
-        self._attempt(
-            lambda conn: conn.execute(statement, {"payload": payload}),
-            "the wake-up probe was not sent",
-        )
+        self.db.send_probe(payload)
 
-    # -- plumbing ---------------------------------------------------------------------------
+    # -- the database's, as the concerns not yet parts of their own call them ---------------
 
     def _run(
         self,
@@ -309,30 +222,9 @@ class StoreCore:
         conflict_retries: int = CONFLICT_RETRIES,
         liveness: bool = False,
     ) -> T:
-        """``work`` on a pooled connection (see :meth:`_attempt`); ``lock_wait``: on one
-        that waits at most that many seconds on a lock another transaction holds, where the
-        database lets a connection be made so (:meth:`_lock_bounded_engine`); ``liveness``:
-        a heartbeat or a registration, whose statements get the shorter deadline that keeps
-        the node in time for the others' judgement (store/deadline.py)."""
-        self.ensure_schema()
-        engine = self._lock_bounded_engine(lock_wait) if lock_wait is not None else None
-        connect = engine.connect if engine is not None else None
-        if liveness:
-            with deadline.deadline(self._liveness_bound):
-                return self._attempt(work, what, connect, conflict_retries)
-        return self._attempt(work, what, connect, conflict_retries)
-
-    def _lock_bounded_engine(self, seconds: float) -> Engine | None:
-        try:
-            return self._lock_bounded_engines[seconds]
-        except KeyError:
-            pass
-        options = None
-        if self._engine_options is not None:
-            options = lock_bounded_options(self.family, self._engine_options, seconds)
-        engine = None if options is None else engine_for(self.url, options)
-        self._lock_bounded_engines[seconds] = engine
-        return engine
+        return self.db.run(
+            work, what, lock_wait=lock_wait, conflict_retries=conflict_retries, liveness=liveness
+        )
 
     def _attempt(
         self,
@@ -341,148 +233,28 @@ class StoreCore:
         connect: Callable[[], Any] | None = None,
         conflict_retries: int = CONFLICT_RETRIES,
     ) -> T:
-        """Run ``work`` on a pooled connection: once more after a dropped connection, a few
-        more times (``conflict_retries``) after a deadlock or a lock wait that ran out;
-        :class:`StoreUnavailable` when the database is gone. ``connect``: where the
-        connection comes from (default: a SQLAlchemy Connection)."""
-        try:
-            done = self._attempt_once(work, what, connect or self.engine.connect, conflict_retries)
-        except StorePermissionDenied:
-            raise  # reached: no outage to log
-        except StoreUnavailable as exc:
-            self.reachability.failed(exc)
-            raise
-        self.reachability.succeeded()
-        return done
-
-    def _attempt_once(
-        self,
-        work: Callable[[Any], T],
-        what: str,
-        connect: Callable[[], Any],
-        conflict_retries: int = CONFLICT_RETRIES,
-    ) -> T:
-        reconnected = False
-        conflicts = 0
-        #: A statement went out before the connection was lost: it may have been committed.
-        maybe_sent = False
-        while True:
-            connected = False
-            try:
-                with connect() as conn:
-                    connected = True
-                    return work(conn)
-            except DBAPIError as exc:
-                if is_prepared_statement_conflict(exc):
-                    raise prepared_statement_conflict(exc, what) from exc
-                if is_statement_cancelled(exc):
-                    raise cancelled(exc, what) from exc
-                if is_permission_denied(exc):
-                    raise permission_denied(self.url, exc, what) from exc
-                if self.dialect.limits_statement_size and dropped_for_size(self.engine, exc):
-                    raise too_large(self.engine, exc, what) from exc
-                if is_retryable_conflict(exc):
-                    if conflicts >= conflict_retries:
-                        raise StoreBusy(
-                            f"the job store kept refusing for lock conflicts ({exc.orig}), "
-                            f"{conflict_retries + 1} tries: another client holds locks on "
-                            "the ratchet tables (a long transaction, a schema change); find "
-                            f"it, or raise the server's lock wait limit; {what}"
-                        ) from exc
-                    conflicts += 1
-                    time.sleep(0.005 * conflicts)
-                    continue
-                if is_missing_column(exc):
-                    raise SchemaOutdated(
-                        f"the job store at {self.display_url} lacks a column this version "
-                        f"uses ({_first_line(exc.orig)}): its tables were made by an earlier "
-                        "version; bring them up to date with `ratchet --url URL schema "
-                        "apply`, or start a process with ratchet_create_schema on; "
-                        f"{what}"
-                    ) from exc
-                if is_unavailable(exc):
-                    # A server that refused the statement (read-only, no space left) wrote
-                    # nothing of it.
-                    maybe_sent = maybe_sent or (connected and not refused_by_server(exc))
-                    if exc.connection_invalidated and not reconnected:
-                        reconnected = True
-                        continue
-                    raise unavailable(self.url, exc, what, sent=maybe_sent) from exc
-                if isinstance(exc, DataError):
-                    raise refused(exc, what) from exc
-                if is_not_a_database(exc):
-                    raise not_a_database(self.display_url, exc) from exc
-                if is_missing_table(exc):
-                    raise SchemaMissing(
-                        f"the job store at {self.display_url} has no ratchet tables (or not all "
-                        f"of them); create them with `ratchet --url URL schema apply`, or start "
-                        f"a worker once; {what}"
-                    ) from exc
-                raise
-            except Exception as exc:
-                if is_unavailable(exc):
-                    maybe_sent = maybe_sent or connected
-                    raise unavailable(self.url, exc, what, sent=maybe_sent) from exc
-                raise
+        return self.db.attempt(work, what, connect, conflict_retries)
 
     def ensure_schema(self) -> None:
-        if self._schema_ready or not self._create_schema:
-            return
-        # At start-up, active jobs of an earlier version sharing a business key do not keep
-        # this process from running: the unique index waits for a later start (a warning).
-        with deadline.deadline(None):  # a schema change may run long: no deadline
-            created = self._attempt(
-                lambda conn: bring_up_to_date(conn, wait_for_unique_keys=True),
-                "the schema was not created",
-            )
-        self._schema_ready = True
-        if created:
-            logger.info("ratchet: created or brought up to date: %s", ", ".join(created))
+        self.db.ensure_schema()
 
     def create_missing_tables(self) -> list[str]:
-        with deadline.deadline(None):
-            return self._attempt(self._create_tables, "the schema was not created")
+        return self.db.create_missing_tables()
 
     def schema_differences(self) -> list[str]:
         """What the live database lacks of the schema: tables, columns, indexes."""
-        with deadline.deadline(None):
-            return self._attempt(schema_differences, "the schema was not checked")
+        return self.db.schema_differences()
 
     def index_shapes(self) -> tuple[list[str], list[str]]:
         """Indexes of the schema's names not as this version makes them: (problems, notes)."""
-        with deadline.deadline(None):
-            return self._attempt(index_shapes, "the indexes were not checked")
-
-    def _create_tables(self, conn: Connection) -> list[str]:
-        # Serialized by the database's schema lock: processes starting together on an empty
-        # database create one schema, and none of them sees another's half-made tables.
-        return bring_up_to_date(conn)
+        return self.db.index_shapes()
 
     def announce(self, word: str) -> None:
         """PostgreSQL with LISTEN/NOTIFY on: tell listening workers ``word`` now."""
-        if self.notify:
-            self._run(lambda conn: self._announce(conn, word), "no wake-up was sent")
+        self.db.announce(word)
 
     def _announce(self, conn: Connection, word: str) -> None:
-        """PostgreSQL with LISTEN/NOTIFY on: tell listening workers ``word`` (a queue name,
-        or a word such as ``REVOCATIONS_WAKEUP``), delivered when the transaction commits."""
-        if self.notify:
-            conn.execute(select(func.pg_notify(NOTIFY_CHANNEL, word)))
+        self.db.announce_in(conn, word)
 
     def _announce_queues_of(self, conn: Connection, job_ids: Sequence[str]) -> None:
-        """Tell listening workers the queues of these jobs (each queue once: PostgreSQL
-        delivers one notification per distinct payload of a transaction)."""
-        if self.notify and job_ids:
-            conn.execute(
-                select(func.pg_notify(NOTIFY_CHANNEL, job.c.queue)).where(
-                    job.c.job_id.in_(list(job_ids))
-                )
-            )
-
-
-def _first_line(orig: Any) -> str:
-    """The database's own message, its first line: for a missing column, which one (the
-    statement and its parameters are on the lines after it, or not in it at all)."""
-    args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
-    text_ = args[1] if len(args) > 1 and isinstance(args[1], str) else str(orig)
-    return text_.strip().splitlines()[0] if text_.strip() else type(orig).__name__
+        self.db.announce_queues_of(conn, job_ids)

@@ -464,7 +464,7 @@ class EnqueueOps(RowWriter):
             return {}
         conn = connection_of(unit)
         self._check_same_database(conn)
-        if not self._schema_ready:
+        if not self.db.schema_ready:
             # DDL cannot run inside the caller's transaction (MySQL would commit it, SQLite
             # would wait on its own lock): the tables must exist already.
             with in_callers_transaction(conn, "the jobs were not sent", callers=is_callers(unit)):
@@ -475,7 +475,7 @@ class EnqueueOps(RowWriter):
                     "create them before enqueueing in your own transaction: "
                     "`ratchet --url URL schema apply`, or start a worker once"
                 )
-            self._schema_ready = True
+            self.db.schema_found()
         self._check_packet(jobs, waiting)
         params = [_params(j) for j in jobs]
         keyed = any(j.business_key is not None for j in jobs)

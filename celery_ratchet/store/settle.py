@@ -42,7 +42,8 @@ from celery_ratchet.store.claim import (
     claim_params,
     decode,
 )
-from celery_ratchet.store.core import CONFLICT_RETRIES, StoreCore
+from celery_ratchet.store.core import StoreCore
+from celery_ratchet.store.database import CONFLICT_RETRIES
 from celery_ratchet.store.db_clock import (
     db_now,
     db_now_minus,

@@ -78,11 +78,11 @@ def _claim_two_of_three_through(store: JobStore, flaky: _Flaky, what: str) -> No
     for i in range(3):
         store.enqueue(new_job(f"c{i}"))
     real = store.engine
-    store.engine = flaky  # type: ignore[assignment]
+    store.db.engine = flaky  # type: ignore[assignment]
     try:
         claimed = store.claim("n", ["celery"], 2)
     finally:
-        store.engine = real
+        store.db.engine = real
     assert flaky.broken, f"{what} was never lost"
     running = store.list_jobs(status=JobStatus.RUNNING)
     assert sorted(j.job_id for j in claimed) == sorted(j.job_id for j in running)
@@ -142,11 +142,11 @@ def test_a_claim_whose_driver_connection_is_lost_after_it_ran_is_taken_over(
 def test_an_enqueue_whose_reply_was_lost_is_not_a_duplicate(store: JobStore) -> None:
     real = store.engine
     flaky = _Flaky(real, lambda sql: str(sql).startswith("INSERT INTO scheduler_job"))
-    store.engine = flaky  # type: ignore[assignment]
+    store.db.engine = flaky  # type: ignore[assignment]
     try:
         store.enqueue(new_job("once"))
     finally:
-        store.engine = real
+        store.db.engine = real
     assert flaky.broken, "the reply to the INSERT was never lost"
     assert store.count_by_status() == {"PENDING": 1}
 
@@ -216,13 +216,13 @@ def test_a_chain_step_handed_over_whose_reply_was_lost_is_read_back_as_claimed(
     handoff = store._handoff_statement if store.family == "mysql" else store._raw_handoff.sql
     real = store.engine
     flaky = _Flaky(real, lambda sql: sql is handoff or (isinstance(sql, str) and sql == handoff))
-    store.engine = flaky  # type: ignore[assignment]
+    store.db.engine = flaky  # type: ignore[assignment]
     try:
         claimed = store.release_step_to(
             dataclasses.replace(new_job("step-2"), parent_id="step-1"), "n"
         )
     finally:
-        store.engine = real
+        store.db.engine = real
     assert flaky.broken, "the reply to the hand-over was never lost"
     assert claimed is not None and claimed.job_id == "step-2" and claimed.claims == 1
     [running] = [j for j in store.list_jobs(status=JobStatus.RUNNING) if j.job_id == "step-2"]

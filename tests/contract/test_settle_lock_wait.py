@@ -59,7 +59,7 @@ def test_one_outcome_is_looked_up_by_its_job_id(server_store: JobStore) -> None:
     store = server_store
     store.enqueue_many([new_job(f"r{i:02d}") for i in range(40)])
     running = {j.job_id: j for j in store.claim("n", ["celery"], 40)}
-    engine = store._lock_bounded_engine(0.2) or store.engine
+    engine = store.db.lock_bounded_engine(0.2) or store.engine
     sent: list[tuple[str, Any]] = []
 
     def record(conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:

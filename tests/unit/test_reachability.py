@@ -7,14 +7,14 @@ import logging
 import pytest
 
 from celery_ratchet.errors import StoreUnavailable
-from celery_ratchet.store.core import Reachability
+from celery_ratchet.store.database import Reachability
 
 
 def test_an_outage_is_two_lines_however_many_statements_fail(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     reachability = Reachability("postgresql://app:***@db/shop")
-    with caplog.at_level(logging.DEBUG, logger="celery_ratchet.store.core"):
+    with caplog.at_level(logging.DEBUG, logger="celery_ratchet.store.database"):
         reachability.succeeded()
         for _ in range(50):
             reachability.failed(StoreUnavailable("cannot reach the job store at …"))

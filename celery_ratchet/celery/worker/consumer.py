@@ -56,7 +56,7 @@ from celery_ratchet.runtime.base import Declined
 from celery_ratchet.runtime.dlq import DeadLetterAlerts
 from celery_ratchet.runtime.fence import current_fence
 from celery_ratchet.runtime.worker import WorkerRuntime
-from celery_ratchet.store.core import quiet_outages
+from celery_ratchet.store.database import quiet_outages
 from celery_ratchet.store.job_rows import REVOKE_ONLY
 
 logger = logging.getLogger(__name__)
