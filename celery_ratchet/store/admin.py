@@ -34,30 +34,32 @@ from celery_ratchet.domain.job import (
 from celery_ratchet.domain.schedule import MASTER_PREFIX
 from celery_ratchet.store import dlq_alerts
 from celery_ratchet.store.claim import RETURNED, MalformedRow, to_claimed
-from celery_ratchet.store.core import StoreCore
+from celery_ratchet.store.database import Database
 from celery_ratchet.store.db_clock import (
     db_now,
     db_now_minus,
 )
+from celery_ratchet.store.dialect import Dialect
 from celery_ratchet.store.engine import (
     savepoint,
     transaction,
 )
 from celery_ratchet.store.id_bounds import created_id_bounds
 from celery_ratchet.store.job_rows import (
-    _CLEARED_CLAIM,
-    _CLEARED_RESULT,
-    _JOBS_ONLY,
-    _RAN_TO_AN_END,
-    _TERMINAL,
-    _is_active_key_conflict,
-    _listed,
-    _params,
-    _summary,
+    CLEARED_CLAIM,
+    CLEARED_RESULT,
+    JOBS_ONLY,
+    RAN_TO_AN_END,
+    TERMINAL,
     check_fields,
+    is_active_key_conflict,
     job,
+    job_params,
+    job_summary,
+    listed_column,
     storable,
 )
+from celery_ratchet.store.row_writer import RowWriter
 from celery_ratchet.store.schema import (
     scheduler_job,
     scheduler_job_archive,
@@ -76,8 +78,13 @@ logger = logging.getLogger(__name__)
 _PURGE_CHUNK = 1000
 
 
-class AdminOps(StoreCore):
+class Admin:
     """What operators ask: the dead-letter queue, archiving, job logs, listings and counts."""
+
+    def __init__(self, db: Database, dialect: Dialect, rows: RowWriter) -> None:
+        self.db = db
+        self.dialect = dialect
+        self.rows = rows
 
     def purge_pending(self, queues: Sequence[str]) -> int:
         """Delete the PENDING jobs of ``queues`` (``celery purge``, the dashboard's purge);
@@ -86,7 +93,7 @@ class AdminOps(StoreCore):
         revoked, and its chord or batch counts it as revoked, so that neither waits for a
         job that is gone."""
         pending = and_(
-            job.c.status == JobStatus.PENDING.value, job.c.queue.in_(list(queues)), _JOBS_ONLY
+            job.c.status == JobStatus.PENDING.value, job.c.queue.in_(list(queues)), JOBS_ONLY
         )
         waiting = job.alias("waiting")
         waited_on = select(waiting.c.depends_on).where(
@@ -111,7 +118,7 @@ class AdminOps(StoreCore):
                     record_ended_parts(conn, chunk, "REVOKED")
                 return int(conn.execute(delete(job).where(pending)).rowcount)
 
-        purged: int = self._run(work, "no job was purged")
+        purged: int = self.db.run(work, "no job was purged")
         return purged
 
     # -- the dead-letter queue: FAILED jobs ----------------------------------------------------
@@ -152,8 +159,8 @@ class AdminOps(StoreCore):
                 attempts=0,
                 claims=0,
                 headers=bindparam("p_headers"),
-                **_CLEARED_CLAIM,
-                **_CLEARED_RESULT,
+                **CLEARED_CLAIM,
+                **CLEARED_RESULT,
             )
         )
         page = (
@@ -172,12 +179,12 @@ class AdminOps(StoreCore):
                 changed = self._requeue_each(conn, requeue, params)
                 # The chain steps its failure revoked wait for it again.
                 restore_downstream(conn, [r.job_id for r in rows])
-                self._announce_queues_of(conn, [r.job_id for r in rows])
+                self.db.announce_queues_of(conn, [r.job_id for r in rows])
             return changed, rows[-1].id
 
         done, after = 0, 0
         while True:
-            changed, last = self._run(
+            changed, last = self.db.run(
                 functools.partial(requeue_page, after=after), "no job was requeued"
             )
             if last is None:
@@ -191,7 +198,7 @@ class AdminOps(StoreCore):
             with savepoint(conn, "ratchet_requeue"):
                 return int(conn.execute(requeue, params).rowcount)
         except IntegrityError as exc:
-            if not _is_active_key_conflict(exc):
+            if not is_active_key_conflict(exc):
                 raise
         changed = 0
         for p in params:
@@ -199,7 +206,7 @@ class AdminOps(StoreCore):
                 with savepoint(conn, "ratchet_requeue"):
                     changed += conn.execute(requeue, p).rowcount
             except IntegrityError as exc:
-                if not _is_active_key_conflict(exc):
+                if not is_active_key_conflict(exc):
                     raise
                 logger.warning(
                     "ratchet: failed job %s left in the dead-letter queue: another active job "
@@ -219,7 +226,7 @@ class AdminOps(StoreCore):
         if job_ids is not None and not job_ids:
             return 0
         stmt = delete(job).where(self._failed(job_ids, task_name, queue))
-        return self._run(lambda conn: conn.execute(stmt).rowcount, "the DLQ was not purged")
+        return self.db.run(lambda conn: conn.execute(stmt).rowcount, "the DLQ was not purged")
 
     # -- archiving and job logs --------------------------------------------------------------
 
@@ -235,7 +242,7 @@ class AdminOps(StoreCore):
         columns = [c.name for c in scheduler_job.columns]
         picked = (
             select(job.c.id)
-            .where(job.c.status.in_(_TERMINAL), job.c.finished_at < cutoff)
+            .where(job.c.status.in_(TERMINAL), job.c.finished_at < cutoff)
             .order_by(job.c.id)
             .limit(batch_size)
         )
@@ -245,7 +252,7 @@ class AdminOps(StoreCore):
             select(*[job.c[c] for c in columns], db_now()).where(job.c.id.in_(ids)),
         )
         # Re-checked on delete: a finished job whose id was reused in between stays.
-        remove = delete(job).where(job.c.id.in_(ids), job.c.status.in_(_TERMINAL))
+        remove = delete(job).where(job.c.id.in_(ids), job.c.status.in_(TERMINAL))
 
         def one_batch(conn: Connection) -> int:
             with transaction(conn):
@@ -258,7 +265,7 @@ class AdminOps(StoreCore):
 
         moved = 0
         while True:
-            done = self._run(one_batch, "finished jobs were not archived")
+            done = self.db.run(one_batch, "finished jobs were not archived")
             moved += done
             if progress is not None and done:
                 progress(moved)
@@ -269,7 +276,7 @@ class AdminOps(StoreCore):
         stmt = insert(scheduler_job_log).values(
             job_id=job_id, logged_at=db_now(), level=level[:16], message=storable(message) or ""
         )
-        self._run(lambda conn: conn.execute(stmt), "the job log line was not written")
+        self.db.run(lambda conn: conn.execute(stmt), "the job log line was not written")
 
     def job_log(self, job_id: str, limit: int = 1000) -> list[tuple[datetime, str, str]]:
         lg = scheduler_job_log
@@ -279,13 +286,13 @@ class AdminOps(StoreCore):
             .order_by(lg.c.id)
             .limit(limit)
         )
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "the job log was not read")
+        rows = self.db.run(lambda conn: conn.execute(stmt).all(), "the job log was not read")
         return [(r.logged_at, r.level, r.message) for r in rows]
 
     def purge_logs(self, older_than_days: float) -> int:
         lg = scheduler_job_log
         stmt = delete(lg).where(lg.c.logged_at < db_now_minus(older_than_days * 86400))
-        return self._run(lambda conn: conn.execute(stmt).rowcount, "job logs were not purged")
+        return self.db.run(lambda conn: conn.execute(stmt).rowcount, "job logs were not purged")
 
     # -- inspection -------------------------------------------------------------------------
 
@@ -316,7 +323,7 @@ class AdminOps(StoreCore):
             cursor = select(job.c.id).where(job.c.job_id == before_job_id).scalar_subquery()
             conditions.append(job.c.id < cursor)
         if not include_schedules:
-            conditions.append(_JOBS_ONLY)
+            conditions.append(JOBS_ONLY)
         if task_contains is not None:
             conditions.append(job.c.task_name.icontains(task_contains, autoescape=True))
         if not ticks:
@@ -344,15 +351,15 @@ class AdminOps(StoreCore):
                 job.c.status,
                 job.c.priority,
                 job.c.attempts,
-                _listed(job.c.scheduled_time),
-                _listed(job.c.created_at),
-                _listed(job.c.finished_at),
+                listed_column(job.c.scheduled_time),
+                listed_column(job.c.created_at),
+                listed_column(job.c.finished_at),
                 job.c.picked_by,
                 job.c.last_error,
                 job.c.business_key,
                 job.c.tags,
-                _listed(job.c.claimed_at),
-                _listed(job.c.started_at),
+                listed_column(job.c.claimed_at),
+                listed_column(job.c.started_at),
                 job.c.job_type,
             )
             .where(and_(*conditions))
@@ -364,14 +371,14 @@ class AdminOps(StoreCore):
             bounds = created_id_bounds(conn, created_since, created_until)
             return list(conn.execute(stmt.where(*bounds)).all())
 
-        rows = self._run(work, "jobs were not listed")
-        return [_summary(r) for r in rows]
+        rows = self.db.run(work, "jobs were not listed")
+        return [job_summary(r) for r in rows]
 
     # -- dead-letter alerts -------------------------------------------------------------------
 
     def due_alert_windows(self, interval_seconds: float) -> list[str]:
         """Task names whose alert window has closed (by the database clock)."""
-        return self._run(
+        return self.db.run(
             lambda conn: dlq_alerts.due_windows(conn, interval_seconds),
             "alert windows were not read",
         )
@@ -392,7 +399,7 @@ class AdminOps(StoreCore):
             def insert_alert(window: AlertWindow, job_ids: list[str], now: datetime) -> str:
                 new = alert_job(window, job_ids, now)
                 check_fields(new)
-                conn.execute(self._insert, _params(new))
+                conn.execute(self.rows.insert, job_params(new))
                 made.append(new)
                 return new.job_id
 
@@ -400,10 +407,10 @@ class AdminOps(StoreCore):
                 closed = dlq_alerts.close_window(conn, task_name, interval_seconds, insert_alert)
             return made[0] if closed is not None else None
 
-        return self._run(work, "the dead-letter alert was not sent")
+        return self.db.run(work, "the dead-letter alert was not sent")
 
     def alert_states(self, task_names: Sequence[str]) -> dict[str, dlq_alerts.AlertState]:
-        return self._run(
+        return self.db.run(
             lambda conn: dlq_alerts.alert_states(conn, task_names), "alert states were not read"
         )
 
@@ -424,7 +431,7 @@ class AdminOps(StoreCore):
             .order_by(job.c.scheduled_time, job.c.id)
             .limit(limit)
         )
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "scheduled jobs were not read")
+        rows = self.db.run(lambda conn: conn.execute(stmt).all(), "scheduled jobs were not read")
         listed = []
         for row in rows:
             with contextlib.suppress(MalformedRow):
@@ -439,9 +446,9 @@ class AdminOps(StoreCore):
             .scalar_subquery()
         )
         stamps = ("started_at", "heartbeat_ts")
-        columns = [_listed(c) if c.name in stamps else c for c in n.c]
+        columns = [listed_column(c) if c.name in stamps else c for c in n.c]
         stmt = select(*columns, running.label("running")).order_by(n.c.started_at)
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "nodes were not listed")
+        rows = self.db.run(lambda conn: conn.execute(stmt).all(), "nodes were not listed")
         return [r._asdict() for r in rows]
 
     def queue_stats(self) -> dict[str, Any]:
@@ -450,16 +457,16 @@ class AdminOps(StoreCore):
         masters are schedules (``schedules``), not counted here."""
         by_queue = (
             select(job.c.queue, job.c.status, func.count())
-            .where(_JOBS_ONLY)
+            .where(JOBS_ONLY)
             .group_by(job.c.queue, job.c.status)
         )
         finished = select(func.count()).where(
-            job.c.status.in_(_RAN_TO_AN_END), job.c.finished_at >= db_now_minus(60)
+            job.c.status.in_(RAN_TO_AN_END), job.c.finished_at >= db_now_minus(60)
         )
         oldest = (
             select(job.c.queue, func.min(job.c.scheduled_time).label("due"))
             .where(
-                _JOBS_ONLY,
+                JOBS_ONLY,
                 job.c.status == JobStatus.PENDING.value,
                 job.c.scheduled_time <= db_now(),
             )
@@ -479,10 +486,10 @@ class AdminOps(StoreCore):
                 },
             }
 
-        return self._run(work, "statistics were not read")
+        return self.db.run(work, "statistics were not read")
 
     def count_by_status(self) -> dict[str, int]:
         """Jobs per status; recurring masters are schedules, not jobs, and are not counted."""
-        stmt = select(job.c.status, func.count()).where(_JOBS_ONLY).group_by(job.c.status)
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "jobs were not counted")
+        stmt = select(job.c.status, func.count()).where(JOBS_ONLY).group_by(job.c.status)
+        rows = self.db.run(lambda conn: conn.execute(stmt).all(), "jobs were not counted")
         return {status: count for status, count in rows}

@@ -33,7 +33,7 @@ from celery_ratchet.domain.job import TERMINAL_STATUSES, JobStatus, NewJob
 from celery_ratchet.store.batch_rows import BatchRecord, BatchRows, batch
 from celery_ratchet.store.db_clock import db_now, db_now_minus
 from celery_ratchet.store.engine import transaction
-from celery_ratchet.store.job_rows import NOTIFY_CHANNEL, WAITING_DUE, _params, job
+from celery_ratchet.store.job_rows import NOTIFY_CHANNEL, WAITING_DUE, job, job_params
 
 #: Makes the report jobs of these (percent, done at it) of the batch, in order.
 MakeReports = Callable[[BatchRecord, Sequence[tuple[int, int]]], Sequence[NewJob]]
@@ -54,8 +54,11 @@ class ProgressWrites:
     released: Sequence[str] = field(default_factory=list)
 
 
-class ProgressOps(BatchRows):
+class ProgressReports:
     """Progress reports of batches built with ``celery_ratchet.batch()``."""
+
+    def __init__(self, rows: BatchRows) -> None:
+        self.rows = rows
 
     def write_progress(
         self, batch_id: str, make: MakeReports, report_id: ReportId
@@ -73,8 +76,8 @@ class ProgressOps(BatchRows):
                 written: Sequence[NewJob] = ()
                 if due:
                     written = make(record, due)
-                    held = [_params(replace(new, due=WAITING_DUE)) for new in written]
-                    self.store._insert_many(conn, held, ignore_existing=True)
+                    held = [job_params(replace(new, due=WAITING_DUE)) for new in written]
+                    self.rows.rows.insert_many(conn, held, ignore_existing=True)
                     reached = due[-1][0]
                     conn.execute(
                         update(batch)
@@ -84,7 +87,7 @@ class ProgressOps(BatchRows):
                     record = replace(record, progress_written=reached)
                 return ProgressWrites(written, self._release_next(conn, record, report_id))
 
-        result: ProgressWrites = self._run(work, "the batch's progress was not reported")
+        result: ProgressWrites = self.rows.run(work, "the batch's progress was not reported")
         return result
 
     def progress_ended(self, batch_id: str, percent: int, report_id: ReportId) -> list[str]:
@@ -101,7 +104,7 @@ class ProgressOps(BatchRows):
                     self._set_ended(conn, batch_id, percent)
                 return self._release_next(conn, record, report_id)
 
-        result: list[str] = self._run(work, "the batch's next progress report was not released")
+        result: list[str] = self.rows.run(work, "the batch's next progress report was not released")
         return result
 
     def progress_behind(self, limit: int = 100) -> list[str]:
@@ -126,7 +129,7 @@ class ProgressOps(BatchRows):
             .order_by(batch.c.created_at)
             .limit(limit)
         )
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "batches were not read")
+        rows = self.rows.run(lambda conn: conn.execute(stmt).all(), "batches were not read")
         return [r.batch_id for r in rows]
 
     def _locked(self, conn: Connection, batch_id: str) -> BatchRecord | None:
@@ -137,7 +140,7 @@ class ProgressOps(BatchRows):
             .where(batch.c.batch_id == batch_id)
             .values(progress_written=batch.c.progress_written)
         )
-        return self._get(conn, batch_id)
+        return self.rows.get_record(conn, batch_id)
 
     def _set_ended(self, conn: Connection, batch_id: str, percent: int) -> None:
         conn.execute(
@@ -181,6 +184,6 @@ class ProgressOps(BatchRows):
             )
             .values(scheduled_time=db_now())
         )
-        if self.store.notify:
+        if self.rows.db.notify:
             stmt = stmt.returning(func.pg_notify(NOTIFY_CHANNEL, job.c.queue))
         return stmt

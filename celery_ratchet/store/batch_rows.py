@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
@@ -20,6 +20,11 @@ from celery_ratchet.store.schema import (
     scheduler_batch,
 )
 from celery_ratchet.store.units import Unit, connection_of, is_callers
+
+if TYPE_CHECKING:
+    from celery_ratchet.store.jobstore import JobStore
+
+T = TypeVar("T")
 
 batch = scheduler_batch
 
@@ -66,36 +71,41 @@ class BatchRecord:
 
 
 class BatchRows:
-    """What every part of the batch store runs on: the job store's connections."""
+    """What every part of the batch store runs on: the job store's database, its dialect,
+    the job writes a batch makes (inserts of released steps, sends of a stream), and the
+    batch row read and written in a unit of work."""
 
-    def __init__(self, store: Any) -> None:
-        self.store = store
+    def __init__(self, store: JobStore) -> None:
+        self.db = store.db
+        self.dialect = store.dialect
+        self.rows = store.rows
+        self.enqueuer = store.enqueuer
 
-    def _run(self, work: Any, what: str) -> Any:
-        return self.store._run(work, what)
+    def run(self, work: Callable[[Connection], T], what: str) -> T:
+        return self.db.run(work, what)
 
-    def _write(self, unit: Unit | None, work: Any, what: str) -> Any:
+    def write(self, unit: Unit | None, work: Any, what: str) -> Any:
         """Run ``work`` in the caller's unit of work (inside its transaction, in a
         savepoint) when given, else on a pooled connection."""
         if unit is None:
-            return self._run(work, what)
+            return self.run(work, what)
         conn = connection_of(unit)
         with in_callers_transaction(conn, what, callers=is_callers(unit)), conn.begin_nested():
             return work(conn)
 
-    def _get(self, conn: Connection, batch_id: str) -> BatchRecord | None:
+    def get_record(self, conn: Connection, batch_id: str) -> BatchRecord | None:
         row = conn.execute(select(batch).where(batch.c.batch_id == batch_id)).first()
         return None if row is None else _record(row)
 
     @contextmanager
-    def _unit_of_work(self) -> Iterator[Connection]:
+    def unit_of_work(self) -> Iterator[Connection]:
         """A connection for a decision and what follows it, committed together: one READ
         COMMITTED transaction on PostgreSQL and MySQL. SQLite has one writer at a time: a
         transaction held open here would block the follow-up writes this process makes on
         its other connections, so each statement commits on its own there."""
-        self.store.ensure_schema()
-        with self.store.engine.connect() as conn:
-            if self.store.dialect.single_writer:
+        self.db.ensure_schema()
+        with self.db.engine.connect() as conn:
+            if self.dialect.single_writer:
                 yield conn
                 return
             conn = conn.execution_options(isolation_level="READ COMMITTED")

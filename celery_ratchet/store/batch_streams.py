@@ -28,8 +28,11 @@ from celery_ratchet.store.schema import (
 batch = scheduler_batch
 
 
-class StreamOps(BatchRows):
+class Streams:
     """Streaming batches: see :mod:`celery_ratchet.celery.canvas.streams`."""
+
+    def __init__(self, rows: BatchRows) -> None:
+        self.rows = rows
 
     def write_chunk(
         self,
@@ -48,14 +51,14 @@ class StreamOps(BatchRows):
             if conn.execute(self._renewal(batch_id, lease_seconds, written)).rowcount != 1:
                 raise StreamAbandoned(batch_id, lease_seconds)
 
-        self.store.enqueue_with(
+        self.rows.enqueuer.enqueue_with(
             jobs, waiting, count_and_renew, "the batch's children were not enqueued"
         )
 
     def renew_lease(self, batch_id: str, lease_seconds: float) -> None:
         """The producer is alive but its chunk is not full yet: hold the batch longer."""
         stmt = self._renewal(batch_id, lease_seconds)
-        if self._run(lambda c: c.execute(stmt).rowcount, "the lease was not renewed") != 1:
+        if self.rows.run(lambda c: c.execute(stmt).rowcount, "the lease was not renewed") != 1:
             raise StreamAbandoned(batch_id, lease_seconds)
 
     def _renewal(self, batch_id: str, lease_seconds: float, written: int | None = None) -> Any:
@@ -90,9 +93,9 @@ class StreamOps(BatchRows):
         def work(conn: Connection) -> BatchRecord | None:
             if conn.execute(stmt).rowcount != 1:
                 return None
-            return self._get(conn, batch_id)
+            return self.rows.get_record(conn, batch_id)
 
-        record: BatchRecord | None = self._run(work, "the end of the stream was not stored")
+        record: BatchRecord | None = self.rows.run(work, "the end of the stream was not stored")
         if record is None:
             raise StreamAbandoned(batch_id)
         return record
@@ -110,5 +113,5 @@ class StreamOps(BatchRows):
             .order_by(batch.c.created_at)
             .limit(limit)
         )
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "batches were not read")
+        rows = self.rows.run(lambda conn: conn.execute(stmt).all(), "batches were not read")
         return [r.batch_id for r in rows]

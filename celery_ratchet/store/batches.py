@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import case, delete, func, select, update
 from sqlalchemy.engine import Connection
@@ -29,14 +29,15 @@ from celery_ratchet.domain.batch import (
     parse_known,
 )
 from celery_ratchet.domain.job import TERMINAL_STATUSES, JobStatus
-from celery_ratchet.store.batch_progress import ProgressOps
+from celery_ratchet.store.batch_progress import ProgressReports
 from celery_ratchet.store.batch_rows import BatchRecord, BatchRows, Progress
-from celery_ratchet.store.batch_streams import StreamOps
+from celery_ratchet.store.batch_streams import Streams
 from celery_ratchet.store.db_clock import (
     db_now,
     db_now_minus,
 )
 from celery_ratchet.store.db_errors import in_callers_transaction
+from celery_ratchet.store.delegation import delegated
 from celery_ratchet.store.engine import (
     insert_ignoring_conflicts,
     transaction,
@@ -52,7 +53,10 @@ from celery_ratchet.store.step_rows import (
     record_part,
 )
 from celery_ratchet.store.units import Unit, connection_of, is_callers
-from celery_ratchet.store.workflow_conditions import ConditionOps
+from celery_ratchet.store.workflow_conditions import Conditions
+
+if TYPE_CHECKING:
+    from celery_ratchet.store.jobstore import JobStore
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +68,34 @@ condition = scheduler_workflow_condition
 _FINISHED = [s.value for s in TERMINAL_STATUSES]
 
 
-class BatchStore(StreamOps, ConditionOps, ProgressOps, BatchRows):
-    """Batch operations on a :class:`~celery_ratchet.store.jobstore.JobStore`'s database."""
+class BatchStore:
+    """Batch operations on a :class:`~celery_ratchet.store.jobstore.JobStore`'s database:
+    batch rows here; streams, workflow conditions and progress reports in parts of their
+    own, over the same :class:`BatchRows`."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.rows = BatchRows(store)
+        self.dialect = self.rows.dialect
+        self.streams = Streams(self.rows)
+        self.workflow = Conditions(self.rows)
+        self.reports = ProgressReports(self.rows)
+
+    # Streams (batch_streams.py)
+    write_chunk = delegated("streams", Streams.write_chunk)
+    renew_lease = delegated("streams", Streams.renew_lease)
+    end_stream = delegated("streams", Streams.end_stream)
+    abandoned_streams = delegated("streams", Streams.abandoned_streams)
+
+    # Conditions (workflow_conditions.py)
+    add_conditions = delegated("workflow", Conditions.add_conditions)
+    conditions = delegated("workflow", Conditions.conditions)
+    deciding = delegated("workflow", Conditions.deciding)
+    decide = delegated("workflow", Conditions.decide)
+
+    # ProgressReports (batch_progress.py)
+    write_progress = delegated("reports", ProgressReports.write_progress)
+    progress_ended = delegated("reports", ProgressReports.progress_ended)
+    progress_behind = delegated("reports", ProgressReports.progress_behind)
 
     # -- batches ----------------------------------------------------------------------------
 
@@ -102,9 +132,9 @@ class BatchStore(StreamOps, ConditionOps, ProgressOps, BatchRows):
             c.execute(insert_ignoring_conflicts(c.dialect, batch).values(**values))
 
         if restart and unit is None:
-            self._run(lambda c: _in_transaction(c, work), "the batch was not created")
+            self.rows.run(lambda c: _in_transaction(c, work), "the batch was not created")
             return
-        self._write(unit, work, "the batch was not created")
+        self.rows.write(unit, work, "the batch was not created")
 
     def open_groups(self, group_ids: Sequence[str], unit: Unit | None = None) -> None:
         """Note Celery groups being sent (their children are counted from the job rows);
@@ -116,7 +146,7 @@ class BatchStore(StreamOps, ConditionOps, ProgressOps, BatchRows):
         ]  # fmt: skip
         if not rows:
             return
-        self._write(
+        self.rows.write(
             unit,
             lambda c: c.execute(insert_ignoring_conflicts(c.dialect, batch), rows),
             "the group was not recorded",
@@ -140,7 +170,7 @@ class BatchStore(StreamOps, ConditionOps, ProgressOps, BatchRows):
             ~has_child,
             ~has_part.exists(),
         )
-        discarded: int = self._write(
+        discarded: int = self.rows.write(
             unit, lambda c: c.execute(stmt).rowcount, "the unsent batch was not discarded"
         )
         return discarded
@@ -148,12 +178,12 @@ class BatchStore(StreamOps, ConditionOps, ProgressOps, BatchRows):
     def set_total(self, batch_id: str, total: int, unit: Unit | None = None) -> None:
         """The number of children, known once the last of them is being sent."""
         stmt = update(batch).where(batch.c.batch_id == batch_id).values(total=total)
-        self._write(unit, lambda c: c.execute(stmt), "the batch size was not stored")
+        self.rows.write(unit, lambda c: c.execute(stmt), "the batch size was not stored")
 
     def add_children(self, batch_id: str, count: int = 1, unit: Unit | None = None) -> None:
         """A running child added children (``replace()`` in a chord): wait for them too."""
         stmt = update(batch).where(batch.c.batch_id == batch_id).values(added=batch.c.added + count)
-        self._write(unit, lambda c: c.execute(stmt), "the batch was not extended")
+        self.rows.write(unit, lambda c: c.execute(stmt), "the batch was not extended")
 
     def failed_children(self, batch_id: str, limit: int) -> list[str]:
         """Ids of up to ``limit`` failed children, the first to fail first."""
@@ -163,7 +193,7 @@ class BatchStore(StreamOps, ConditionOps, ProgressOps, BatchRows):
             .order_by(part_table.c.finished_at, part_table.c.job_id)
             .limit(limit)
         )
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "the batch was not read")
+        rows = self.rows.run(lambda conn: conn.execute(stmt).all(), "the batch was not read")
         return [r.job_id for r in rows]
 
     def record_part(self, part: BatchPart) -> BatchRecord | None:
@@ -172,9 +202,9 @@ class BatchStore(StreamOps, ConditionOps, ProgressOps, BatchRows):
         def work(conn: Connection) -> BatchRecord | None:
             with transaction(conn):
                 record_part(conn, part)
-            return self._get(conn, part.batch_id)
+            return self.rows.get_record(conn, part.batch_id)
 
-        result: BatchRecord | None = self._run(work, "the batch child was not counted")
+        result: BatchRecord | None = self.rows.run(work, "the batch child was not counted")
         return result
 
     def progress(self, batch_id: str) -> Progress:
@@ -186,9 +216,9 @@ class BatchStore(StreamOps, ConditionOps, ProgressOps, BatchRows):
         if unit is not None:
             conn = connection_of(unit)
             with in_callers_transaction(conn, "the batch was not read", callers=is_callers(unit)):
-                return self._get(conn, batch_id)
-        found: BatchRecord | None = self._run(
-            lambda c: self._get(c, batch_id), "the batch was not read"
+                return self.rows.get_record(conn, batch_id)
+        found: BatchRecord | None = self.rows.run(
+            lambda c: self.rows.get_record(c, batch_id), "the batch was not read"
         )
         return found
 
@@ -203,7 +233,7 @@ class BatchStore(StreamOps, ConditionOps, ProgressOps, BatchRows):
                 part_table.c.finished_at,
             )
         )
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "the batch was not read")
+        rows = self.rows.run(lambda conn: conn.execute(stmt).all(), "the batch was not read")
         return [BatchPart(r.batch_id, r.job_id, r.position, r.state, r.result) for r in rows]
 
     @contextmanager
@@ -226,14 +256,14 @@ class BatchStore(StreamOps, ConditionOps, ProgressOps, BatchRows):
             .where(batch.c.batch_id == batch_id)
             .values(state=BatchState.OPEN.value, finished_at=None)
         )
-        with self._unit_of_work() as conn:
+        with self.rows.unit_of_work() as conn:
             if conn.execute(swap).rowcount != 1:
                 yield None
                 return
             try:
                 yield Unit(conn, store_owned=True)
             except BaseException:
-                if self.store.dialect.single_writer:  # committed already: undo by hand
+                if self.dialect.single_writer:  # committed already: undo by hand
                     conn.execute(reopen)
                 raise
 
@@ -252,7 +282,7 @@ class BatchStore(StreamOps, ConditionOps, ProgressOps, BatchRows):
             .order_by(batch.c.created_at)
             .limit(limit)
         )
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "batches were not read")
+        rows = self.rows.run(lambda conn: conn.execute(stmt).all(), "batches were not read")
         return [r.batch_id for r in rows]
 
     def summaries(
@@ -270,7 +300,7 @@ class BatchStore(StreamOps, ConditionOps, ProgressOps, BatchRows):
                 self._close_groups(conn)
             return [self._summary(conn, row) for row in conn.execute(stmt).all()]
 
-        result: list[BatchSummary] = self._run(work, "batches were not read")
+        result: list[BatchSummary] = self.rows.run(work, "batches were not read")
         return result
 
     def _summary(self, conn: Connection, row: Any) -> BatchSummary:
@@ -357,7 +387,7 @@ class BatchStore(StreamOps, ConditionOps, ProgressOps, BatchRows):
             )
             return len(ids)
 
-        pruned: int = self._run(work, "batches were not pruned")
+        pruned: int = self.rows.run(work, "batches were not pruned")
         return pruned
 
 

@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.engine import Connection
 
 from celery_ratchet.domain.control import CONTROL_WAKEUP, ControlCommand, ControlReply
+from celery_ratchet.store.database import Database
 from celery_ratchet.store.db_clock import (
     db_now,
     db_now_minus,
@@ -19,6 +21,8 @@ from celery_ratchet.store.engine import (
 )
 from celery_ratchet.store.schema import scheduler_control, scheduler_control_reply
 
+T = TypeVar("T")
+
 command_table = scheduler_control
 reply_table = scheduler_control_reply
 
@@ -26,11 +30,11 @@ reply_table = scheduler_control_reply
 class ControlStore:
     """Remote control rows of a :class:`~celery_ratchet.store.jobstore.JobStore`'s database."""
 
-    def __init__(self, store: Any) -> None:
-        self.store = store
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
-    def _run(self, work: Any, what: str) -> Any:
-        return self.store._run(work, what)
+    def _run(self, work: Callable[[Connection], T], what: str) -> T:
+        return self.db.run(work, what)
 
     def broadcast(
         self,
@@ -61,7 +65,7 @@ class ControlStore:
             with transaction(conn):
                 _delete_expired(conn)
                 conn.execute(insert(command_table).values(**values))
-                self.store._announce(conn, CONTROL_WAKEUP)
+                self.db.announce_in(conn, CONTROL_WAKEUP)
 
         self._run(work, "the control command was not sent")
 
@@ -141,8 +145,10 @@ def _delete_expired(conn: Connection) -> None:
 
 
 def control_store(store: Any) -> ControlStore:
-    """The remote control rows of ``store``'s database (one per store)."""
+    """The remote control rows of ``store``'s database (one per store). ``store``: a
+    :class:`~celery_ratchet.store.jobstore.JobStore` (the runtime hands it over as its
+    ports, which do not name the control rows)."""
     found: ControlStore | None = getattr(store, "_control", None)
     if found is None:
-        found = store._control = ControlStore(store)
+        found = store._control = ControlStore(store.db)
     return found

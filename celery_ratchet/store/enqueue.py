@@ -10,7 +10,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import (
+    bindparam,
     delete,
+    func,
     inspect,
     select,
     update,
@@ -29,8 +31,10 @@ from celery_ratchet.errors import (
     SchemaOutdated,
     StoreBusy,
 )
+from celery_ratchet.store.database import Database
+from celery_ratchet.store.db_clock import db_now
 from celery_ratchet.store.db_errors import in_callers_transaction, sqlstate_of
-from celery_ratchet.store.dialect import dialect_of
+from celery_ratchet.store.dialect import Dialect, dialect_of
 from celery_ratchet.store.engine import (
     insert_ignoring_conflicts,
     same_database,
@@ -38,18 +42,21 @@ from celery_ratchet.store.engine import (
     transaction,
 )
 from celery_ratchet.store.job_rows import (
-    _CLEARED_CLAIM,
-    _CLEARED_RESULT,
-    _KEY_TRIES,
-    _WAITING_COLUMNS,
+    CLEARED_CLAIM,
+    CLEARED_RESULT,
+    KEY_TRIES,
+    NOTIFY_CHANNEL,
+    TERMINAL,
+    WAITING_COLUMNS,
     WAITING_DUE,
-    _bytes,
-    _held,
-    _is_active_key_conflict,
-    _lacks_active_key_index,
-    _no_guard,
-    _params,
+    as_bytes,
+    claim_held,
+    is_active_key_conflict,
     job,
+    job_params,
+    lacks_active_key_index,
+    new_job_values,
+    no_guard,
 )
 from celery_ratchet.store.raw import execute as execute_raw
 from celery_ratchet.store.raw import pooled
@@ -66,7 +73,7 @@ logger = logging.getLogger(__name__)
 
 #: A running job taken over by a step of its replacement keeps a revoke asked of its id.
 _CLEARED_RESULT_KEEPING_REVOKE = {
-    k: v for k, v in _CLEARED_RESULT.items() if k != "revoke_requested"
+    k: v for k, v in CLEARED_RESULT.items() if k != "revoke_requested"
 }
 
 
@@ -97,8 +104,58 @@ class _Taken:
     maybe_ours: bool
 
 
-class EnqueueOps(RowWriter):
-    """Writing jobs: plain, keyed, in a caller's transaction, chains stored ahead."""
+class Enqueue:
+    """Writing jobs: plain, keyed, in a caller's transaction, chains stored ahead; a
+    running job replaced by its retry. ``rows``: the job INSERT (store/row_writer.py)."""
+
+    def __init__(self, db: Database, dialect: Dialect, rows: RowWriter) -> None:
+        self.db = db
+        self.dialect = dialect
+        self.rows = rows
+        self._key_holder = dialect.key_holder(locking=True)
+        self._committed_key_holder = dialect.key_holder(locking=False)
+        released = new_job_values()
+        released.pop("group_id")  # a step keeps the group its signature was frozen with
+        released.pop("job_type")  # and its type (CHAIN_STEP): the message sent cannot say
+        # A chain step stored ahead holds no business key (see waiting_steps): releasing it
+        # gives it none, so the release never meets the unique index on active keys.
+        released.pop("business_key")
+        self._release_waiting_silently = (
+            update(job)
+            .where(job.c.job_id == bindparam("p_job_id"), job.c.status == JobStatus.WAITING.value)
+            .values(**released, created_at=db_now())
+        )
+        rescheduled = new_job_values()
+        # A retry or replace is the same job: it keeps its business key (and stays active),
+        # and its type.
+        rescheduled.pop("business_key")
+        rescheduled.pop("job_type")
+        self._replace_running_silently = (
+            update(job)
+            .where(*claim_held(bindparam("p_job_id"), bindparam("p_token")))
+            .values(**rescheduled, **CLEARED_CLAIM)
+        )
+        #: A finished job's row, made a new job of the same id (a job sent again).
+        self.reuse_finished = (
+            update(job)
+            .where(job.c.job_id == bindparam("p_job_id"), job.c.status.in_(TERMINAL))
+            .values(**new_job_values(), **CLEARED_CLAIM, **CLEARED_RESULT, created_at=db_now())
+        )
+        self._prepare()
+        db.when_silent(self._prepare)
+
+    def _prepare(self) -> None:
+        self._release_waiting = self._release_waiting_silently
+        self._replace_running = self._replace_running_silently
+        if self.db.notify:
+            # A released step or a retry is due (now or after its countdown): idle workers
+            # sleep until the next due time they know of, so they are told.
+            self._release_waiting = self._release_waiting.returning(
+                func.pg_notify(NOTIFY_CHANNEL, job.c.queue)
+            )
+            self._replace_running = self._replace_running.returning(
+                func.pg_notify(NOTIFY_CHANNEL, job.c.queue)
+            )
 
     # -- enqueue ----------------------------------------------------------------------------
 
@@ -128,8 +185,8 @@ class EnqueueOps(RowWriter):
         success, whatever its state; a finished one is not run again."""
         if not jobs and not waiting:
             return {}
-        self._check_packet(jobs, waiting)
-        params = [_params(j) for j in jobs]
+        self.rows.check_packet(jobs, waiting)
+        params = [job_params(j) for j in jobs]
         keyed = any(j.business_key is not None for j in jobs)
         heads = {w.depends_on for w in waiting}
         tries = 0
@@ -154,7 +211,7 @@ class EnqueueOps(RowWriter):
                 return {}
             if keyed and len(params) == 1 and not waiting:
                 # Autocommit: one statement, nothing to roll back to.
-                return self._insert_each(conn, jobs, params, retried, _no_guard, heads)
+                return self._insert_each(conn, jobs, params, retried, no_guard, heads)
             if waiting or keyed:
                 with transaction(conn):
                     self._insert_waiting(conn, waiting)
@@ -163,13 +220,13 @@ class EnqueueOps(RowWriter):
                     )
             if len(params) == 1:
                 try:
-                    conn.execute(self._insert, params[0])
+                    conn.execute(self.rows.insert, params[0])
                 except IntegrityError:
-                    self._reuse_or_refuse(conn, params[0], retried, _no_guard)
+                    self._reuse_or_refuse(conn, params[0], retried, no_guard)
                 return {}
             try:
                 with transaction(conn):
-                    self._insert_many(conn, params)
+                    self.rows.insert_many(conn, params)
                 return {}
             except IntegrityError:
                 pass
@@ -177,7 +234,7 @@ class EnqueueOps(RowWriter):
             with transaction(conn):
                 return self._insert_each(conn, jobs, params, retried, lambda: savepoint(conn))
 
-        return self._run(work, "no job was enqueued")
+        return self.db.run(work, "no job was enqueued")
 
     def import_jobs(self, moved: Sequence[tuple[NewJob, Sequence[NewJob]]]) -> set[str]:
         """Write jobs moved from a broker, each with the chain steps stored ahead of it, in one
@@ -187,7 +244,7 @@ class EnqueueOps(RowWriter):
         if not moved:
             return set()
         jobs = [j for j, _ in moved]
-        self._check_packet(jobs, [w for _, steps in moved for w in steps])
+        self.rows.check_packet(jobs, [w for _, steps in moved for w in steps])
         ids = [j.job_id for j in jobs]
 
         def work(conn: Connection) -> set[str]:
@@ -195,17 +252,17 @@ class EnqueueOps(RowWriter):
                 present = _present(conn, ids)
                 fresh = [(j, steps) for j, steps in moved if j.job_id not in present]
                 if fresh:
-                    params = [_params(j) for j, _ in fresh]
+                    params = [job_params(j) for j, _ in fresh]
                     try:
                         with savepoint(conn):  # the fast path (COPY on PostgreSQL)
-                            self._insert_many(conn, params)
+                            self.rows.insert_many(conn, params)
                     except IntegrityError:
                         # Another writer took one of the ids since the look-up: it stays.
-                        self._insert_many(conn, params, ignore_existing=True)
+                        self.rows.insert_many(conn, params, ignore_existing=True)
                     self._insert_waiting(conn, [w for _, steps in fresh for w in steps])
             return present
 
-        found: set[str] = self._run(work, "no job was moved")
+        found: set[str] = self.db.run(work, "no job was moved")
         return found
 
     def stored_contents(self, ids: Sequence[str]) -> dict[str, tuple[str, bytes | None]]:
@@ -224,7 +281,7 @@ class EnqueueOps(RowWriter):
                     found[str(row.job_id)] = (str(row.task_name), payload)
             return found
 
-        contents: dict[str, tuple[str, bytes | None]] = self._run(work, "no job was read")
+        contents: dict[str, tuple[str, bytes | None]] = self.db.run(work, "no job was read")
         return contents
 
     def _insert_plain(self, params: dict[str, Any], what: str) -> _Taken | None:
@@ -237,14 +294,14 @@ class EnqueueOps(RowWriter):
             nonlocal tries
             tries += 1
             try:
-                execute_raw(self.engine, connection, self._raw_insert, params)
+                execute_raw(self.db.engine, connection, self.rows.raw_insert, params)
             except IntegrityError:
                 # A try before this one lost its connection: the row may be its own.
                 return _Taken(maybe_ours=tries > 1)
             return None
 
-        self.ensure_schema()
-        return self._attempt(work, what, lambda: pooled(self.engine))
+        self.db.ensure_schema()
+        return self.db.attempt(work, what, lambda: pooled(self.db.engine))
 
     def enqueue_with(
         self,
@@ -257,8 +314,8 @@ class EnqueueOps(RowWriter):
         A chunk of a streaming batch and the batch's counter and lease are written so. The
         jobs are a batch's children, which the batch counts itself: a business key an active
         job holds raises :class:`DuplicateJob` and nothing of the chunk is written."""
-        self._check_packet(jobs, waiting)
-        params = [_params(j) for j in jobs]
+        self.rows.check_packet(jobs, waiting)
+        params = [job_params(j) for j in jobs]
         keyed = any(j.business_key is not None for j in jobs)
         tries = 0
 
@@ -276,7 +333,7 @@ class EnqueueOps(RowWriter):
                 else:
                     try:
                         with savepoint(conn):
-                            self._insert_many(conn, params)
+                            self.rows.insert_many(conn, params)
                     except IntegrityError:
                         held = self._insert_each(
                             conn, jobs, params, retried, lambda: savepoint(conn)
@@ -292,7 +349,7 @@ class EnqueueOps(RowWriter):
                     )
                 also(conn)
 
-        self._run(work, what)
+        self.db.run(work, what)
 
     def _insert_each(
         self,
@@ -318,7 +375,7 @@ class EnqueueOps(RowWriter):
             else:
                 try:
                     with guard():
-                        conn.execute(self._insert, p)
+                        conn.execute(self.rows.insert, p)
                     continue
                 except IntegrityError:
                     holder = self._reuse_or_refuse(conn, p, retried, guard)
@@ -347,12 +404,12 @@ class EnqueueOps(RowWriter):
         """Insert a job with a business key unless an active job holds the key: the
         database's unique index decides, so concurrent sends of a key make one job. None
         when the row is in (inserted, or ours from an earlier try), else the holder's id."""
-        for _ in range(_KEY_TRIES):
+        for _ in range(KEY_TRIES):
             try:
                 with guard():
-                    inserted = conn.execute(self._insert_keyed_row, params).rowcount == 1
+                    inserted = conn.execute(self.rows.insert_keyed_row, params).rowcount == 1
             except IntegrityError as exc:
-                if not _is_active_key_conflict(exc):  # the job id is taken
+                if not is_active_key_conflict(exc):  # the job id is taken
                     return self._reuse_or_refuse(conn, params, retried, guard)
                 inserted = False
             except DBAPIError as exc:
@@ -367,9 +424,9 @@ class EnqueueOps(RowWriter):
                         "the caller's transaction cannot see (its snapshot is older); no "
                         "job was enqueued, send it again in a new transaction"
                     ) from exc
-                if _lacks_active_key_index(exc):
+                if lacks_active_key_index(exc):
                     raise SchemaOutdated(
-                        f"the job store at {self.display_url} lacks the unique index "
+                        f"the job store at {self.db.display_url} lacks the unique index "
                         f"{ACTIVE_KEY_INDEX} on active business keys (its schema predates "
                         "this version and was not brought up to date, or active jobs of an "
                         "earlier version share a key); run `ratchet --url URL schema apply`, "
@@ -386,7 +443,7 @@ class EnqueueOps(RowWriter):
             # The holder ended between the conflict and the look-up: the key is free now.
         raise StoreBusy(
             f"the business key of job {params['p_job_id']!r} kept changing hands "
-            f"({_KEY_TRIES} tries); no job was enqueued"
+            f"({KEY_TRIES} tries); no job was enqueued"
         )
 
     def _committed_holder(self, params: dict[str, Any]) -> str | None:
@@ -395,7 +452,7 @@ class EnqueueOps(RowWriter):
         index (or a locking read) would hold a lock on the holder's row until it ends, and
         the holder's worker could not record its outcome meanwhile. PostgreSQL: a REPEATABLE
         READ caller's insert would fail to serialize against a holder its snapshot lacks."""
-        with self.engine.connect() as own:
+        with self.db.engine.connect() as own:
             holder = own.execute(self._committed_key_holder, {"key": params["p_business_key"]})
             found = holder.scalar()
         return None if found is None or found == params["p_job_id"] else str(found)
@@ -408,7 +465,7 @@ class EnqueueOps(RowWriter):
         if not steps:
             return
         rows = [
-            {**{k[2:]: v for k, v in _params(s).items() if k[2:] in _WAITING_COLUMNS},
+            {**{k[2:]: v for k, v in job_params(s).items() if k[2:] in WAITING_COLUMNS},
              "status": JobStatus.WAITING.value, "scheduled_time": WAITING_DUE,
              "created_at": datetime.now(timezone.utc), "attempts": 0, "claims": 0}
             for s in steps
@@ -448,7 +505,7 @@ class EnqueueOps(RowWriter):
                 return _wait_in_place(conn, job_id, token, values)
 
         if unit is None:
-            return bool(self._run(work, what))
+            return bool(self.db.run(work, what))
         conn = connection_of(unit)
         with in_callers_transaction(conn, what, callers=is_callers(unit)), conn.begin_nested():
             return _wait_in_place(conn, job_id, token, values)
@@ -476,8 +533,8 @@ class EnqueueOps(RowWriter):
                     "`ratchet --url URL schema apply`, or start a worker once"
                 )
             self.db.schema_found()
-        self._check_packet(jobs, waiting)
-        params = [_params(j) for j in jobs]
+        self.rows.check_packet(jobs, waiting)
+        params = [job_params(j) for j in jobs]
         keyed = any(j.business_key is not None for j in jobs)
         with (
             in_callers_transaction(conn, "the jobs were not sent", callers=is_callers(unit)),
@@ -487,7 +544,7 @@ class EnqueueOps(RowWriter):
             if not keyed:
                 try:
                     with conn.begin_nested():
-                        self._insert_many(conn, params)
+                        self.rows.insert_many(conn, params)
                     return {}
                 except IntegrityError:
                     pass
@@ -498,7 +555,7 @@ class EnqueueOps(RowWriter):
 
     def _check_same_database(self, conn: Connection) -> None:
         theirs = conn.engine.url
-        if not same_database(self.engine.url, theirs):
+        if not same_database(self.db.engine.url, theirs):
             shown = mask_url(theirs.render_as_string(hide_password=False))
             described = conn.info.get("ratchet_described_as", "this connection")
             remedy = conn.info.get(
@@ -506,7 +563,7 @@ class EnqueueOps(RowWriter):
             )
             raise ConfigurationError(
                 f"transactional enqueue needs the job store's database: {described} is to "
-                f"{shown}, ratchet_url is {self.display_url}; {remedy}"
+                f"{shown}, ratchet_url is {self.db.display_url}; {remedy}"
             )
 
     def _reuse_or_refuse(
@@ -540,11 +597,11 @@ class EnqueueOps(RowWriter):
             return None
         try:
             with guard():
-                if conn.execute(self._reuse_finished, params).rowcount == 1:
+                if conn.execute(self.reuse_finished, params).rowcount == 1:
                     return None
         except IntegrityError as exc:
             key = params["p_business_key"]
-            if key is None or not _is_active_key_conflict(exc):
+            if key is None or not is_active_key_conflict(exc):
                 raise
             holder = self._holder_of(conn, key)
             if holder is not None:
@@ -563,7 +620,7 @@ class EnqueueOps(RowWriter):
         return (
             stored is not None
             and stored.headers == params["p_headers"]
-            and _bytes(stored.payload) == _bytes(params["p_payload"])
+            and as_bytes(stored.payload) == as_bytes(params["p_payload"])
         )
 
     def replace_running(self, token: str, new: NewJob) -> bool:
@@ -571,7 +628,7 @@ class EnqueueOps(RowWriter):
 
         False when the claim was lost: the row belongs to another execution now.
         """
-        params = {**_params(new), "p_token": token}
+        params = {**job_params(new), "p_token": token}
         permit = scheduler_resource_permit
         release = delete(permit).where(permit.c.job_id == new.job_id, permit.c.claim_token == token)
 
@@ -581,7 +638,7 @@ class EnqueueOps(RowWriter):
             conn.execute(release)  # a permit is held per execution, not across retries
             return True
 
-        return self._run(work, "the job was not rescheduled")
+        return self.db.run(work, "the job was not rescheduled")
 
 
 def _wait_in_place(conn: Connection, job_id: str, token: str, values: dict[str, Any]) -> bool:
@@ -589,8 +646,8 @@ def _wait_in_place(conn: Connection, job_id: str, token: str, values: dict[str, 
     claim and outcome cleared (a revoke asked of its id kept) and its permit released."""
     changed = conn.execute(
         update(job)
-        .where(*_held(job_id, token))
-        .values(**values, **_CLEARED_CLAIM, **_CLEARED_RESULT_KEEPING_REVOKE)
+        .where(*claim_held(job_id, token))
+        .values(**values, **CLEARED_CLAIM, **_CLEARED_RESULT_KEEPING_REVOKE)
     )
     if changed.rowcount != 1:
         return False

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import bindparam, false, func, select
 from sqlalchemy.engine import Connection
 
-from celery_ratchet.store.job_rows import _listed
+from celery_ratchet.store.job_rows import listed_column
 from celery_ratchet.store.schema import scheduler_job
 
 job = scheduler_job
@@ -50,7 +50,7 @@ def _first_id_from(conn: Connection, moment: datetime, low: int, high: int) -> i
     """The smallest id whose row was created at ``moment`` or later, were ids in the order
     of ``created_at``: a bisection of primary-key lookups (about 20 at a million rows)."""
     probe = (
-        select(job.c.id, _listed(job.c.created_at))
+        select(job.c.id, listed_column(job.c.created_at))
         .where(job.c.id >= bindparam("from_id"))
         .order_by(job.c.id)
         .limit(1)

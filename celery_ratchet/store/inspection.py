@@ -7,8 +7,9 @@ and :mod:`celery_ratchet.store.batches` (``summaries``), which the dashboard rea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection
@@ -19,12 +20,17 @@ from celery_ratchet.store.db_clock import (
     db_now_minus,
     seconds_between,
 )
-from celery_ratchet.store.job_rows import _JOBS_ONLY, _RAN_TO_AN_END, _listed
+from celery_ratchet.store.job_rows import JOBS_ONLY, RAN_TO_AN_END, listed_column
 from celery_ratchet.store.schema import (
     scheduler_job,
     scheduler_resource,
     scheduler_resource_permit,
 )
+
+if TYPE_CHECKING:
+    from celery_ratchet.store.jobstore import JobStore
+
+T = TypeVar("T")
 
 job = scheduler_job
 #: When a job started running: when its task said so (``task_track_started``), else when its
@@ -39,11 +45,11 @@ DEPENDENTS_SHOWN = 20
 class Inspection:
     """Read-only views of a :class:`~celery_ratchet.store.jobstore.JobStore`'s database."""
 
-    def __init__(self, store: Any) -> None:
-        self.store = store
+    def __init__(self, store: JobStore) -> None:
+        self.db = store.db
 
-    def _run(self, work: Any, what: str) -> Any:
-        return self.store._run(work, what)
+    def _run(self, work: Callable[[Connection], T], what: str) -> T:
+        return self.db.run(work, what)
 
     def database_now(self) -> datetime:
         """The database's clock: the one heartbeats are written by."""
@@ -68,7 +74,7 @@ class Inspection:
         counts = [
             select(func.count())
             .where(
-                job.c.status.in_(_RAN_TO_AN_END),
+                job.c.status.in_(RAN_TO_AN_END),
                 job.c.finished_at >= db_now_minus(60 * (i + 1)),
                 job.c.finished_at < db_now_minus(60 * i),
             )
@@ -85,10 +91,10 @@ class Inspection:
         stmt = select(
             job.c.job_type,
             job.c.priority,
-            _listed(job.c.scheduled_time),
-            _listed(job.c.created_at),
-            _listed(job.c.started_at),
-            _listed(job.c.claimed_at),
+            listed_column(job.c.scheduled_time),
+            listed_column(job.c.created_at),
+            listed_column(job.c.started_at),
+            listed_column(job.c.claimed_at),
             job.c.claims,
             job.c.root_id,
             job.c.parent_id,
@@ -173,7 +179,7 @@ class Inspection:
                 func.max(_WAIT_SECONDS).label("wait_max"),
             )
             .where(
-                job.c.status.in_(_RAN_TO_AN_END),
+                job.c.status.in_(RAN_TO_AN_END),
                 job.c.finished_at >= db_now_minus(window_seconds),
             )
             .group_by(job.c.task_name)
@@ -197,7 +203,7 @@ class Inspection:
         # None for an end time no timestamp holds: SQLAlchemy's floor() for SQLite (a Python
         # function) fails the whole statement on it.
         bucket = case((spans.is_(None), None), else_=func.floor(spans)).label("bucket")
-        conditions = [job.c.status.in_(_RAN_TO_AN_END), job.c.finished_at >= since]
+        conditions = [job.c.status.in_(RAN_TO_AN_END), job.c.finished_at >= since]
         if task_name is not None:
             conditions.append(job.c.task_name == task_name)
         stmt = (
@@ -237,7 +243,7 @@ class Inspection:
             .where(
                 job.c.status == JobStatus.PENDING.value,
                 job.c.scheduled_time > db_now(),
-                _JOBS_ONLY,
+                JOBS_ONLY,
             )
             .group_by(job.c.queue)
         )

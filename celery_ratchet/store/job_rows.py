@@ -51,16 +51,16 @@ from celery_ratchet.store.schema import (
 )
 
 job = scheduler_job
-_TERMINAL = [s.value for s in TERMINAL_STATUSES]
+TERMINAL = [s.value for s in TERMINAL_STATUSES]
 #: Jobs that ran to an end here, for throughput: a state stored from outside is not one.
-_RAN_TO_AN_END = [s for s in _TERMINAL if s != JobStatus.EXTERNAL.value]
+RAN_TO_AN_END = [s for s in TERMINAL if s != JobStatus.EXTERNAL.value]
 #: Listings and counts are of jobs: recurring masters are schedules (``list_masters``).
-_JOBS_ONLY = job.c.job_type != JobType.RECURRING.value
-_ACTIVE = [s.value for s in ACTIVE_STATUSES]
-_CANCELS_DOWNSTREAM = frozenset({JobStatus.FAILED.value, JobStatus.REVOKED.value})
+JOBS_ONLY = job.c.job_type != JobType.RECURRING.value
+ACTIVE = [s.value for s in ACTIVE_STATUSES]
+CANCELS_DOWNSTREAM = frozenset({JobStatus.FAILED.value, JobStatus.REVOKED.value})
 
 
-class _ClaimLost(Exception):
+class ClaimLost(Exception):
     """Rolls back a transaction whose compare-and-swap found the claim gone."""
 
 
@@ -68,7 +68,7 @@ class _ClaimLost(Exception):
 REVOKE_ONLY = "REVOKE"
 
 
-def _new_job_values() -> dict[str, Any]:
+def new_job_values() -> dict[str, Any]:
     """Column values of a freshly (re)scheduled job, all from bind parameters."""
     return {
         "task_name": bindparam("p_task_name"),
@@ -96,15 +96,15 @@ def _new_job_values() -> dict[str, Any]:
 
 
 #: What registering a recurring master again may change: its message and its schedule.
-_DEFINITION = (
+DEFINITION = (
     "task_name", "priority", "payload", "content_type", "content_encoding", "headers",
     "properties", "business_key", "schedule_spec",
 )  # fmt: skip
 
 #: Masters whose next due time one UPDATE sets: well within every dialect's bind limit.
-_MASTER_IDS_PER_UPDATE = 500
-_CLEARED_CLAIM = {"picked_by": None, "claim_token": None, "claimed_at": None, "started_at": None}
-_CLEARED_RESULT = {
+MASTER_IDS_PER_UPDATE = 500
+CLEARED_CLAIM = {"picked_by": None, "claim_token": None, "claimed_at": None, "started_at": None}
+CLEARED_RESULT = {
     "revoke_requested": None,
     "finished_at": None,
     "job_result": None,
@@ -177,7 +177,7 @@ def copied_row(bound: Mapping[str, Any], now: datetime) -> tuple[Any, ...]:
 #: The due time of a chain step still waiting for the step before it (as in the seeds: a
 #: sentinel no poll reaches; its WAITING status keeps it out of every claim anyway).
 WAITING_DUE = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc)
-_WAITING_COLUMNS = frozenset(
+WAITING_COLUMNS = frozenset(
     {"job_id", "task_name", "queue", "job_type", "priority", "root_id", "parent_id",
      "group_id", "payload", "content_type", "content_encoding", "headers", "properties",
      "depends_on"}
@@ -189,7 +189,7 @@ NOTIFY_CHANNEL = "ratchet_jobs"
 
 
 @functools.lru_cache(maxsize=32)
-def _insert_statement(
+def insert_statement(
     dialect: Any,
     rows: int = 1,
     ignore_existing: bool = False,
@@ -242,15 +242,15 @@ def _insert_statement(
     ).bindparams(*typed)
 
 
-def _bulk_params(params: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def bulk_params(params: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {f"{name}_{i}": p[name] for i, p in enumerate(params) for name in _PARAM_NAMES}
 
 
 #: Tries to place a keyed job when the key's holder ends between the conflict and the look-up.
-_KEY_TRIES = 10
+KEY_TRIES = 10
 
 
-def _is_active_key_conflict(exc: IntegrityError) -> bool:
+def is_active_key_conflict(exc: IntegrityError) -> bool:
     """Whether the unique index on active business keys refused the row (not a job id)."""
     orig = exc.orig
     diag = getattr(orig, "diag", None)
@@ -261,18 +261,18 @@ def _is_active_key_conflict(exc: IntegrityError) -> bool:
     return ACTIVE_KEY_INDEX in text_ or "scheduler_job.business_key" in text_
 
 
-def _lacks_active_key_index(exc: DBAPIError) -> bool:
+def lacks_active_key_index(exc: DBAPIError) -> bool:
     """PostgreSQL and SQLite refuse an ON CONFLICT target that no unique index matches."""
     if sqlstate_of(exc.orig) == "42P10":  # invalid_column_reference
         return True
     return "does not match any PRIMARY KEY or UNIQUE constraint" in str(exc.orig)
 
 
-def _no_guard() -> contextlib.AbstractContextManager[Any]:
+def no_guard() -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
-def _held(job_id: Any, token: Any) -> tuple[Any, ...]:
+def claim_held(job_id: Any, token: Any) -> tuple[Any, ...]:
     """The compare-and-swap of every write made under a claim: this job, this claim, still
     running. A worker whose claim was taken away matches no row."""
     return (
@@ -355,7 +355,7 @@ def check_fields(new: NewJob) -> None:
             ) from None
 
 
-def _params(new: NewJob) -> dict[str, Any]:
+def job_params(new: NewJob) -> dict[str, Any]:
     check_fields(new)
     m = new.message
     return {
@@ -384,7 +384,7 @@ def _params(new: NewJob) -> dict[str, Any]:
     }
 
 
-def _best_first(claimed: list[ClaimedJob], boost_minutes: float) -> list[ClaimedJob]:
+def best_first(claimed: list[ClaimedJob], boost_minutes: float) -> list[ClaimedJob]:
     """Dispatch order of one claimed batch: the claim's own order."""
 
     def key(j: ClaimedJob) -> tuple[int, datetime, int]:
@@ -395,7 +395,7 @@ def _best_first(claimed: list[ClaimedJob], boost_minutes: float) -> list[Claimed
     return sorted(claimed, key=key)
 
 
-def _insert_ignoring_duplicates(dialect: Any, table: Any, values: dict[str, Any]) -> Any:
+def insert_ignoring_duplicates(dialect: Any, table: Any, values: dict[str, Any]) -> Any:
     """INSERT of a row that may exist already (then nothing happens), in one statement."""
     return insert_ignoring_conflicts(dialect, table).values(**values, updated_at=db_now())
 
@@ -417,29 +417,29 @@ def storable(text: str | None) -> str | None:
     return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _group_by_outcome(params: list[dict[str, Any]]) -> dict[str, list[tuple[str, str]]]:
+def group_by_outcome(params: list[dict[str, Any]]) -> dict[str, list[tuple[str, str]]]:
     grouped: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for p in params:
         grouped[p["p_status"]].append((p["p_job_id"], p["p_token"]))
     return grouped
 
 
-def _settled_values(status: JobStatus) -> dict[str, Any]:
+def settled_values(status: JobStatus) -> dict[str, Any]:
     if status is JobStatus.PENDING:  # handed back: due again at once, for any node
-        return {"status": status.value, **_CLEARED_CLAIM}
+        return {"status": status.value, **CLEARED_CLAIM}
     return {"status": status.value, "finished_at": db_now()}
 
 
-def _bytes(value: Any) -> bytes | None:
+def as_bytes(value: Any) -> bytes | None:
     return None if value is None else bytes(value)
 
 
-def _listed(column: Any) -> Any:
+def listed_column(column: Any) -> Any:
     """A timestamp column as a listing reads it: one unreadable value is not a failed list."""
     return type_coerce(column, ListedDateTime()).label(column.name)
 
 
-def _summary(row: Any) -> JobSummary:
+def job_summary(row: Any) -> JobSummary:
     values = row._asdict()
     values["status"] = parse_status(values["status"])
     return JobSummary(**values)

@@ -18,7 +18,7 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     ColumnElement,
@@ -32,12 +32,15 @@ from sqlalchemy.engine import Connection
 
 from celery_ratchet.domain.job import SCHEDULES_QUEUE, JobStatus
 from celery_ratchet.store.db_clock import db_now, db_now_minus, seconds_between
-from celery_ratchet.store.job_rows import _JOBS_ONLY, _RAN_TO_AN_END, job
+from celery_ratchet.store.job_rows import JOBS_ONLY, RAN_TO_AN_END, job
 from celery_ratchet.store.schema import (
     scheduler_node,
     scheduler_resource,
     scheduler_resource_permit,
 )
+
+if TYPE_CHECKING:
+    from celery_ratchet.store.jobstore import JobStore
 
 #: Statuses of jobs not finished yet that ``jobs`` counts per queue (PENDING apart).
 _UNDER_WAY = ("RUNNING", "WAITING", "PAUSED")
@@ -106,8 +109,8 @@ class MetricsSnapshot:
 class MetricsReads:
     """The statements of a scrape, over a :class:`~celery_ratchet.store.jobstore.JobStore`."""
 
-    def __init__(self, store: Any) -> None:
-        self.store = store
+    def __init__(self, store: JobStore) -> None:
+        self.db = store.db
 
     def read(
         self,
@@ -152,7 +155,7 @@ class MetricsReads:
                 sampled=sampled,
             )
 
-        result: MetricsSnapshot = self.store._run(work, "metrics were not read")
+        result: MetricsSnapshot = self.db.run(work, "metrics were not read")
         return result
 
 
@@ -287,7 +290,7 @@ def _finished(conn: Connection, window_seconds: float) -> dict[str, int]:
     index, no row read."""
     stmt = (
         select(job.c.status, func.count())
-        .where(_status_is(*_RAN_TO_AN_END), job.c.finished_at >= db_now_minus(window_seconds))
+        .where(_status_is(*RAN_TO_AN_END), job.c.finished_at >= db_now_minus(window_seconds))
         .group_by(job.c.status)
     )
     return {status: int(n) for status, n in conn.execute(stmt)}
@@ -342,12 +345,12 @@ def _durations_statement(window_seconds: float, limit: int, bounds: tuple[float,
             _status_is(status),
             job.c.finished_at >= db_now_minus(window_seconds),
             job.c.claimed_at.is_not(None),
-            _JOBS_ONLY,
+            JOBS_ONLY,
         )
         .order_by(job.c.finished_at.desc())
         .limit(limit)
         .subquery(f"newest_{i}")
-        for i, status in enumerate(_RAN_TO_AN_END)
+        for i, status in enumerate(RAN_TO_AN_END)
     ]
     each = union_all(*(select(*n.c) for n in newest)).subquery("each_status")
     recent = select(*each.c).order_by(each.c.finished_at.desc()).limit(limit).subquery("recent")

@@ -25,30 +25,38 @@ from celery_ratchet.domain.job import (
 from celery_ratchet.domain.recovery import OrphanRecovery as OrphanRecovery  # kept importable
 from celery_ratchet.domain.recovery import recovery_limit_record
 from celery_ratchet.store import dlq_alerts
+from celery_ratchet.store.database import Database
 from celery_ratchet.store.db_clock import (
     db_now,
     db_now_minus,
 )
+from celery_ratchet.store.dialect import Dialect
 from celery_ratchet.store.engine import (
     transaction,
 )
 from celery_ratchet.store.job_rows import (
-    _CLEARED_CLAIM,
+    CLEARED_CLAIM,
     job,
 )
 from celery_ratchet.store.schema import (
     scheduler_node,
     scheduler_resource_permit,
 )
-from celery_ratchet.store.settle import ClaimOps
+from celery_ratchet.store.settle import Claims
 from celery_ratchet.store.step_rows import (
     cancel_downstream,
     record_ended_parts,
 )
 
 
-class NodeOps(ClaimOps):
-    """Worker nodes: registration, heartbeats and the recovery of dead nodes' jobs."""
+class Nodes:
+    """Worker nodes: registration, heartbeats and the recovery of dead nodes' jobs.
+    ``claims``: where the jobs recovery gives up are counted as dead letters."""
+
+    def __init__(self, db: Database, dialect: Dialect, claims: Claims) -> None:
+        self.db = db
+        self.dialect = dialect
+        self.claims = claims
 
     # -- nodes ------------------------------------------------------------------------------
 
@@ -89,14 +97,14 @@ class NodeOps(ClaimOps):
                 )
                 return now
 
-        registered: datetime = self._run(work, "the node was not registered", liveness=True)
+        registered: datetime = self.db.run(work, "the node was not registered", liveness=True)
         return registered
 
     def heartbeat(self, node_id: str) -> bool:
         """Refresh the node's heartbeat; False when the row is gone (declared dead)."""
         n = scheduler_node
         stmt = update(n).where(n.c.node_id == node_id).values(heartbeat_ts=db_now())
-        return self._run(
+        return self.db.run(
             lambda conn: conn.execute(stmt).rowcount == 1, "no heartbeat was written", liveness=True
         )
 
@@ -106,7 +114,7 @@ class NodeOps(ClaimOps):
         if self.dialect.clock_is_hosts:
             return None
         stmt = select(db_now())
-        read: datetime = self._run(
+        read: datetime = self.db.run(
             lambda conn: conn.execute(stmt).scalar_one(), "the database's time was not read"
         )
         return read
@@ -114,11 +122,11 @@ class NodeOps(ClaimOps):
     def set_node_queues(self, node_id: str, queues: Sequence[str]) -> None:
         n = scheduler_node
         stmt = update(n).where(n.c.node_id == node_id).values(queues=",".join(queues))
-        self._run(lambda conn: conn.execute(stmt), "the node's queues were not recorded")
+        self.db.run(lambda conn: conn.execute(stmt), "the node's queues were not recorded")
 
     def remove_node(self, node_id: str) -> None:
         n = scheduler_node
-        self._run(
+        self.db.run(
             lambda conn: conn.execute(delete(n).where(n.c.node_id == node_id)),
             "the node was not removed",
         )
@@ -130,14 +138,14 @@ class NodeOps(ClaimOps):
         stmt = select(n.c.node_id, n.c.queues).where(
             n.c.heartbeat_ts >= db_now_minus(grace_seconds)
         )
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "nodes were not read")
+        rows = self.db.run(lambda conn: conn.execute(stmt).all(), "nodes were not read")
         return {r.node_id: [q for q in r.queues.split(",") if q] for r in rows}
 
     def node_heartbeats(self) -> dict[str, datetime]:
         """The last heartbeat of every registered node (by the database clock)."""
         n = scheduler_node
         stmt = select(n.c.node_id, n.c.heartbeat_ts)
-        rows = self._run(
+        rows = self.db.run(
             lambda conn: conn.execute(stmt).all(), "heartbeats were not read", liveness=True
         )
         return {r.node_id: r.heartbeat_ts for r in rows}
@@ -147,7 +155,7 @@ class NodeOps(ClaimOps):
         None for a node that did not say (one of an earlier version)."""
         n = scheduler_node
         stmt = select(n.c.node_id, n.c.schedule_keys)
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "nodes were not read")
+        rows = self.db.run(lambda conn: conn.execute(stmt).all(), "nodes were not read")
         return {r.node_id: _keys(r.schedule_keys) for r in rows}
 
     def recover_orphans(
@@ -222,12 +230,12 @@ class NodeOps(ClaimOps):
                     conn.execute(
                         update(job)
                         .where(where, job.c.job_id.in_(requeued))
-                        .values(status=JobStatus.PENDING.value, **_CLEARED_CLAIM),
+                        .values(status=JobStatus.PENDING.value, **CLEARED_CLAIM),
                         params,
                     )
                     # Idle nodes of those queues sleep until told: they are, at commit.
                     for queue in sorted(queues):
-                        self._announce(conn, queue)
+                        self.db.announce_in(conn, queue)
                 dead_lettered = []
                 for claims, ids in given_up.items():
                     error = recovery_limit_record(claims, max_recoveries or 0)
@@ -246,7 +254,7 @@ class NodeOps(ClaimOps):
                     record_ended_parts(conn, ids, "FAILURE")
                     dead_lettered += ids
                 if dead_lettered:
-                    self._count_dead_letters(
+                    self.claims.count_dead_letters(
                         conn, dlq_alerts.dead_letters_by_id(conn, dead_lettered)
                     )
                 orphans = requeued + dead_lettered
@@ -259,7 +267,7 @@ class NodeOps(ClaimOps):
                     sorted(requeued), sorted(dead_lettered), sorted(dead), sorted(queues)
                 )
 
-        return self._run(work, "orphaned jobs were not recovered")
+        return self.db.run(work, "orphaned jobs were not recovered")
 
 
 def _keys(stored: str | None) -> list[str] | None:

@@ -23,31 +23,41 @@ from celery_ratchet.domain.job import (
     JobType,
     NewJob,
 )
+from celery_ratchet.store.database import Database
 from celery_ratchet.store.db_clock import (
     db_now,
 )
+from celery_ratchet.store.dialect import Dialect
 from celery_ratchet.store.engine import (
     transaction,
 )
-from celery_ratchet.store.enqueue import EnqueueOps
+from celery_ratchet.store.enqueue import Enqueue
 from celery_ratchet.store.job_rows import (
-    _ACTIVE,
-    _CLEARED_CLAIM,
-    _DEFINITION,
-    _MASTER_IDS_PER_UPDATE,
-    _ClaimLost,
-    _held,
-    _new_job_values,
-    _params,
+    ACTIVE,
+    CLEARED_CLAIM,
+    DEFINITION,
+    MASTER_IDS_PER_UPDATE,
+    ClaimLost,
+    claim_held,
     job,
+    job_params,
+    new_job_values,
 )
+from celery_ratchet.store.row_writer import RowWriter
 from celery_ratchet.store.schema import (
     UTCDateTime,
 )
 
 
-class MasterOps(EnqueueOps):
-    """Recurring masters: their upsert, firing and status."""
+class Masters:
+    """Recurring masters: their upsert, firing and status. ``rows``: the job INSERT;
+    ``enqueue``: the finished row a fired occurrence may reuse."""
+
+    def __init__(self, db: Database, dialect: Dialect, rows: RowWriter, enqueue: Enqueue) -> None:
+        self.db = db
+        self.dialect = dialect
+        self.rows = rows
+        self.enqueue = enqueue
 
     # -- recurring masters ------------------------------------------------------------------
 
@@ -55,13 +65,13 @@ class MasterOps(EnqueueOps):
         """Register a recurring master; its job id (from the business key) makes it unique.
         Registering again updates it in place: 'created', 'updated', or 'revived' (a
         cancelled master registered again)."""
-        params = _params(master)
+        params = job_params(master)
         spec_changed = job.c.schedule_spec != bindparam("p_schedule_spec")
         redefine = (
             update(job)
-            .where(job.c.job_id == master.job_id, job.c.status.in_(_ACTIVE))
+            .where(job.c.job_id == master.job_id, job.c.status.in_(ACTIVE))
             .values(
-                **{k: v for k, v in _new_job_values().items() if k in _DEFINITION},
+                **{k: v for k, v in new_job_values().items() if k in DEFINITION},
                 # A new schedule takes effect now, not after the old one's next fire.
                 scheduled_time=case(
                     (
@@ -75,22 +85,22 @@ class MasterOps(EnqueueOps):
 
         def work(conn: Connection) -> str:
             try:
-                conn.execute(self._insert, params)
+                conn.execute(self.rows.insert, params)
                 return "created"
             except IntegrityError:
                 pass
             # The insert notifies by itself; an update in place tells the workers too, whose
             # schedule checks sleep until the next due time they know of.
             if conn.execute(redefine, params).rowcount == 1:
-                self._announce(conn, SCHEDULES_QUEUE)
+                self.db.announce_in(conn, SCHEDULES_QUEUE)
                 return "updated"
-            if conn.execute(self._reuse_finished, params).rowcount == 1:
-                self._announce(conn, SCHEDULES_QUEUE)
+            if conn.execute(self.enqueue.reuse_finished, params).rowcount == 1:
+                self.db.announce_in(conn, SCHEDULES_QUEUE)
                 return "revived"
-            conn.execute(self._insert, params)  # deleted in between: insert it after all
+            conn.execute(self.rows.insert, params)  # deleted in between: insert it after all
             return "created"
 
-        return self._run(work, "the recurring job was not registered")
+        return self.db.run(work, "the recurring job was not registered")
 
     def fire_master(
         self, master: ClaimedJob, occurrences: Sequence[NewJob], next_due: datetime | None
@@ -101,29 +111,29 @@ class MasterOps(EnqueueOps):
         alone, so a master fired twice for the same time (after a crash) creates nothing
         twice. False, with nothing written, when the master's claim was lost.
         """
-        params = [_params(o) for o in occurrences]
+        params = [job_params(o) for o in occurrences]
         resume = (
             update(job)
-            .where(*_held(master.job_id, master.token))
+            .where(*claim_held(master.job_id, master.token))
             .values(
                 status=(JobStatus.PENDING if next_due else JobStatus.SUCCEEDED).value,
                 scheduled_time=next_due or master.scheduled_time,
                 finished_at=None if next_due else db_now(),
-                **_CLEARED_CLAIM,
+                **CLEARED_CLAIM,
             )
         )
 
         def work(conn: Connection) -> bool:
             with transaction(conn):
                 if params:
-                    self._insert_many(conn, params, ignore_existing=True)
+                    self.rows.insert_many(conn, params, ignore_existing=True)
                 if conn.execute(resume).rowcount != 1:
-                    raise _ClaimLost
+                    raise ClaimLost
             return True
 
         try:
-            return self._run(work, "the recurring job did not fire")
-        except _ClaimLost:
+            return self.db.run(work, "the recurring job did not fire")
+        except ClaimLost:
             return False
 
     def fire_masters(
@@ -136,15 +146,15 @@ class MasterOps(EnqueueOps):
         result says, per master, whether it fired."""
         if len(firings) <= 1:
             return [self.fire_master(*f) for f in firings]
-        params = [_params(o) for _, occurrences, _ in firings for o in occurrences]
+        params = [job_params(o) for _, occurrences, _ in firings for o in occurrences]
         groups: dict[tuple[str, datetime | None], list[str]] = {}
         for master, _, next_due in firings:
             groups.setdefault((master.token, next_due), []).append(master.job_id)
         statements = []
         for (token, next_due), job_ids in groups.items():
-            for start in range(0, len(job_ids), _MASTER_IDS_PER_UPDATE):
-                chunk = job_ids[start : start + _MASTER_IDS_PER_UPDATE]
-                values: dict[str, Any] = dict(_CLEARED_CLAIM)
+            for start in range(0, len(job_ids), MASTER_IDS_PER_UPDATE):
+                chunk = job_ids[start : start + MASTER_IDS_PER_UPDATE]
+                values: dict[str, Any] = dict(CLEARED_CLAIM)
                 if next_due is None:  # no fire time left: the schedule is over
                     values.update(status=JobStatus.SUCCEEDED.value, finished_at=db_now())
                 else:
@@ -159,15 +169,15 @@ class MasterOps(EnqueueOps):
         def work(conn: Connection) -> bool:
             with transaction(conn):
                 if params:
-                    self._insert_many(conn, params, ignore_existing=True)
+                    self.rows.insert_many(conn, params, ignore_existing=True)
                 for statement, expected in statements:
                     if conn.execute(statement).rowcount != expected:
-                        raise _ClaimLost
+                        raise ClaimLost
             return True
 
         try:
-            self._run(work, "the recurring jobs did not fire")
-        except _ClaimLost:
+            self.db.run(work, "the recurring jobs did not fire")
+        except ClaimLost:
             return [self.fire_master(*f) for f in firings]
         return [True] * len(firings)
 
@@ -179,7 +189,7 @@ class MasterOps(EnqueueOps):
         allowed = {
             JobStatus.PAUSED: [JobStatus.PENDING.value],
             JobStatus.PENDING: [JobStatus.PAUSED.value],
-            JobStatus.REVOKED: list(_ACTIVE),
+            JobStatus.REVOKED: list(ACTIVE),
         }[status]
         values: dict[str, Any] = {"status": status.value}
         if status is JobStatus.PENDING and due is not None:
@@ -199,10 +209,10 @@ class MasterOps(EnqueueOps):
         def work(conn: Connection) -> bool:
             changed = conn.execute(stmt).rowcount == 1
             if changed and status is JobStatus.PENDING:  # resumed: due again
-                self._announce(conn, SCHEDULES_QUEUE)
+                self.db.announce_in(conn, SCHEDULES_QUEUE)
             return changed
 
-        return self._run(work, "the recurring job was not changed")
+        return self.db.run(work, "the recurring job was not changed")
 
     def run_master_now(self, job_id: str) -> bool:
         """Make a PENDING recurring master due now (by the database clock), when its next
@@ -224,15 +234,15 @@ class MasterOps(EnqueueOps):
             with transaction(conn):
                 changed = conn.execute(stmt).rowcount == 1
                 if changed:  # the nodes' schedule checks sleep until the due time they knew
-                    self._announce(conn, SCHEDULES_QUEUE)
+                    self.db.announce_in(conn, SCHEDULES_QUEUE)
             return changed
 
-        return self._run(work, "the recurring job was not made due")
+        return self.db.run(work, "the recurring job was not made due")
 
     def list_masters(self, *, include_cancelled: bool = False) -> list[dict[str, Any]]:
         conditions = [job.c.job_type == JobType.RECURRING.value]
         if not include_cancelled:
-            conditions.append(job.c.status.in_(_ACTIVE))
+            conditions.append(job.c.status.in_(ACTIVE))
         stmt = (
             select(
                 job.c.job_id,
@@ -246,5 +256,5 @@ class MasterOps(EnqueueOps):
             .where(*conditions)
             .order_by(job.c.business_key)
         )
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "schedules were not listed")
+        rows = self.db.run(lambda conn: conn.execute(stmt).all(), "schedules were not listed")
         return [r._asdict() for r in rows]

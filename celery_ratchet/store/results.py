@@ -22,19 +22,20 @@ from celery_ratchet.domain.job import (
     ResultRecord,
     parse_status,
 )
-from celery_ratchet.store.core import StoreCore
+from celery_ratchet.store.database import Database
 from celery_ratchet.store.db_clock import (
     db_now,
     db_now_minus,
 )
+from celery_ratchet.store.dialect import Dialect
 from celery_ratchet.store.engine import (
     transaction,
 )
 from celery_ratchet.store.job_rows import (
-    _TERMINAL,
-    _bytes,
-    _listed,
+    TERMINAL,
+    as_bytes,
     job,
+    listed_column,
 )
 from celery_ratchet.store.packets import refuse_oversized
 from celery_ratchet.store.schema import (
@@ -42,8 +43,12 @@ from celery_ratchet.store.schema import (
 )
 
 
-class ResultOps(StoreCore):
+class Results:
     """Result rows of jobs and groups."""
+
+    def __init__(self, db: Database, dialect: Dialect) -> None:
+        self.db = db
+        self.dialect = dialect
 
     # -- results ----------------------------------------------------------------------------
 
@@ -59,18 +64,22 @@ class ResultOps(StoreCore):
             job.c.result_meta,
             job.c.last_error,
             job.c.error_traceback,
-            _listed(job.c.finished_at),
+            listed_column(job.c.finished_at),
             job.c.picked_by,
             job.c.headers,
             job.c.payload,
             job.c.content_type,
             job.c.content_encoding,
         ).where(job.c.job_id == job_id)
-        row = self._run(lambda conn: conn.execute(stmt).first(), "the result was not read")
+        row = self.db.run(lambda conn: conn.execute(stmt).first(), "the result was not read")
         if row is None:
             return None
         return ResultRecord(
-            **{**row._asdict(), "status": parse_status(row.status), "payload": _bytes(row.payload)}
+            **{
+                **row._asdict(),
+                "status": parse_status(row.status),
+                "payload": as_bytes(row.payload),
+            }
         )
 
     def forget(self, job_id: str) -> None:
@@ -78,7 +87,7 @@ class ResultOps(StoreCore):
 
         def work(conn: Connection) -> None:
             deleted = conn.execute(
-                delete(job).where(job.c.job_id == job_id, job.c.status.in_(_TERMINAL))
+                delete(job).where(job.c.job_id == job_id, job.c.status.in_(TERMINAL))
             ).rowcount
             if not deleted:
                 conn.execute(
@@ -87,20 +96,20 @@ class ResultOps(StoreCore):
                     .values(job_result=None, result_type=None, result_meta=None)
                 )
 
-        self._run(work, "the result was not forgotten")
+        self.db.run(work, "the result was not forgotten")
 
     def expire_results(self, older_than_seconds: float) -> int:
         """Clear stored return values of jobs finished longer ago than the given age."""
         stmt = (
             update(job)
             .where(
-                job.c.status.in_(_TERMINAL),
+                job.c.status.in_(TERMINAL),
                 job.c.finished_at < db_now_minus(older_than_seconds),
                 job.c.job_result.is_not(None),
             )
             .values(job_result=None, result_meta=None)
         )
-        return self._run(lambda conn: conn.execute(stmt).rowcount, "results were not expired")
+        return self.db.run(lambda conn: conn.execute(stmt).rowcount, "results were not expired")
 
     def save_group(self, group_id: str, result: str) -> None:
         g = scheduler_group_result
@@ -112,17 +121,17 @@ class ResultOps(StoreCore):
                     insert(g).values(group_id=group_id, result=result, created_at=db_now())
                 )
 
-        self._run(work, "the group was not saved")
+        self.db.run(work, "the group was not saved")
 
     def load_group(self, group_id: str) -> str | None:
         g = scheduler_group_result
         stmt = select(g.c.result).where(g.c.group_id == group_id)
-        return self._run(lambda conn: conn.execute(stmt).scalar(), "the group was not read")
+        return self.db.run(lambda conn: conn.execute(stmt).scalar(), "the group was not read")
 
     def delete_group(self, group_id: str) -> None:
         g = scheduler_group_result
         stmt = delete(g).where(g.c.group_id == group_id)
-        self._run(lambda conn: conn.execute(stmt), "the group was not deleted")
+        self.db.run(lambda conn: conn.execute(stmt), "the group was not deleted")
 
     def store_untracked_result(
         self,
@@ -150,7 +159,7 @@ class ResultOps(StoreCore):
             "last_error": error,
             "error_traceback": traceback,
         }
-        refuse_oversized(self.engine, result_values, f"the result of {job_id} was not stored")
+        refuse_oversized(self.db.engine, result_values, f"the result of {job_id} was not stored")
 
         # A revoked job never ran, so it cannot have failed since: it stays REVOKED and keeps
         # the error (Celery writes a failed chain step's exception to the steps after it).
@@ -164,7 +173,7 @@ class ResultOps(StoreCore):
         # An interim state changes only a row of its own kind: never a finished result (stock
         # Celery ignores a state that comes after SUCCESS), never a job of the store.
         replaces: Any = job.c.status.in_(
-            [JobStatus.EXTERNAL.value] if status is JobStatus.EXTERNAL else _TERMINAL
+            [JobStatus.EXTERNAL.value] if status is JobStatus.EXTERNAL else TERMINAL
         )
         if status is not JobStatus.EXTERNAL:
             # A WAITING row no chain step releases: a replaced task's row waiting for its
@@ -212,4 +221,4 @@ class ResultOps(StoreCore):
                     )
                 )
 
-        self._run(work, "the result was not stored")
+        self.db.run(work, "the result was not stored")

@@ -14,10 +14,11 @@ from celery_ratchet.domain.job import (
     REVOCATIONS_WAKEUP,
     JobStatus,
 )
-from celery_ratchet.store.core import StoreCore
+from celery_ratchet.store.database import Database
 from celery_ratchet.store.db_clock import (
     db_now,
 )
+from celery_ratchet.store.dialect import Dialect
 from celery_ratchet.store.engine import (
     transaction,
 )
@@ -31,8 +32,12 @@ from celery_ratchet.store.step_rows import (
 )
 
 
-class RevocationOps(StoreCore):
+class Revocations:
     """Revokes: pending jobs end, running ones are marked for their node."""
+
+    def __init__(self, db: Database, dialect: Dialect) -> None:
+        self.db = db
+        self.dialect = dialect
 
     def revoke_pending(self, job_ids: Sequence[str], error: str) -> int:
         """Pending jobs become REVOKED and never run; returns how many were pending."""
@@ -80,7 +85,7 @@ class RevocationOps(StoreCore):
                 ]
                 revoked = conn.execute(pending).rowcount if not_run else 0
                 if marked:  # delivered at commit: the nodes check their revocations now
-                    self._announce(conn, REVOCATIONS_WAKEUP)
+                    self.db.announce_in(conn, REVOCATIONS_WAKEUP)
                 # A running step decides for itself: it may still succeed and go on.
                 cancel_downstream(conn, not_run, error)
                 touched = record_ended_parts(conn, not_run, "REVOKED")
@@ -88,7 +93,7 @@ class RevocationOps(StoreCore):
                     batches.extend(touched)
                 return revoked, marked
 
-        return self._run(work, "no job was revoked")
+        return self.db.run(work, "no job was revoked")
 
     def revocations(self, node_id: str) -> list[tuple[str, str, str]]:
         """(job id, claim token, request) of this node's running jobs asked to stop; the
@@ -98,5 +103,5 @@ class RevocationOps(StoreCore):
             job.c.picked_by == node_id,
             job.c.revoke_requested.is_not(None),
         )
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "revocations were not read")
+        rows = self.db.run(lambda conn: conn.execute(stmt).all(), "revocations were not read")
         return [(r.job_id, r.claim_token, r.revoke_requested) for r in rows]

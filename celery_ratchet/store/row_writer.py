@@ -10,18 +10,19 @@ from sqlalchemy.engine import Connection
 
 from celery_ratchet.domain.job import NewJob
 from celery_ratchet.errors import InvalidJob
-from celery_ratchet.store.core import StoreCore
+from celery_ratchet.store.database import Database
+from celery_ratchet.store.dialect import Dialect
 from celery_ratchet.store.job_rows import (
     BULK_ROWS,
     COPY_JOBS,
     NOTIFY_CHANNEL,
-    _bulk_params,
-    _insert_statement,
+    bulk_params,
     copied_row,
+    insert_statement,
     pipeline_chunks,
 )
 from celery_ratchet.store.packets import packet_limit
-from celery_ratchet.store.raw import copy_in_on, execute_many_on
+from celery_ratchet.store.raw import copy_in_on, execute_many_on, raw_statement
 
 #: Rows smaller than this are never near a MySQL/MariaDB packet: no check is made.
 _PACKET_CHECKED_BYTES = 1024 * 1024
@@ -31,12 +32,29 @@ _PACKET_CHECKED_BYTES = 1024 * 1024
 _COPIED_ROWS = 20
 
 
-class RowWriter(StoreCore):
-    """Inserts of many job rows at once, and the size check MySQL/MariaDB needs first."""
+class RowWriter:
+    """The job INSERT, prepared once: of one row, of many at once, and the size check
+    MySQL/MariaDB needs first."""
 
     _max_packet: int | None = None
 
-    def _check_packet(self, jobs: Sequence[NewJob], waiting: Sequence[NewJob]) -> None:
+    def __init__(self, db: Database, dialect: Dialect) -> None:
+        self.db = db
+        self.dialect = dialect
+        self._prepare()
+        db.when_silent(self._prepare)
+
+    def _prepare(self) -> None:
+        """The inserts, notifying listening workers while the database does."""
+        sa = self.db.engine.dialect
+        #: One job row; PostgreSQL with wake-ups on: notifying its queue.
+        self.insert = insert_statement(sa, notify=self.db.notify)
+        #: The same, through the driver itself (store/raw.py).
+        self.raw_insert = raw_statement(self.insert, sa)
+        #: One job row with a business key (see ``insert_statement``).
+        self.insert_keyed_row = insert_statement(sa, notify=self.db.notify, keyed=True)
+
+    def check_packet(self, jobs: Sequence[NewJob], waiting: Sequence[NewJob]) -> None:
         """On MySQL/MariaDB a row is sent in one statement, which the server takes only
         within ``max_allowed_packet``; one over it is dropped with the connection, which
         would read as an outage whose outcome is unknown. Refuse it before sending."""
@@ -62,18 +80,20 @@ class RowWriter(StoreCore):
         """The bytes of rows one MySQL/MariaDB statement may carry: escaped for the
         statement, a row can take up to twice its bytes, within ``max_allowed_packet`` (as
         the store's last new connection read it; read here where none did)."""
-        limit = packet_limit(self.engine) or self._max_packet
+        limit = packet_limit(self.db.engine) or self._max_packet
         if limit is None:
 
             def read(c: Connection) -> int:
                 return int(c.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one())
 
             limit = self._max_packet = (
-                read(conn) if conn is not None else self._run(read, "the packet size was not read")
+                read(conn)
+                if conn is not None
+                else self.db.run(read, "the packet size was not read")
             )
         return limit // 2 - 64 * 1024
 
-    def _insert_many(
+    def insert_many(
         self,
         conn: Connection,
         params: list[dict[str, Any]],
@@ -83,7 +103,7 @@ class RowWriter(StoreCore):
         # Measured per 1,000 rows: psycopg and sqlite3 pipeline executemany (25k and 60k
         # rows/s); PyMySQL sends it row by row (4.5k/s) but multi-row VALUES reach 15k/s.
         if self.dialect.batches_executemany:
-            if conn.dialect is self.engine.dialect and not ignore_existing:
+            if conn.dialect is self.db.engine.dialect and not ignore_existing:
                 if len(params) >= _COPIED_ROWS and self.dialect.copies_rows(conn):
                     self._copy_in(conn, params)
                     return
@@ -92,28 +112,28 @@ class RowWriter(StoreCore):
                 # connections: a caller's (enqueue_within) may be of another driver
                 # (psycopg2), which the statement was not compiled for.
                 for rows in pipeline_chunks(params):
-                    execute_many_on(conn, self._raw_insert, rows)
+                    execute_many_on(conn, self.raw_insert, rows)
                 return
             statement = (
-                _insert_statement(conn.dialect, 1, True, self.notify)
+                insert_statement(conn.dialect, 1, True, self.db.notify)
                 if ignore_existing
-                else self._insert
+                else self.insert
             )
             for rows in pipeline_chunks(params):
                 conn.execute(statement, rows)
             return
         for chunk in self._statements_of(conn, params):
-            statement = _insert_statement(conn.dialect, len(chunk), ignore_existing)
-            conn.execute(statement, chunk[0] if len(chunk) == 1 else _bulk_params(chunk))
+            statement = insert_statement(conn.dialect, len(chunk), ignore_existing)
+            conn.execute(statement, chunk[0] if len(chunk) == 1 else bulk_params(chunk))
 
     def _copy_in(self, conn: Connection, params: list[dict[str, Any]]) -> None:
         """The rows through COPY, as the INSERT would write them: the same clock (``now()``
         is the transaction's start, whatever statement reads it), each queue notified once
         (PostgreSQL folds a transaction's equal notifications into one anyway)."""
         now = conn.exec_driver_sql("SELECT now()").scalar_one()
-        bind = self._raw_insert.parameters
+        bind = self.raw_insert.parameters
         copy_in_on(conn, COPY_JOBS, [copied_row(bind(p), now) for p in params])
-        if self.notify:
+        if self.db.notify:
             conn.exec_driver_sql(
                 "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)s::text[]) AS queue",
                 {"channel": NOTIFY_CHANNEL, "queues": sorted({p["p_queue"] for p in params})},

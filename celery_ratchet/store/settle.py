@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import (
     bindparam,
+    case,
     delete,
     func,
     insert,
@@ -36,35 +37,37 @@ from celery_ratchet.errors import (
 )
 from celery_ratchet.store import dlq_alerts
 from celery_ratchet.store.claim import (
+    RETURNED,
     Claimed,
     ClaimShape,
     MalformedRow,
     claim_params,
     decode,
 )
-from celery_ratchet.store.core import StoreCore
-from celery_ratchet.store.database import CONFLICT_RETRIES
+from celery_ratchet.store.database import CONFLICT_RETRIES, Database
 from celery_ratchet.store.db_clock import (
     db_now,
     db_now_minus,
 )
+from celery_ratchet.store.dialect import Dialect
 from celery_ratchet.store.engine import (
     transaction,
 )
 from celery_ratchet.store.job_rows import (
-    _CANCELS_DOWNSTREAM,
-    _CLEARED_CLAIM,
-    _best_first,
-    _group_by_outcome,
-    _held,
-    _insert_ignoring_duplicates,
-    _settled_values,
+    CANCELS_DOWNSTREAM,
+    CLEARED_CLAIM,
+    best_first,
+    claim_held,
+    group_by_outcome,
+    insert_ignoring_duplicates,
     job,
+    settled_values,
     storable,
 )
 from celery_ratchet.store.packets import refuse_oversized
 from celery_ratchet.store.raw import RawStatement, execute_on, fetch_on, raw_statement
 from celery_ratchet.store.schema import (
+    KeptDateTime,
     UTCDateTime,
     scheduler_resource,
     scheduler_resource_permit,
@@ -78,8 +81,76 @@ from celery_ratchet.store.step_rows import (
 logger = logging.getLogger(__name__)
 
 
-class ClaimOps(StoreCore):
-    """Claiming due jobs and settling what ran: the compare-and-swap on the claim."""
+class Claims:
+    """Claiming due jobs and settling what ran: the compare-and-swap on the claim.
+    ``priority_boost_minutes``: aging, a waiting job gains one priority level per this many
+    minutes (0: never); ``dlq_alert_task``: with one, each job failing for good is counted
+    into its task name's alert window, in the transaction that fails it."""
+
+    def __init__(
+        self,
+        db: Database,
+        dialect: Dialect,
+        *,
+        priority_boost_minutes: float,
+        dlq_alert_task: str | None,
+    ) -> None:
+        self.db = db
+        self.dialect = dialect
+        self.priority_boost_minutes = priority_boost_minutes
+        self.dlq_alert_task = dlq_alert_task
+        self._claim = dialect.claim_strategy()
+        #: The rows a claim under ``:token`` holds (a claim whose reply was lost, adopted).
+        self.select_claimed = text(
+            f"SELECT {RETURNED} FROM scheduler_job "
+            "WHERE claim_token = :token AND status = 'RUNNING'"
+        ).columns(scheduled_time=KeptDateTime())
+        owned = claim_held(bindparam("p_job_id"), bindparam("p_token"))
+        finished = {"status": bindparam("p_status"), "finished_at": db_now()}
+        self._store_outcome = (
+            update(job)
+            .where(*owned)
+            .values(
+                **finished,
+                job_result=bindparam("p_job_result"),
+                result_type=bindparam("p_result_type"),
+                result_meta=bindparam("p_result_meta"),
+                last_error=bindparam("p_error"),
+                error_traceback=bindparam("p_traceback"),
+            )
+        )
+        handed_back = bindparam("p_status") == JobStatus.PENDING.value
+        cleared = {k: case((handed_back, None), else_=job.c[k]) for k in CLEARED_CLAIM}
+        self._settle_one = (
+            update(job)
+            .where(*owned)
+            .values(
+                status=bindparam("p_status"),
+                finished_at=case((handed_back, None), else_=db_now()),
+                last_error=func.coalesce(bindparam("p_error"), job.c.last_error),
+                error_traceback=func.coalesce(bindparam("p_traceback"), job.c.error_traceback),
+                **cleared,
+            )
+        )
+        permit = scheduler_resource_permit
+        self._known_resources: set[str] = set()
+        self._count_permits = (
+            select(func.count())
+            .select_from(permit)
+            .where(permit.c.resource == bindparam("resource"))
+        )
+        still_running = (
+            select(job.c.id)
+            .where(
+                job.c.job_id == permit.c.job_id,
+                job.c.claim_token == permit.c.claim_token,
+                job.c.status == JobStatus.RUNNING.value,
+            )
+            .correlate(permit)
+        )
+        self._drop_stale_permits = delete(permit).where(
+            permit.c.resource == bindparam("resource"), ~still_running.exists()
+        )
 
     # -- claim and settle -------------------------------------------------------------------
 
@@ -97,7 +168,7 @@ class ClaimOps(StoreCore):
             with transaction(conn):
                 return self._claim.claim(conn, shape, params)
 
-        return self._claiming(token, claim)
+        return self.claiming(token, claim)
 
     def claim_for_resource(
         self, node_id: str, queues: Sequence[str], resource: str, capacity: int, limit: int
@@ -133,13 +204,13 @@ class ClaimOps(StoreCore):
                     )
                 return claimed
 
-        return self._claiming(token, claim)
+        return self.claiming(token, claim)
 
     def _boost_for(self, queues: Sequence[str]) -> float:
         # Recurring masters fire strictly by due time; aging would only cost them.
         return 0.0 if list(queues) == [SCHEDULES_QUEUE] else self.priority_boost_minutes
 
-    def _claiming(
+    def claiming(
         self, token: str, claim: Callable[[Connection], Claimed], what: str = "no job was claimed"
     ) -> list[ClaimedJob]:
         tries = 0
@@ -155,11 +226,11 @@ class ClaimOps(StoreCore):
                     return adopted
             return claim(conn)
 
-        claimed = self._run(work, what)
+        claimed = self.db.run(work, what)
         if claimed.malformed:
             self._fail_malformed(token, claimed.malformed)
         jobs = sorted(claimed.jobs, key=lambda j: j.id)
-        return _best_first(jobs, self.priority_boost_minutes)
+        return best_first(jobs, self.priority_boost_minutes)
 
     def _fail_malformed(self, token: str, rows: Sequence[MalformedRow]) -> None:
         """Fail claimed rows that cannot be run, with the reason; never their arguments.
@@ -179,10 +250,10 @@ class ClaimOps(StoreCore):
         if resource in self._known_resources:
             return
         r = scheduler_resource
-        stmt = _insert_ignoring_duplicates(
-            self.engine.dialect, r, {"resource": resource, "capacity": capacity}
+        stmt = insert_ignoring_duplicates(
+            self.db.engine.dialect, r, {"resource": resource, "capacity": capacity}
         )
-        self._run(lambda conn: conn.execute(stmt), "the resource was not registered")
+        self.db.run(lambda conn: conn.execute(stmt), "the resource was not registered")
         self._known_resources.add(resource)
 
     def _lock_resource(self, conn: Connection, resource: str, capacity: int) -> None:
@@ -194,11 +265,11 @@ class ClaimOps(StoreCore):
         )
         if conn.execute(lock).rowcount == 0:  # the row was deleted by hand: make it again
             values = {"resource": resource, "capacity": capacity}
-            conn.execute(_insert_ignoring_duplicates(conn.dialect, r, values))
+            conn.execute(insert_ignoring_duplicates(conn.dialect, r, values))
             conn.execute(lock)
 
     def _claimed_with(self, conn: Connection, token: str) -> Claimed:
-        rows = conn.execute(self._select_claimed, {"token": token}).all()
+        rows = conn.execute(self.select_claimed, {"token": token}).all()
         return decode(rows, token)
 
     def running_claims(self, node_id: str, *, older_than_seconds: float) -> list[tuple[str, str]]:
@@ -208,7 +279,7 @@ class ClaimOps(StoreCore):
             job.c.picked_by == node_id,
             or_(job.c.claimed_at.is_(None), job.c.claimed_at < db_now_minus(older_than_seconds)),
         )
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "claims were not listed")
+        rows = self.db.run(lambda conn: conn.execute(stmt).all(), "claims were not listed")
         return [(r.job_id, r.claim_token) for r in rows]
 
     def settle(
@@ -235,7 +306,7 @@ class ClaimOps(StoreCore):
         results = [s for s in settlements if s.result is not None]
         for s in results:
             refuse_oversized(
-                self.engine, _result_params(s), f"the result of job {s.job_id} was not stored"
+                self.db.engine, _result_params(s), f"the result of job {s.job_id} was not stored"
             )
         params = [
             {"p_job_id": s.job_id, "p_token": s.token, "p_status": s.status.value,
@@ -257,7 +328,7 @@ class ClaimOps(StoreCore):
             for resource, claims in held.items()
         ]
 
-        ending = [s for s in settlements if s.status.value in _CANCELS_DOWNSTREAM]
+        ending = [s for s in settlements if s.status.value in CANCELS_DOWNSTREAM]
 
         # MySQL/MariaDB write results row by row: a batch that runs out of its lock wait
         # half-way must take back the rows before, which the caller then writes one by one.
@@ -283,7 +354,7 @@ class ClaimOps(StoreCore):
             if results:
                 changed += self._store_results(conn, results)
             if handed_back:  # due again at once, for any node: wake the idle ones
-                self._announce_queues_of(conn, handed_back)
+                self.db.announce_queues_of(conn, handed_back)
             for release in releases:  # one statement per resource, not per job
                 conn.execute(release)
             # Celery reports the children of chords it ran itself; these are for those it
@@ -297,7 +368,7 @@ class ClaimOps(StoreCore):
                 record_ended_parts(conn, ids, state)
             return changed
 
-        return self._run(
+        return self.db.run(
             work,
             "job outcomes were not recorded",
             lock_wait=lock_wait,
@@ -329,7 +400,7 @@ class ClaimOps(StoreCore):
 
     @functools.cached_property
     def _raw_store_results_pg(self) -> RawStatement:
-        return raw_statement(_STORE_RESULTS_PG, self.engine.dialect)
+        return raw_statement(_STORE_RESULTS_PG, self.db.engine.dialect)
 
     def _still_held(self, conn: Connection, settlements: list[Settlement]) -> list[Settlement]:
         """Those of ``settlements`` whose claim still holds its job (RUNNING under it)."""
@@ -361,10 +432,10 @@ class ClaimOps(StoreCore):
             if p["p_status"] == failing and conn.execute(self._settle_one, p).rowcount == 1:
                 changed += 1
                 newly_failed.append((p["p_job_id"], p["p_token"]))
-        self._count_dead_letters(conn, dlq_alerts.dead_letters(conn, newly_failed))
+        self.count_dead_letters(conn, dlq_alerts.dead_letters(conn, newly_failed))
         return changed
 
-    def _count_dead_letters(self, conn: Connection, letters: list[dlq_alerts.DeadLetter]) -> None:
+    def count_dead_letters(self, conn: Connection, letters: list[dlq_alerts.DeadLetter]) -> None:
         if self.dlq_alert_task is not None and letters:
             dlq_alerts.count_dead_letters(conn, letters, excluded=self.dlq_alert_task)
 
@@ -381,7 +452,7 @@ class ClaimOps(StoreCore):
         for p in params:
             if p["p_error"] is not None or p["p_traceback"] is not None:
                 changed += conn.execute(self._settle_one, p).rowcount
-        for status, claims in _group_by_outcome(plain).items():
+        for status, claims in group_by_outcome(plain).items():
             stmt = (
                 update(job)
                 .where(
@@ -391,7 +462,7 @@ class ClaimOps(StoreCore):
                     job.c.job_id.in_([job_id for job_id, _ in claims]),
                     tuple_(job.c.job_id, job.c.claim_token).in_(claims),
                 )
-                .values(**_settled_values(JobStatus(status)))
+                .values(**settled_values(JobStatus(status)))
             )
             changed += conn.execute(stmt).rowcount
         return changed
@@ -405,12 +476,12 @@ class ClaimOps(StoreCore):
         params = [{"p_job_id": j, "p_token": t, "p_due": due} for j, t, due in deferrals]
         back = (
             update(job)
-            .where(*_held(bindparam("p_job_id"), bindparam("p_token")))
+            .where(*claim_held(bindparam("p_job_id"), bindparam("p_token")))
             .values(
                 status=JobStatus.PENDING.value,
                 scheduled_time=bindparam("p_due", type_=UTCDateTime()),
                 claims=job.c.claims - 1,
-                **_CLEARED_CLAIM,
+                **CLEARED_CLAIM,
             )
         )
         release = delete(permit).where(
@@ -421,10 +492,10 @@ class ClaimOps(StoreCore):
             with transaction(conn):
                 changed = conn.execute(back, params).rowcount
                 conn.execute(release, [{"p_job_id": j, "p_token": t} for j, t, _ in deferrals])
-                self._announce_queues_of(conn, [j for j, _, _ in deferrals])
+                self.db.announce_queues_of(conn, [j for j, _, _ in deferrals])
             return changed
 
-        return self._run(work, "no job was deferred")
+        return self.db.run(work, "no job was deferred")
 
     def store_outcome(
         self,
@@ -452,8 +523,8 @@ class ClaimOps(StoreCore):
             "p_error": storable(error),
             "p_traceback": storable(traceback),
         }
-        cancels = status.value in _CANCELS_DOWNSTREAM
-        refuse_oversized(self.engine, params, f"the result of job {job_id} was not stored")
+        cancels = status.value in CANCELS_DOWNSTREAM
+        refuse_oversized(self.db.engine, params, f"the result of job {job_id} was not stored")
 
         def work(conn: Connection) -> bool:
             if part is None and not cancels:
@@ -467,23 +538,23 @@ class ClaimOps(StoreCore):
                 if cancels:
                     cancel_downstream(conn, job_id, error)
                 if status is JobStatus.FAILED:
-                    self._count_dead_letters(conn, dlq_alerts.dead_letters(conn, [(job_id, token)]))
+                    self.count_dead_letters(conn, dlq_alerts.dead_letters(conn, [(job_id, token)]))
                 return True
 
-        return self._run(work, "the result was not stored")
+        return self.db.run(work, "the result was not stored")
 
     @functools.cached_property
     def _raw_settle_many(self) -> RawStatement:
-        return raw_statement(_SETTLE_MANY_PG, self.engine.dialect)
+        return raw_statement(_SETTLE_MANY_PG, self.db.engine.dialect)
 
     @functools.cached_property
     def _raw_store_outcome(self) -> RawStatement:
-        return raw_statement(self._store_outcome, self.engine.dialect)
+        return raw_statement(self._store_outcome, self.db.engine.dialect)
 
     def holds(self, job_id: str, token: str) -> bool:
         """Whether this claim still owns the job (it is RUNNING under it)."""
-        stmt = select(job.c.id).where(*_held(job_id, token))
-        return bool(self._run(lambda conn: conn.execute(stmt).first() is not None, "not read"))
+        stmt = select(job.c.id).where(*claim_held(job_id, token))
+        return bool(self.db.run(lambda conn: conn.execute(stmt).first() is not None, "not read"))
 
     def note_retry(self, job_id: str, error: str | None, traceback: str | None) -> bool:
         """Record why a job that was just rescheduled for a retry failed; False when no
@@ -493,7 +564,7 @@ class ClaimOps(StoreCore):
             .where(job.c.job_id == job_id, job.c.status == JobStatus.PENDING.value)
             .values(last_error=error, error_traceback=traceback)
         )
-        count = self._run(
+        count = self.db.run(
             lambda conn: conn.execute(stmt).rowcount, "the retry reason was not stored"
         )
         return bool(count)
@@ -503,8 +574,8 @@ class ClaimOps(StoreCore):
         values: dict[str, Any] = {"result_meta": meta}
         if started:
             values["started_at"] = db_now()
-        stmt = update(job).where(*_held(job_id, token)).values(**values)
-        self._run(lambda conn: conn.execute(stmt), "the job's progress was not stored")
+        stmt = update(job).where(*claim_held(job_id, token)).values(**values)
+        self.db.run(lambda conn: conn.execute(stmt), "the job's progress was not stored")
 
     def next_due_in(self, queues: Sequence[str]) -> float | None:
         """Seconds (by the database's clock) until the earliest pending job of ``queues`` is
@@ -514,7 +585,7 @@ class ClaimOps(StoreCore):
         stmt = select(func.min(job.c.scheduled_time), db_now()).where(
             job.c.status == JobStatus.PENDING.value, job.c.queue.in_(list(queues))
         )
-        due, now = self._run(lambda conn: conn.execute(stmt).one(), "no due time was read")
+        due, now = self.db.run(lambda conn: conn.execute(stmt).one(), "no due time was read")
         return None if due is None else (due - now).total_seconds()
 
 
@@ -546,7 +617,7 @@ _SETTLE_MANY_PG = text(
     "error_traceback = COALESCE(o.traceback, j.error_traceback), "
     + ", ".join(
         f"{column} = CASE WHEN o.status = 'PENDING' THEN NULL ELSE j.{column} END"
-        for column in _CLEARED_CLAIM
+        for column in CLEARED_CLAIM
     )
     + " FROM "
     + _unnested(

@@ -20,16 +20,27 @@ from sqlalchemy.engine import Connection
 
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, NewJob
 from celery_ratchet.store.claim import RETURNED, Claimed, decode, fetch_claimed
+from celery_ratchet.store.database import Database
 from celery_ratchet.store.db_clock import db_now
+from celery_ratchet.store.dialect import Dialect
 from celery_ratchet.store.engine import transaction
-from celery_ratchet.store.job_rows import _new_job_values, _params, job
+from celery_ratchet.store.job_rows import job, job_params, new_job_values
 from celery_ratchet.store.raw import RawStatement, raw_statement
 from celery_ratchet.store.row_writer import RowWriter
 from celery_ratchet.store.schema import UTCDateTime
-from celery_ratchet.store.settle import ClaimOps
+from celery_ratchet.store.settle import Claims
 
 
-class StepHandoffOps(ClaimOps, RowWriter):
+class StepHandoff:
+    """A chain's next step released as claimed by the node that sent it. ``claims``: the
+    claim's adoption and failure of what cannot run; ``rows``: the size check."""
+
+    def __init__(self, db: Database, dialect: Dialect, claims: Claims, rows: RowWriter) -> None:
+        self.db = db
+        self.dialect = dialect
+        self.claims = claims
+        self.rows = rows
+
     def release_step_to(self, new: NewJob, node_id: str) -> ClaimedJob | None:
         """Release the WAITING chain step ``new`` (sent by the step before it) as claimed
         by ``node_id``. None, with nothing written, when there is no such waiting row
@@ -37,27 +48,27 @@ class StepHandoffOps(ClaimOps, RowWriter):
         it is: the caller then sends it the usual way, which decides."""
         if new.resource is not None or new.due is not None or new.business_key is not None:
             return None
-        self._check_packet([new], ())
+        self.rows.check_packet([new], ())
         token = uuid.uuid4().hex
-        params = {**_params(new), "node": node_id, "token": token}
+        params = {**job_params(new), "node": node_id, "token": token}
 
         def release(conn: Connection) -> Claimed:
             if not self.dialect.updates_returning:  # no UPDATE ... RETURNING: the row is read back
                 with transaction(conn):
                     if conn.execute(self._handoff_statement, params).rowcount != 1:
                         return Claimed([], [])
-                    rows = conn.execute(self._select_claimed, {"token": token}).all()
+                    rows = conn.execute(self.claims.select_claimed, {"token": token}).all()
                 return decode(rows, token)
             # Through the driver, as the claim: the release is on every chain step's way.
             return fetch_claimed(conn, self._raw_handoff, params)
 
         # As any claim: a try whose reply was lost is adopted by its token, and a released
         # step that cannot be run is failed.
-        released = self._claiming(token, release, "the chain step was not released")
+        released = self.claims.claiming(token, release, "the chain step was not released")
         return released[0] if released else None
 
     def _handoff_values(self) -> dict[str, Any]:
-        released = _new_job_values()
+        released = new_job_values()
         released.pop("group_id")  # as any release: the group the step was frozen with,
         released.pop("job_type")  # its type
         released.pop("business_key")
@@ -91,4 +102,4 @@ class StepHandoffOps(ClaimOps, RowWriter):
         returned = [job.c[name.strip()] for name in RETURNED.split(",")]
         claimed_now = type_coerce(db_now(), UTCDateTime()).label("claimed_now")
         statement = self._handoff_statement.returning(*returned, claimed_now)
-        return raw_statement(statement, self.engine.dialect)
+        return raw_statement(statement, self.db.engine.dialect)

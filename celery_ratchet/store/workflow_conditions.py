@@ -24,8 +24,11 @@ from celery_ratchet.store.units import Unit, connection_of
 condition = scheduler_workflow_condition
 
 
-class ConditionOps(BatchRows):
+class Conditions:
     """A workflow's branches, taken for deciding one parent at a time."""
+
+    def __init__(self, rows: BatchRows) -> None:
+        self.rows = rows
 
     def add_conditions(
         self, parent_id: str, rows: Sequence[dict[str, Any]], unit: Unit | None = None
@@ -35,7 +38,7 @@ class ConditionOps(BatchRows):
             {"parent_id": parent_id, "position": i, "state": "WAITING", **r}
             for i, r in enumerate(rows)
         ]
-        self._write(
+        self.rows.write(
             unit,
             lambda c: c.execute(insert_ignoring_conflicts(c.dialect, condition), values),
             "the workflow was not stored",
@@ -48,7 +51,7 @@ class ConditionOps(BatchRows):
             .where(condition.c.parent_id == parent_id)
             .order_by(condition.c.position)
         )
-        rows = self._run(lambda conn: conn.execute(stmt).all(), "the workflow was not read")
+        rows = self.rows.run(lambda conn: conn.execute(stmt).all(), "the workflow was not read")
         return [
             Branch(
                 position=r.position,
@@ -72,7 +75,7 @@ class ConditionOps(BatchRows):
             .where(condition.c.parent_id == parent_id, condition.c.state == WAITING)
             .with_for_update()
         )
-        with self._unit_of_work() as conn:
+        with self.rows.unit_of_work() as conn:
             found = conn.execute(lock).first() is not None
             yield Unit(conn, store_owned=True) if found else None
 

@@ -210,7 +210,7 @@ def test_listen_through_pgbouncer_is_detected_and_inserts_stop_notifying(
         listener.thread.join(30)
         assert not listener.thread.is_alive(), "the listener should stop"
         assert not store.notify
-        assert "pg_notify" not in str(store._insert)
+        assert "pg_notify" not in str(store.rows.insert)
         store.enqueue(new_job())  # an insert without pg_notify still works
     finally:
         listener.stop()

@@ -24,7 +24,7 @@ def test_a_prepared_claim_of_one_size_keeps_its_plan(
     store.enqueue_many([new_job(f"j{i}", priority=i % 10) for i in range(400)])
     with store.engine.connect() as conn:
         conn.exec_driver_sql("ANALYZE scheduler_job")
-    strategy = store._claim
+    strategy = store.claims._claim
     assert isinstance(strategy, PostgresClaim)
     raw = strategy.raw(ClaimShape(1, False, boost_minutes), store.engine.dialect, 4)
     claimed: set[str] = set()

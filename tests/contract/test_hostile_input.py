@@ -96,7 +96,7 @@ def _insert_raw(store: JobStore, **values: Any) -> None:
         scheduled_time=text("CURRENT_TIMESTAMP"),
         created_at=text("CURRENT_TIMESTAMP"),
     )
-    store._run(lambda conn: conn.execute(stmt), "the test row was not written")
+    store.db.run(lambda conn: conn.execute(stmt), "the test row was not written")
 
 
 def test_driver_errors_never_carry_statement_parameters(
@@ -143,7 +143,9 @@ def test_mysql_connections_are_strict_whatever_the_server_default(servers: Serve
         plain.dispose()
     store = JobStore(lax)
     try:
-        mode = store._run(lambda conn: conn.execute(text("SELECT @@SESSION.sql_mode")).scalar(), "")
+        mode = store.db.run(
+            lambda conn: conn.execute(text("SELECT @@SESSION.sql_mode")).scalar(), ""
+        )
         assert "STRICT_TRANS_TABLES" in str(mode).split(",")
         with pytest.raises(ValueRefused, match="Data too long for column 'queue'"):
             _insert_raw(store, queue=LONG)
@@ -155,7 +157,7 @@ def test_mysql_connections_are_strict_whatever_the_server_default(servers: Serve
 
 def test_a_missing_table_is_schema_missing_not_an_outage(store: JobStore) -> None:
     with pytest.raises(SchemaMissing, match=r"has no ratchet tables.*schema apply"):
-        store._run(lambda conn: conn.execute(text("SELECT job_id FROM scheduler_nothing")), "x")
+        store.db.run(lambda conn: conn.execute(text("SELECT job_id FROM scheduler_nothing")), "x")
 
 
 def test_a_row_over_mysqls_packet_is_refused_not_taken_for_an_outage(servers: Servers) -> None:

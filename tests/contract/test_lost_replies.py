@@ -213,7 +213,11 @@ def test_a_chain_step_handed_over_whose_reply_was_lost_is_read_back_as_claimed(
     # updates then reads the row back in one transaction, which a break before its commit
     # rolls back. Either way the retry must find the step claimed exactly once.
     # PostgreSQL's and SQLite's run through the driver (store/raw.py): their SQL text.
-    handoff = store._handoff_statement if store.family == "mysql" else store._raw_handoff.sql
+    handoff = (
+        store.handoff._handoff_statement
+        if store.family == "mysql"
+        else store.handoff._raw_handoff.sql
+    )
     real = store.engine
     flaky = _Flaky(real, lambda sql: sql is handoff or (isinstance(sql, str) and sql == handoff))
     store.db.engine = flaky  # type: ignore[assignment]
