@@ -214,6 +214,15 @@ class InvalidJob(RatchetError, ValueError):
         self._made_of(message, field, message)
 
 
+class InvalidArgument(RatchetError, ValueError):
+    """An operation's argument (not a job's) that ratchet cannot take; nothing was written.
+    ``field`` names it; the message gives the limit and what to do."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self._made_of(message, field, message)
+
+
 class ValueRefused(RatchetError, ValueError):
     """The database refused a value (too long, out of range, bad text); nothing was written.
     The message carries the database's reason, never the statement's parameters."""

@@ -209,6 +209,13 @@ CREATE TABLE scheduler_node (
 	PRIMARY KEY (node_id)
 )ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
 
+CREATE TABLE scheduler_queue_pause (
+	queue VARCHAR(255) NOT NULL,
+	paused_at DATETIME(6) NOT NULL,
+	reason VARCHAR(255),
+	PRIMARY KEY (queue)
+)ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
+
 CREATE TABLE scheduler_resource (
 	resource VARCHAR(255) NOT NULL,
 	capacity INTEGER NOT NULL,

@@ -210,6 +210,13 @@ CREATE TABLE scheduler_node (
 	PRIMARY KEY (node_id)
 );
 
+CREATE TABLE scheduler_queue_pause (
+	queue VARCHAR(255) NOT NULL,
+	paused_at DATETIME NOT NULL,
+	reason VARCHAR(255),
+	PRIMARY KEY (queue)
+);
+
 CREATE TABLE scheduler_resource (
 	resource VARCHAR(255) NOT NULL,
 	capacity INTEGER NOT NULL,

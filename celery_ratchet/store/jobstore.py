@@ -21,6 +21,7 @@ from celery_ratchet.store.engine import EngineOptions
 from celery_ratchet.store.enqueue import Enqueue
 from celery_ratchet.store.nodes import Nodes
 from celery_ratchet.store.ports import DeadLetterStore, ScheduleStore, WorkerStore
+from celery_ratchet.store.queue_pauses import QueuePauses
 from celery_ratchet.store.recurring import Masters
 from celery_ratchet.store.results import Results
 from celery_ratchet.store.revocation import Revocations
@@ -76,6 +77,7 @@ class JobStore:
         self.results = Results(db, dialect)
         self.revoker = Revocations(db, dialect)
         self.admin = Admin(db, dialect, self.rows)
+        self.pauses = QueuePauses(db)
 
     @property
     def engine(self) -> Engine:
@@ -175,6 +177,11 @@ class JobStore:
     list_nodes = delegated("admin", Admin.list_nodes)
     queue_stats = delegated("admin", Admin.queue_stats)
     count_by_status = delegated("admin", Admin.count_by_status)
+
+    # QueuePauses (queue_pauses.py)
+    pause_queue = delegated("pauses", QueuePauses.pause)
+    resume_queue = delegated("pauses", QueuePauses.resume)
+    paused_queues = delegated("pauses", QueuePauses.paused)
 
 
 def _implements_the_ports(store: JobStore) -> tuple[WorkerStore, DeadLetterStore, ScheduleStore]:

@@ -22,6 +22,7 @@ from celery_ratchet.domain.job import (
     ResultRecord,
     Settlement,
 )
+from celery_ratchet.domain.queue_pause import PausedQueue
 from celery_ratchet.domain.recovery import OrphanRecovery
 
 
@@ -53,6 +54,9 @@ class QueueStore(Announcing, Protocol):
     ) -> int: ...
 
     def next_due_in(self, queues: Sequence[str]) -> float | None: ...
+
+    def paused_queues(self) -> dict[str, PausedQueue]:
+        """The queues an operator paused, which no node claims from."""
 
     def running_claims(
         self, node_id: str, *, older_than_seconds: float

@@ -491,3 +491,15 @@ Index(
     scheduler_control_reply.c.id,
 )
 Index("ix_scheduler_control_reply_expires", scheduler_control_reply.c.expires_at)
+
+# Paused queues: a queue with a row here is claimed by no worker until the row is deleted.
+# Jobs are still accepted into it; workers re-read the table before they claim.
+scheduler_queue_pause = Table(
+    "scheduler_queue_pause",
+    metadata,
+    Column("queue", String(255), primary_key=True),
+    Column("paused_at", UTCDateTime, nullable=False),
+    #: Who paused it and why, as given (``ratchet queues pause --reason``); NULL: not said.
+    Column("reason", String(255)),
+    **_MYSQL_OPTIONS,
+)

@@ -19,6 +19,7 @@ from celery_ratchet.domain.job import (
     parse_status,
 )
 from celery_ratchet.domain.priority import clamped
+from celery_ratchet.domain.queue_pause import PausedQueue
 
 PENDING = JobStatus.PENDING.value
 RUNNING = JobStatus.RUNNING.value
@@ -355,6 +356,7 @@ class Tables:
     commands: list[ControlRow] = field(default_factory=list)
     replies: list[ReplyRow] = field(default_factory=list)
     groups: dict[str, str] = field(default_factory=dict)
+    paused: dict[str, PausedQueue] = field(default_factory=dict)
     next_id: int = 1
 
     def take_id(self) -> int:

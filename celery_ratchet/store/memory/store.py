@@ -20,6 +20,7 @@ from celery_ratchet.store.memory.dead_letters import DeadLetterRows
 from celery_ratchet.store.memory.jobs import JobRows
 from celery_ratchet.store.memory.masters import MasterRows
 from celery_ratchet.store.memory.nodes import NodeRows
+from celery_ratchet.store.memory.pauses import PauseRows
 from celery_ratchet.store.memory.rows import Tables
 from celery_ratchet.store.memory.state import MemoryState, utc_now
 
@@ -94,6 +95,10 @@ class MemoryStore:
         self.due_alert_windows = dead_letters.due_alert_windows
         self.close_alert_window = dead_letters.close_alert_window
         self.alert_states = dead_letters.alert_states
+        pauses = PauseRows(self.state)
+        self.pause_queue = pauses.pause_queue
+        self.resume_queue = pauses.resume_queue
+        self.paused_queues = pauses.paused_queues
         control = ControlRows(self.state)
         self.broadcast = control.broadcast
         self.commands_since = control.commands_since
