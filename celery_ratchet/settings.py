@@ -186,6 +186,10 @@ class RatchetSettings:
     #: (``celery inspect``, ``celery control``; seconds). Their replies are waited for one
     #: second by default.
     control_poll_interval: float = 0.5
+    #: How old a worker's list of paused queues (``ratchet queues pause``) may be when it
+    #: claims (seconds): a pause or a resume takes effect on every worker within this long.
+    #: While a queue of its own is paused, an idle worker looks again this often.
+    queue_pause_check_seconds: float = 1.0
     #: Finished jobs older than this move to scheduler_job_archive.
     job_retention_days: float = 90.0
     #: Rows the archiver moves per transaction.
@@ -307,6 +311,7 @@ class RatchetSettings:
             "poll_interval_min": self.poll_interval_min,
             "wakeup_poll_interval": self.wakeup_poll_interval,
             "control_poll_interval": self.control_poll_interval,
+            "queue_pause_check_seconds": self.queue_pause_check_seconds,
             "claim_batch_size": self.claim_batch_size,
             "max_payload_kb": self.max_payload_kb,
             "node_heartbeat_interval_seconds": self.node_heartbeat_interval_seconds,

@@ -26,6 +26,7 @@ from celery_ratchet.runtime.clock import Clock
 from celery_ratchet.runtime.holdings import Holdings
 from celery_ratchet.runtime.masters import Masters
 from celery_ratchet.runtime.outcomes import Settler
+from celery_ratchet.runtime.queue_pauses import PausedQueues
 from celery_ratchet.runtime.revocations import Revocations
 from celery_ratchet.runtime.standing import Standing
 from celery_ratchet.settings import RatchetSettings
@@ -55,6 +56,7 @@ class Claimer:
         settler: Settler,
         revocations: Revocations,
         masters: Masters | None,
+        pauses: PausedQueues,
         clock: Clock,
         throttle: Throttle,
     ) -> None:
@@ -71,6 +73,8 @@ class Claimer:
         self._settler = settler
         self._revocations = revocations
         self._masters = masters
+        #: The queues an operator paused: none of them is claimed from.
+        self._pauses = pauses
         self._clock = clock
         self._throttle = throttle
         #: The process that claims: a forked pool process holds a copy of this object.
@@ -192,7 +196,9 @@ class Claimer:
         claimed: list[ClaimedJob] = []
         held = self._holdings.permits_held()
         permit_room = max(0, self._intake.capacity.executing - held)
-        queues = self._intake.queues
+        queues = self._pauses.claimable(self._intake.queues)
+        if not queues:
+            return claimed
         for resource, capacity in self.settings.resources.items():
             if min(room, permit_room) > len(claimed):
                 claimed += self._claim_with(
@@ -256,6 +262,7 @@ class Claimer:
         if wants_work and (hint.is_set() or self._clock.monotonic() >= self._next_claim):
             hint.clear()
             epoch = self._holdings.epoch
+            self._pauses.refresh(self._intake.queues)
             claimed = self._claim(room)
             revoked = self._revocations.drop_revoked(claimed)
             if revoked:
@@ -279,6 +286,11 @@ class Claimer:
             self._next_claim = self._clock.monotonic() + self._idle_wait
             if not claimed and self._channel.told():
                 self._next_claim = self._next_claim_when_told(self._next_claim)
+            if self._pauses.holds_any_of(self._intake.queues):
+                # A resume is looked for while idle too, however long the wait would be.
+                self._next_claim = min(
+                    self._next_claim, self._clock.monotonic() + self._pauses.max_age
+                )
         # Sleep until a slot frees, a wake-up hint arrives, or the next claim is due.
         timeout = (
             max(0.0, self._next_claim - self._clock.monotonic())
@@ -298,6 +310,7 @@ class Claimer:
         if (
             os.getpid() != self._pid  # a pool process's copy of the runtime
             or queue not in self._intake.queues
+            or queue in self._pauses.paused
             or not self._events.ran_dry.is_set()
             or self._events.stopping.is_set()
             or self._standing.stale()
@@ -334,7 +347,8 @@ class Claimer:
         (a countdown, a retry, a deferred job), at most the safety interval; a job due but
         not claimed (its permits taken) is tried again after the usual backoff."""
         try:
-            due_in = self.store.next_due_in(self._intake.queues)
+            queues = self._pauses.claimable(self._intake.queues)
+            due_in = self.store.next_due_in(queues) if queues else None
         except Exception as exc:
             self._throttle.warn("due", "ratchet: next due time not read: %s", exc)
             return float(backoff)

@@ -42,6 +42,7 @@ from celery_ratchet.runtime.liveness import Heartbeat, Housekeeping, OrphanScan,
 from celery_ratchet.runtime.masters import Masters
 from celery_ratchet.runtime.node_clock import NodeClock
 from celery_ratchet.runtime.outcomes import Settler
+from celery_ratchet.runtime.queue_pauses import PausedQueues
 from celery_ratchet.runtime.revocations import Revocations
 from celery_ratchet.runtime.signal_relay import SignalRelay
 from celery_ratchet.runtime.standing import Standing
@@ -122,6 +123,7 @@ class WorkerRuntime:
             breaker_for=breaker_for if settings.circuit_breaker else None,
             holdings=holdings, events=events, channel=channel, standing=standing,
             settler=self.settler, revocations=self.revocations, masters=self.masters,
+            pauses=PausedQueues(store, local_clock, settings.queue_pause_check_seconds),
             clock=local_clock, throttle=throttle_for(settings, local_clock),
         )  # fmt: skip
         self.heartbeat = Heartbeat(
