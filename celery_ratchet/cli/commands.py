@@ -19,6 +19,7 @@ from celery_ratchet.cli.base import (
     pass_cli,
 )
 from celery_ratchet.cli.dead_letters import archive, dlq
+from celery_ratchet.cli.queues import queues
 from celery_ratchet.domain.batch import BatchKind, BatchState, BatchSummary, shown_value
 from celery_ratchet.domain.cron import CronExpression
 from celery_ratchet.domain.job import JobStatus, error_record, public_type, shown_status
@@ -413,7 +414,7 @@ def web(
 
 
 COMMANDS: Iterable[click.Command] = (
-    jobs, stats, nodes, schedules, batches, schema, cron, dlq, archive, web,
+    jobs, stats, queues, nodes, schedules, batches, schema, cron, dlq, archive, web,
 )  # fmt: skip
 
 

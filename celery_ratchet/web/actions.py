@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from celery_ratchet.domain.job import error_record
+from celery_ratchet.domain.queue_pause import checked_name, checked_reason
 from celery_ratchet.runtime import recurring
 from celery_ratchet.runtime.dlq import DeadLetterQueue
 from celery_ratchet.store.jobstore import JobStore
@@ -122,6 +123,8 @@ class Actions:
             ),
             "/schedules/remove": self._schedule(recurring.cancel, "removed", confirm=True),
             "/queues/purge": self._purge_queue,
+            "/queues/pause": self._pause_queue,
+            "/queues/resume": self._resume_queue,
             "/nodes/pool-grow": self._pool("pool_grow"),
             "/nodes/pool-shrink": self._pool("pool_shrink"),
             "/nodes/autoscale": self._autoscale,
@@ -240,6 +243,21 @@ class Actions:
             return Confirm("/queues/purge", what, [("queue", queue)], "/queues")
         count = self.store.purge_pending([queue])
         return Done("/queues", f"deleted {_count(count, 'pending job')} of {queue}")
+
+    def _pause_queue(self, form: Form) -> Done | Confirm:
+        queue = checked_name(_required(form, "queue"))
+        reason = checked_reason(_field(form, "reason"))
+        if _field(form, "confirmed") != "yes":
+            what = f"pause queue {queue}: no worker claims from it until it is resumed"
+            values = [("queue", queue)] + ([("reason", reason)] if reason else [])
+            return Confirm("/queues/pause", what, values, "/queues")
+        paused = self.store.pause_queue(queue, reason)
+        return Done("/queues", f"{queue}: {'paused' if paused else 'was paused already'}")
+
+    def _resume_queue(self, form: Form) -> Done:
+        queue = _required(form, "queue")
+        resumed = self.store.resume_queue(queue)
+        return Done("/queues", f"{queue}: {'resumed' if resumed else 'was not paused'}")
 
     # -- workers: Celery's remote control, through the store ----------------------------------
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl
 
-from celery_ratchet.errors import RatchetError, StorePermissionDenied
+from celery_ratchet.errors import InvalidArgument, RatchetError, StorePermissionDenied
 from celery_ratchet.settings import mask_password
 from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.web import pages
@@ -111,7 +111,7 @@ class Dashboard:
             return self._send(start_response, "403 Forbidden", self._error(str(exc), base))
         except pages.NotFound as exc:
             return self._send(start_response, "404 Not Found", self._error(str(exc), base))
-        except pages.BadRequest as exc:
+        except (pages.BadRequest, InvalidArgument) as exc:
             return self._send(start_response, "400 Bad Request", self._error(str(exc), base))
         except StorePermissionDenied as exc:
             message = mask_password(str(exc))
@@ -217,7 +217,7 @@ class Dashboard:
             raise Refused("403 Forbidden", "the form's CSRF token is missing or wrong: reload")
         try:
             outcome = self.actions.run(path, form)
-        except pages.BadRequest:
+        except (pages.BadRequest, InvalidArgument):
             raise
         except (LookupError, ValueError) as exc:
             if isinstance(exc, pages.NotFound):

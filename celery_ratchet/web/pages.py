@@ -323,6 +323,7 @@ def node(view: View, query: Query) -> Page:
 
 def queues(view: View, query: Query) -> Page:
     stats = view.store.queue_stats()
+    paused = view.store.paused_queues()
     later = Inspection(view.store).scheduled_later()
     _, found = _node_rows(view)
     consumers: dict[str, list[str]] = {}
@@ -332,7 +333,7 @@ def queues(view: View, query: Query) -> Page:
     counts: dict[str, dict[str, int]] = {}
     for row in stats["counts"]:
         counts.setdefault(row["queue"], {})[row["status"]] = row["count"]
-    names = sorted(set(counts) | set(consumers))
+    names = sorted(set(counts) | set(consumers) | set(paused))
     rows = []
     for q in names:
         c = counts.get(q, {})
@@ -348,6 +349,7 @@ def queues(view: View, query: Query) -> Page:
                 "oldest": stats["oldest_pending_seconds"].get(q),
                 "consumers": consumers.get(q, []),
                 "pending": pending,
+                "paused": paused.get(q),
             }
         )
     return "queues.html", {"rows": rows}

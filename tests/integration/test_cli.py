@@ -347,3 +347,29 @@ def test_an_unreachable_store_is_said_once() -> None:
     assert out.returncode == 2 and out.stdout == ""
     [line] = out.stderr.strip().splitlines()
     assert line.startswith("Error: cannot reach the job store at postgresql://u:***@127.0.0.1:1/x")
+
+
+def test_queues_are_paused_listed_and_resumed(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    store = empty_store(url)
+    store.enqueue(new_job("mail-1", queue="emails"))
+    runner = CliRunner()
+    paused = runner.invoke(cli, ["--url", url, "queues", "pause", "emails", "--reason", "relay"])
+    assert (paused.exit_code, paused.output) == (0, "paused emails\n")
+    again = runner.invoke(cli, ["--url", url, "queues", "pause", "emails"])
+    assert again.output == "emails was paused already\n"
+    # A queue with no jobs yet can be paused ahead of them.
+    assert runner.invoke(cli, ["--url", url, "queues", "pause", "reports"]).exit_code == 0
+    listed = json.loads(runner.invoke(cli, ["--url", url, "queues", "list", "--json"]).output)
+    assert [(q["queue"], q["pending"], q["reason"]) for q in listed] == [
+        ("emails", 1, "relay"), ("reports", 0, None),
+    ]  # fmt: skip
+    assert "REASON" in runner.invoke(cli, ["--url", url, "queues"]).output
+    resumed = runner.invoke(cli, ["--url", url, "queues", "resume", "emails"])
+    assert resumed.output == "resumed emails\n"
+    assert runner.invoke(cli, ["--url", url, "queues", "resume", "emails"]).output == (
+        "emails was not paused\n"
+    )
+    refused = runner.invoke(cli, ["--url", url, "queues", "pause", "q" * 300])
+    assert refused.exit_code == 2 and "at most 255" in refused.output
+    assert sorted(store.paused_queues()) == ["reports"]

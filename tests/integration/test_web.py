@@ -621,6 +621,21 @@ def test_the_queues_page_and_its_purge(store: JobStore) -> None:
     assert store.result("waiting") is None
 
 
+def test_a_queue_is_paused_and_resumed_from_the_queues_page(store: JobStore) -> None:
+    app = Dashboard(store)
+    assert ">pause<" in call(app, "/queues").body
+    asked = post(app, "/queues/pause", queue="slow", reason="<b>relay</b> down")
+    assert asked.status == 200 and "pause queue slow" in asked.body  # asks first
+    assert store.paused_queues() == {}
+    done = post(app, "/queues/pause", queue="slow", reason="<b>relay</b> down", confirmed="yes")
+    assert done.status == 303 and store.paused_queues()["slow"].reason == "<b>relay</b> down"
+    page = call(app, "/queues").body
+    assert "&lt;b&gt;relay&lt;/b&gt; down" in page and ">resume<" in page
+    assert post(app, "/queues/pause", queue="x" * 300, confirmed="yes").status == 400
+    assert post(app, "/queues/resume", queue="slow").status == 303  # resuming asks nothing
+    assert store.paused_queues() == {}
+
+
 def test_the_tasks_pages_chart_what_ended(store: JobStore) -> None:
     app = Dashboard(store)
     tasks = call(app, "/tasks").body
