@@ -40,6 +40,9 @@ class PausedQueues:
             found = frozenset(self._store.paused_queues())
         except (StoreUnavailable, StoreBusy):
             return
+        except Exception:
+            logger.exception("ratchet: the paused queues were not read; keeping the last reading")
+            return
         self._read_at = now
         before, self.paused = self.paused, found
         stopped = [q for q in own if q in found and q not in before]

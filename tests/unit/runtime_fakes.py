@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from celery_ratchet.domain.job import ClaimedJob, NewJob, Settlement
+from celery_ratchet.domain.queue_pause import PausedQueue
 from celery_ratchet.domain.recovery import OrphanRecovery
 from celery_ratchet.errors import StoreUnavailable
 from tests.helpers import new_job
@@ -107,6 +108,9 @@ class FakeStore:
         batch = list(settlements)
         self.settled.extend(batch)
         return len(batch)
+
+    def paused_queues(self) -> dict[str, PausedQueue]:
+        return {}
 
     def next_due_in(self, queues: Sequence[str]) -> float | None:
         self._call("next_due_in")

@@ -14,6 +14,7 @@ from celery_ratchet.celery.results.backend import exception_record
 from celery_ratchet.errors import (
     CompressedPayloadTooLarge,
     DuplicateJob,
+    InvalidArgument,
     InvalidJob,
     MessageTooLarge,
     PayloadTooLarge,
@@ -33,6 +34,7 @@ ERRORS = {
     "compressed": CompressedPayloadTooLarge("shop.charge", 64 * 64 * 1024, 64),
     "serializer": SerializerNotAllowed("pickle"),
     "invalid": InvalidJob("queue", "queue name is over 200 characters"),
+    "argument": InvalidArgument("queue", "the queue is 300 characters long; at most 255 are kept"),
     "predicate": PredicateNotAllowed("os:system"),
     "stream": StreamAbandoned("batch-1", 30.0),
     "plain": RatchetError("the store said no"),
