@@ -176,10 +176,11 @@ class Admin:
                 return 0, None
             params = [{"p_job_id": r.job_id, "p_headers": rewrite_headers(r.headers)} for r in rows]
             with transaction(conn):
-                changed = self._requeue_each(conn, requeue, params)
-                # The chain steps its failure revoked wait for it again.
-                restore_downstream(conn, [r.job_id for r in rows])
-                self.db.announce_queues_of(conn, [r.job_id for r in rows])
+                changed, requeued = self._requeue_each(conn, requeue, params)
+                # The chain steps their failures revoked wait for them again; those of a
+                # job left FAILED stay revoked.
+                restore_downstream(conn, requeued)
+                self.db.announce_queues_of(conn, requeued)
             return changed, rows[-1].id
 
         done, after = 0, 0
@@ -191,20 +192,27 @@ class Admin:
                 return done
             done, after = done + changed, last
 
-    def _requeue_each(self, conn: Connection, requeue: Any, params: list[dict[str, Any]]) -> int:
+    def _requeue_each(
+        self, conn: Connection, requeue: Any, params: list[dict[str, Any]]
+    ) -> tuple[int, list[str]]:
         """Requeue FAILED rows in one statement; when one's business key is held by an active
-        job meanwhile, one by one, leaving those FAILED (two active jobs of a key may not be)."""
+        job meanwhile, one by one, leaving those FAILED (two active jobs of a key may not be).
+        Returns how many were requeued, and the ids of those not left FAILED for their key."""
         try:
             with savepoint(conn, "ratchet_requeue"):
-                return int(conn.execute(requeue, params).rowcount)
+                changed = int(conn.execute(requeue, params).rowcount)
+                return changed, [p["p_job_id"] for p in params]
         except IntegrityError as exc:
             if not is_active_key_conflict(exc):
                 raise
         changed = 0
+        requeued: list[str] = []
         for p in params:
             try:
                 with savepoint(conn, "ratchet_requeue"):
-                    changed += conn.execute(requeue, p).rowcount
+                    if conn.execute(requeue, p).rowcount:
+                        changed += 1
+                        requeued.append(p["p_job_id"])
             except IntegrityError as exc:
                 if not is_active_key_conflict(exc):
                     raise
@@ -213,7 +221,7 @@ class Admin:
                     "holds its business key",
                     p["p_job_id"],
                 )
-        return changed
+        return changed, requeued
 
     def purge_failed(
         self,

@@ -459,3 +459,19 @@ def test_a_callers_connection_lost_in_its_transaction_says_the_transaction_ended
     assert raised.value.outcome_unknown is False
     assert key not in "".join(traceback.format_exception(raised.value))
     assert rows_with_key(store, key) == []
+
+
+def test_a_dead_letter_retry_that_leaves_a_job_failed_leaves_its_chain_revoked(
+    store: JobStore,
+) -> None:
+    """The chain steps a failed job's failure revoked wait for it again only when it is
+    requeued: one left FAILED (its key held meanwhile) keeps them revoked, as they were."""
+    step = dataclasses.replace(new_job("step"), depends_on="head")
+    store.enqueue_many([keyed("k", "head")], waiting=[step])
+    [head] = store.claim("n", ["celery"], 1)
+    store.settle([Settlement(head.job_id, head.token, JobStatus.FAILED)])
+    assert store.result("step").status is JobStatus.REVOKED  # type: ignore[union-attr]
+    store.enqueue(keyed("k", "holder"))
+    assert store.retry_failed() == 0
+    assert rows_with_key(store, "k") == [("head", "FAILED"), ("holder", "PENDING")]
+    assert store.result("step").status is JobStatus.REVOKED  # type: ignore[union-attr]

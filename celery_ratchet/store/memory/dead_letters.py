@@ -107,6 +107,7 @@ class DeadLetterRows:
             now = self.state.now()
             rows = self._failed(job_ids, task_name, queue)
             done = 0
+            requeued: list[str] = []
             for row in rows:
                 if self.state.key_holder(t, row.business_key) not in (None, row.job_id):
                     logger.warning(
@@ -121,9 +122,9 @@ class DeadLetterRows:
                 row.clear_claim()
                 row.clear_result()
                 done += 1
-            ids = [r.job_id for r in rows]
-            self.state.restore_downstream(t, ids)
-            self.state.announce_queues_of(ids)
+                requeued.append(row.job_id)
+            self.state.restore_downstream(t, requeued)
+            self.state.announce_queues_of(requeued)
             return done
 
     def purge_failed(
