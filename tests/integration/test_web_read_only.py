@@ -72,7 +72,8 @@ def read_only_dashboard(store: JobStore) -> Dashboard:
 ACTIONS = (
     "/jobs/cancel", "/jobs/terminate", "/dlq/retry", "/dlq/retry-task", "/dlq/purge",
     "/schedules/pause", "/schedules/resume", "/schedules/run", "/schedules/remove",
-    "/queues/purge", "/nodes/pool-grow", "/nodes/pool-shrink", "/nodes/autoscale",
+    "/queues/purge", "/queues/pause", "/queues/resume", "/nodes/pool-grow", "/nodes/pool-shrink",
+    "/nodes/autoscale",
     "/nodes/add-consumer", "/nodes/cancel-consumer", "/nodes/shutdown", "/tasks/rate-limit",
     "/tasks/time-limit",
 )  # fmt: skip
