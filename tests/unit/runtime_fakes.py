@@ -21,9 +21,9 @@ START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 class FakeClock:
     """Time moves only when the test says (or a part sleeps, which moves it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, start: datetime = START) -> None:
         self.mono = 1000.0
-        self.wall = START
+        self.wall = start
 
     def monotonic(self) -> float:
         return self.mono

@@ -20,6 +20,7 @@ from celery_ratchet.runtime.worker import WorkerRuntime
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.memory import MemoryStore
 from tests.helpers import new_job
+from tests.unit.runtime_fakes import FakeClock
 
 START = datetime(2026, 6, 1, 12, 0, 0, 500000, tzinfo=timezone.utc)
 HEARTBEAT = 2.0
@@ -31,27 +32,6 @@ SETTINGS = RatchetSettings(
     node_orphan_grace_seconds=GRACE,
     orphan_scan_interval_seconds=3.0,
 )
-
-
-class Clock:
-    """The nodes' clock and the store's: time moves only when the test says."""
-
-    def __init__(self) -> None:
-        self.mono = 1000.0
-        self.wall = START
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def now(self) -> datetime:
-        return self.wall
-
-    def sleep(self, seconds: float) -> None:
-        self.advance(seconds)
-
-    def advance(self, seconds: float) -> None:
-        self.mono += seconds
-        self.wall += timedelta(seconds=seconds)
 
 
 class Executor:
@@ -72,7 +52,7 @@ def _occurrence(master: ClaimedJob, spec: MasterSpec, fire: datetime) -> NewJob:
     return new_job(recurring.occurrence_id(master.job_id, fire), task="tests.tick")
 
 
-def node(store: MemoryStore, clock: Clock, node_id: str) -> tuple[WorkerRuntime, Executor]:
+def node(store: MemoryStore, clock: FakeClock, node_id: str) -> tuple[WorkerRuntime, Executor]:
     """A node's runtime, none of its threads started: the test runs each step."""
     executor = Executor()
     rt = WorkerRuntime(
@@ -105,7 +85,7 @@ def _status(store: MemoryStore, job_id: str) -> JobStatus | str:
 
 
 def test_a_node_whose_heartbeat_stands_still_loses_its_jobs_to_the_node_watching_it() -> None:
-    clock = Clock()
+    clock = FakeClock(START)
     store = MemoryStore(clock.now)
     dead, dead_ran = node(store, clock, "dead")
     judge, judge_ran = node(store, clock, "judge")
@@ -145,7 +125,7 @@ def test_a_node_whose_heartbeat_stands_still_loses_its_jobs_to_the_node_watching
 def test_a_heartbeat_that_moves_before_the_scan_saves_its_node() -> None:
     """After an outage every heartbeat is old by the store's clock: a node that beats again
     before the scan is not declared dead, whatever the scanner saw before."""
-    clock = Clock()
+    clock = FakeClock(START)
     store = MemoryStore(clock.now)
     store.register_node("holder", "h", 1, ["celery"], 1)
     store.enqueue(new_job("kept"))
@@ -159,7 +139,7 @@ def test_a_heartbeat_that_moves_before_the_scan_saves_its_node() -> None:
 
 
 def test_a_heartbeat_exactly_the_grace_old_declares_no_one_dead() -> None:
-    clock = Clock()
+    clock = FakeClock(START)
     store = MemoryStore(clock.now)
     store.register_node("quiet", "h", 1, ["celery"], 1)
     observed = store.node_heartbeats()
@@ -170,7 +150,7 @@ def test_a_heartbeat_exactly_the_grace_old_declares_no_one_dead() -> None:
 
 
 def test_a_job_whose_nodes_keep_dying_under_it_is_dead_lettered() -> None:
-    clock = Clock()
+    clock = FakeClock(START)
     store = MemoryStore(clock.now)
     store.enqueue(new_job("poison"))
     for life in range(3):  # three nodes in turn die holding it
@@ -195,7 +175,7 @@ def _occurrences(store: MemoryStore) -> list[str]:
 
 
 def test_a_schedule_fires_once_per_fire_time_across_two_nodes_sharing_the_store() -> None:
-    clock = Clock()
+    clock = FakeClock(START)
     store = MemoryStore(clock.now)
     template = new_job("template", task="tests.tick")
     recurring.register(store, "tick", MasterSpec("every:60"), task_name="tests.tick",
@@ -237,7 +217,7 @@ def test_a_schedule_fires_once_per_fire_time_across_two_nodes_sharing_the_store(
 
 
 def test_a_node_that_lost_its_masters_claim_fires_nothing() -> None:
-    clock = Clock()
+    clock = FakeClock(START)
     store = MemoryStore(clock.now)
     template = new_job("template", task="tests.tick")
     recurring.register(store, "tick", MasterSpec("every:60"), task_name="tests.tick",
@@ -259,7 +239,7 @@ def test_a_node_that_lost_its_masters_claim_fires_nothing() -> None:
 
 
 def test_a_retry_is_claimed_once_its_backoff_is_over_by_the_stores_clock() -> None:
-    clock = Clock()
+    clock = FakeClock(START)
     store = MemoryStore(clock.now)
     rt, ran = node(store, clock, "n")
     rt.heartbeat.register()
@@ -300,7 +280,7 @@ def test_a_retry_is_claimed_once_its_backoff_is_over_by_the_stores_clock() -> No
 
 
 def test_a_dead_letter_window_is_alerted_once_by_two_nodes() -> None:
-    clock = Clock()
+    clock = FakeClock(START)
     store = MemoryStore(clock.now, dlq_alert_task="ratchet.alert")
     made: list[tuple[str, dict[str, Any]]] = []
 
