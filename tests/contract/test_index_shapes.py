@@ -3,6 +3,7 @@ earlier version made whole is a note, an invalid one (a failed concurrent build)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,14 +20,16 @@ from tests.conftest import Servers
 def private_store(
     request: pytest.FixtureRequest, servers: Servers, tmp_path: Path
 ) -> Iterator[JobStore]:
-    """A store on a database of its own: its indexes are changed here."""
+    """A store on a database of its own: its indexes are changed here. Named for this
+    process, so that two runs at once on one server do not drop each other's."""
+    database = f"ratchet_index_shapes_{os.getpid()}"
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'indexes.db'}"
     else:
         base = servers.url("postgresql")
-        url = base.rsplit("/", 1)[0] + "/ratchet_index_shapes"
-        _admin(base, "DROP DATABASE IF EXISTS ratchet_index_shapes")
-        _admin(base, "CREATE DATABASE ratchet_index_shapes")
+        url = base.rsplit("/", 1)[0] + f"/{database}"
+        _admin(base, f"DROP DATABASE IF EXISTS {database}")
+        _admin(base, f"CREATE DATABASE {database}")
     store = JobStore(url)
     store.ensure_schema()
     try:
@@ -34,7 +37,7 @@ def private_store(
     finally:
         store.engine.dispose()
         if request.param != "sqlite":
-            _admin(servers.url("postgresql"), "DROP DATABASE IF EXISTS ratchet_index_shapes")
+            _admin(servers.url("postgresql"), f"DROP DATABASE IF EXISTS {database}")
 
 
 def _admin(url: str, sql: str) -> None:
