@@ -35,6 +35,7 @@ from celery_ratchet.store.db_clock import db_now, db_now_minus, seconds_between
 from celery_ratchet.store.job_rows import JOBS_ONLY, RAN_TO_AN_END, job
 from celery_ratchet.store.schema import (
     scheduler_node,
+    scheduler_queue_pause,
     scheduler_resource,
     scheduler_resource_permit,
 )
@@ -84,6 +85,8 @@ class MetricsSnapshot:
     oldest_due_age: dict[str, float]
     #: queue → FAILED jobs kept.
     dead_letters: dict[str, int]
+    #: queue → seconds since it was paused (``ratchet queues pause``).
+    paused: dict[str, float]
     nodes: list[NodeReading]
     #: node id → jobs RUNNING under it (a node gone from the table included).
     running_by_node: dict[str, int]
@@ -143,6 +146,7 @@ class MetricsReads:
                 due=due,
                 oldest_due_age=oldest,
                 dead_letters=_dead_letters(conn),
+                paused=_paused(conn, now),
                 nodes=_nodes(conn, now),
                 running_by_node=running_by_node,
                 resources=_resources(conn),
@@ -244,6 +248,14 @@ def _nodes(conn: Connection, now: datetime) -> list[NodeReading]:
         NodeReading(node_id, host, int(concurrency), max(0.0, (now - beat).total_seconds()))
         for node_id, host, concurrency, beat in conn.execute(stmt.order_by(n.c.node_id))
     ]
+
+
+def _paused(conn: Connection, now: datetime) -> dict[str, float]:
+    pause = scheduler_queue_pause
+    return {
+        queue: max(0.0, (now - paused_at).total_seconds())
+        for queue, paused_at in conn.execute(select(pause.c.queue, pause.c.paused_at))
+    }
 
 
 def _resources(conn: Connection) -> dict[str, tuple[int | None, int]]:

@@ -100,6 +100,12 @@ class StoreCollector:
             ["queue"],
             (((q,), n) for q, n in reading.dead_letters.items()),
         )
+        yield _gauge(
+            "ratchet_queue_paused_seconds",
+            "Seconds since each paused queue was paused (ratchet queues pause); absent: running.",
+            ["queue"],
+            (((q,), age) for q, age in reading.paused.items()),
+        )
 
     def _nodes(self, reading: MetricsSnapshot) -> Iterator[Metric]:
         alive = [n for n in reading.nodes if n.heartbeat_age <= self.node_grace_seconds]

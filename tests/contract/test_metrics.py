@@ -138,6 +138,7 @@ def known(store: JobStore) -> JobStore:
             message=new_job("t").message,
         )
     recurring.pause(store, "weekly")
+    store.pause_queue("slow", "relay down")
     _set(store, recurring.master_id("hourly"), scheduled_time=now - timedelta(seconds=45))
     return store
 
@@ -161,6 +162,8 @@ def test_metrics_are_read_back_by_prometheus_own_parser(known: JobStore) -> None
 
     assert value(samples, "ratchet_dead_letters", queue="celery") == 2
     assert value(samples, "ratchet_dead_letters", queue="slow") == 1
+    assert 0 <= value(samples, "ratchet_queue_paused_seconds", queue="slow") < 600
+    assert ("ratchet_queue_paused_seconds", frozenset({("queue", "celery")})) not in samples
 
     assert value(samples, "ratchet_nodes_alive") == 2
     assert value(samples, "ratchet_node_up", node="node-1", hostname="host-a") == 1
