@@ -15,7 +15,7 @@ import functools
 import uuid
 from typing import Any
 
-from sqlalchemy import bindparam, type_coerce, update
+from sqlalchemy import bindparam, exists, select, type_coerce, update
 from sqlalchemy.engine import Connection
 
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, NewJob
@@ -27,7 +27,7 @@ from celery_ratchet.store.engine import transaction
 from celery_ratchet.store.job_rows import job, job_params, new_job_values
 from celery_ratchet.store.raw import RawStatement, raw_statement
 from celery_ratchet.store.row_writer import RowWriter
-from celery_ratchet.store.schema import UTCDateTime
+from celery_ratchet.store.schema import UTCDateTime, scheduler_queue_pause
 from celery_ratchet.store.settle import Claims
 
 
@@ -93,6 +93,13 @@ class StepHandoff:
                 job.c.job_id == bindparam("p_job_id"),
                 job.c.status == JobStatus.WAITING.value,
                 job.c.resource.is_(None),
+                # A step of a paused queue is released as usual, to wait there: read in the
+                # hand-over itself, a pause the node has not seen yet holds.
+                ~exists(
+                    select(scheduler_queue_pause.c.queue).where(
+                        scheduler_queue_pause.c.queue == bindparam("p_queue")
+                    )
+                ),
             )
             .values(**self._handoff_values())
         )

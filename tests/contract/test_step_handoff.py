@@ -68,3 +68,15 @@ def test_a_step_that_needs_a_permit_a_due_time_or_a_key_is_left_to_the_usual_rel
     for changed in ({"resource": "gpu"}, {"due": later}, {"business_key": "k"}):
         assert store.release_step_to(sent_by("p2", "p1", **changed), "node-a") is None
     assert store.result("p2").status is JobStatus.WAITING  # type: ignore[union-attr]
+
+
+def test_a_step_of_a_paused_queue_is_left_to_the_usual_release_to_wait_there(
+    store: JobStore,
+) -> None:
+    """Read in the hand-over itself: a pause its node has not seen yet holds too."""
+    store.enqueue_many([new_job("q1")], [step("q2", "q1")])
+    store.pause_queue("celery")
+    assert store.release_step_to(sent_by("q2", "q1"), "node-a") is None
+    assert store.result("q2").status is JobStatus.WAITING  # type: ignore[union-attr]
+    store.resume_queue("celery")
+    assert store.release_step_to(sent_by("q2", "q1"), "node-a") is not None
