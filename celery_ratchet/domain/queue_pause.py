@@ -37,6 +37,12 @@ def checked_name(queue: object) -> str:
             f"{SCHEDULES_QUEUE} holds the recurring schedules, not jobs: pause a schedule "
             "with `ratchet schedules pause KEY`",
         )
+    if queue != queue.strip():
+        raise InvalidArgument(
+            "queue",
+            "the queue name starts or ends with white space, which no worker's queue does "
+            "(MariaDB would also take it for the name without it)",
+        )
     return _checked("queue", queue, NAME_LIMIT)
 
 
@@ -51,6 +57,12 @@ def checked_reason(reason: object) -> str | None:
 def _checked(field: str, value: str, limit: int) -> str:
     if "\x00" in value:
         raise InvalidArgument(field, f"the {field} holds a NUL character, which no database keeps")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(
+            field, f"the {field} holds a lone surrogate, which is no text a database keeps"
+        ) from None
     if len(value) > limit:
         raise InvalidArgument(
             field, f"the {field} is {len(value)} characters long; at most {limit} are kept"

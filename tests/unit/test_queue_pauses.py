@@ -9,8 +9,8 @@ from datetime import datetime, timezone
 import pytest
 
 from celery_ratchet.domain.job import SCHEDULES_QUEUE
-from celery_ratchet.domain.queue_pause import PausedQueue, checked_name, claimable
-from celery_ratchet.errors import InvalidArgument, StoreUnavailable
+from celery_ratchet.domain.queue_pause import PausedQueue, checked_name, checked_reason, claimable
+from celery_ratchet.errors import InvalidArgument, StorePermissionDenied, StoreUnavailable
 from celery_ratchet.runtime.queue_pauses import PausedQueues
 
 AT = datetime(2026, 12, 6, tzinfo=timezone.utc)
@@ -96,3 +96,54 @@ def test_an_outage_keeps_the_last_reading_and_reads_at_the_next_claim() -> None:
 def test_the_schedules_queue_is_not_a_queue_to_pause() -> None:
     with pytest.raises(InvalidArgument, match="ratchet schedules pause"):
         checked_name(SCHEDULES_QUEUE)
+
+
+class Refusing(Store):
+    """A role without SELECT on the pause table."""
+
+    def paused_queues(self) -> dict[str, PausedQueue]:
+        self.reads += 1
+        raise StorePermissionDenied("permission denied for table scheduler_queue_pause")
+
+
+def test_before_a_first_reading_nothing_is_claimed_and_a_refusal_is_said_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store, clock = Refusing(), Clock()
+    pauses = PausedQueues(store, clock, max_age=1.0)
+    caplog.set_level(logging.INFO, "celery_ratchet.runtime.queue_pauses")
+    for _ in range(30):
+        pauses.refresh(["emails"])
+        assert pauses.claimable(["emails"]) == [] and pauses.holds_any_of(["emails"])
+        clock.t += 2
+    assert store.reads == 30
+    # Once a minute: 60 s of the 30 refusals, 2 s apart.
+    assert [r.getMessage() for r in caplog.records] == [
+        "ratchet: the paused queues were not read: permission denied for table "
+        "scheduler_queue_pause"
+    ]
+
+
+def test_a_first_reading_says_which_own_queues_are_paused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store, clock = Store(), Clock()
+    store.paused = {"emails"}
+    caplog.set_level(logging.INFO, "celery_ratchet.runtime.queue_pauses")
+    pauses = PausedQueues(store, clock, max_age=1.0)
+    pauses.refresh(["emails", "celery"])
+    assert [r.getMessage() for r in caplog.records] == [
+        "ratchet: paused, not claiming from: emails"
+    ]
+
+
+@pytest.mark.parametrize("name", ["emails ", " emails", "emails\t", "bad\ud800"])
+def test_names_no_worker_claims_from_are_refused(name: str) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        checked_name(name)
+    assert refused.value.field == "queue"
+
+
+def test_a_reason_with_a_lone_surrogate_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="surrogate"):
+        checked_reason("relay \udc00 down")
