@@ -78,6 +78,10 @@ logger = logging.getLogger(__name__)
 _PURGE_CHUNK = 1000
 
 
+class _NotEveryRow(Exception):
+    """Rolls a requeue of a page back to its savepoint, to requeue it row by row."""
+
+
 class Admin:
     """What operators ask: the dead-letter queue, archiving, job logs, listings and counts."""
 
@@ -200,8 +204,13 @@ class Admin:
         Returns how many were requeued, and the ids of those not left FAILED for their key."""
         try:
             with savepoint(conn, "ratchet_requeue"):
-                changed = int(conn.execute(requeue, params).rowcount)
-                return changed, [p["p_job_id"] for p in params]
+                if int(conn.execute(requeue, params).rowcount) == len(params):
+                    return len(params), [p["p_job_id"] for p in params]
+                # One was no longer FAILED (purged or retried since the page was read):
+                # one by one, to know which were requeued.
+                raise _NotEveryRow
+        except _NotEveryRow:
+            pass
         except IntegrityError as exc:
             if not is_active_key_conflict(exc):
                 raise

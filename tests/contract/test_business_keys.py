@@ -9,7 +9,7 @@ import logging
 import threading
 import traceback
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -474,4 +474,25 @@ def test_a_dead_letter_retry_that_leaves_a_job_failed_leaves_its_chain_revoked(
     store.enqueue(keyed("k", "holder"))
     assert store.retry_failed() == 0
     assert rows_with_key(store, "k") == [("head", "FAILED"), ("holder", "PENDING")]
+    assert store.result("step").status is JobStatus.REVOKED  # type: ignore[union-attr]
+
+
+def test_a_job_purged_while_its_dead_letter_retry_reads_it_leaves_its_chain_revoked(
+    store: JobStore, open_store: Callable[[], JobStore]
+) -> None:
+    """The page of failed jobs is read before the requeue's transaction: one purged by
+    another client in between is not requeued, and its chain steps stay revoked."""
+    step = dataclasses.replace(new_job("step"), depends_on="head")
+    store.enqueue_many([new_job("head"), new_job("other")], waiting=[step])
+    for claimed in store.claim("n", ["celery"], 2):
+        store.settle([Settlement(claimed.job_id, claimed.token, JobStatus.FAILED)])
+    other_client = open_store()
+
+    def purged_meanwhile(headers: str) -> str:
+        other_client.purge_failed(["head"])
+        return headers
+
+    assert store.retry_failed(rewrite_headers=purged_meanwhile) == 1
+    assert store.result("head") is None
+    assert store.result("other").status is JobStatus.PENDING  # type: ignore[union-attr]
     assert store.result("step").status is JobStatus.REVOKED  # type: ignore[union-attr]
