@@ -29,9 +29,11 @@ from sqlalchemy import (
     union_all,
 )
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from celery_ratchet.domain.job import SCHEDULES_QUEUE, JobStatus
 from celery_ratchet.store.db_clock import db_now, db_now_minus, seconds_between
+from celery_ratchet.store.db_errors import is_missing_table
 from celery_ratchet.store.job_rows import JOBS_ONLY, RAN_TO_AN_END, job
 from celery_ratchet.store.schema import (
     scheduler_node,
@@ -140,13 +142,14 @@ class MetricsReads:
             schedules_late = due.pop(SCHEDULES_QUEUE, 0)
             oldest.pop(SCHEDULES_QUEUE, None)
             waits, runs, sampled = _durations(conn, window_seconds, limit, bounds)
+            paused = _paused(conn, now)
             return MetricsSnapshot(
                 read_at=now,
                 jobs=jobs,
                 due=due,
                 oldest_due_age=oldest,
                 dead_letters=_dead_letters(conn),
-                paused=_paused(conn, now),
+                paused=paused,
                 nodes=_nodes(conn, now),
                 running_by_node=running_by_node,
                 resources=_resources(conn),
@@ -251,11 +254,16 @@ def _nodes(conn: Connection, now: datetime) -> list[NodeReading]:
 
 
 def _paused(conn: Connection, now: datetime) -> dict[str, float]:
+    """Seconds since each paused queue was paused; none on tables of a version before
+    pauses (the scrape's statements run each in a transaction of its own)."""
     pause = scheduler_queue_pause
-    return {
-        queue: max(0.0, (now - paused_at).total_seconds())
-        for queue, paused_at in conn.execute(select(pause.c.queue, pause.c.paused_at))
-    }
+    try:
+        rows = conn.execute(select(pause.c.queue, pause.c.paused_at)).all()
+    except DBAPIError as exc:
+        if not is_missing_table(exc):
+            raise
+        return {}
+    return {queue: max(0.0, (now - paused_at).total_seconds()) for queue, paused_at in rows}
 
 
 def _resources(conn: Connection) -> dict[str, tuple[int | None, int]]:

@@ -7,6 +7,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from celery_ratchet.domain.queue_pause import PausedQueue, checked_name, checked_reason
+from celery_ratchet.errors import SchemaMissing
 from celery_ratchet.store.database import Database
 from celery_ratchet.store.db_clock import db_now
 from celery_ratchet.store.schema import scheduler_queue_pause as pause
@@ -49,10 +50,14 @@ class QueuePauses:
         return self._db.run(work, "the queue was not resumed")
 
     def paused(self) -> dict[str, PausedQueue]:
-        """Every paused queue, by name."""
+        """Every paused queue, by name; none on tables of a version before pauses (where
+        :meth:`pause` says to bring them up to date)."""
 
         def work(conn: Connection) -> dict[str, PausedQueue]:
             rows = conn.execute(_PAUSED)
             return {r.queue: PausedQueue(r.queue, r.paused_at, r.reason) for r in rows}
 
-        return self._db.run(work, "the paused queues were not read")
+        try:
+            return self._db.run(work, "the paused queues were not read")
+        except SchemaMissing:
+            return {}

@@ -55,6 +55,8 @@ JOBSTORE_ONLY: dict[str, str] = {
     "test_business_keys.py::test_duplicate_active_keys_of_an_older_version_do_not_stop_a_"
     "process_starting": _INDEX,
     "test_business_keys.py::test_a_missing_index_is_a_clear_error_not_a_driver_error": _INDEX,
+    "test_queue_pauses.py::test_tables_of_a_version_before_pauses_have_none_and_say_how_"
+    "to_add_them": "schema",
     "test_business_keys.py::test_a_job_purged_while_its_dead_letter_retry_reads_it_leaves_"
     "its_chain_revoked": "memory reads and requeues under one lock: no purge comes between",
     "test_business_keys.py::test_a_held_key_inside_a_callers_transaction_leaves_it_"

@@ -6,9 +6,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from sqlalchemy import text
 
-from celery_ratchet.errors import InvalidArgument
+from celery_ratchet.errors import InvalidArgument, SchemaMissing
 from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.metrics_reads import MetricsReads
+from celery_ratchet.store.schema import scheduler_queue_pause
 
 
 def test_a_pause_is_kept_until_resumed(store: JobStore) -> None:
@@ -61,3 +64,19 @@ def test_the_longest_name_and_reason_and_any_script_are_kept(store: JobStore) ->
     kept = store.paused_queues()[name]
     assert kept.reason == reason
     assert store.resume_queue(name)
+
+
+def test_tables_of_a_version_before_pauses_have_none_and_say_how_to_add_them(
+    store: JobStore,
+) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(text("DROP TABLE scheduler_queue_pause"))
+    try:
+        assert store.paused_queues() == {}
+        reading = MetricsReads(store).read(window_seconds=60, limit=10, bounds=(1.0,))
+        assert reading.paused == {}
+        with pytest.raises(SchemaMissing, match="schema apply"):
+            store.pause_queue("emails")
+    finally:
+        with store.engine.begin() as conn:
+            scheduler_queue_pause.create(conn)
