@@ -79,11 +79,17 @@ class Reachability:
             self._down_since = time.monotonic()
         logger.log(self.level, "ratchet: the job store is unreachable: %s", exc)
 
-    def succeeded(self) -> None:
+    def succeeded(self, started: float) -> None:
+        """A statement begun at ``started`` (monotonic) answered. One begun before the
+        outage was seen says nothing of its end: it may have answered just as the server
+        went away, while another thread's failed."""
         if self._down_since is None:  # read without the lock: the common case stays cheap
             return
         with self._lock:
-            since, self._down_since = self._down_since, None
+            since = self._down_since
+            if since is None or started < since:
+                return
+            self._down_since = None
         if since is not None:
             logger.log(
                 self.level,
@@ -215,6 +221,7 @@ class Database:
         more times (``conflict_retries``) after a deadlock or a lock wait that ran out;
         :class:`StoreUnavailable` when the database is gone. ``connect``: where the
         connection comes from (default: a SQLAlchemy Connection)."""
+        started = time.monotonic()
         try:
             done = self._attempt_once(work, what, connect or self.engine.connect, conflict_retries)
         except StorePermissionDenied:
@@ -222,7 +229,7 @@ class Database:
         except StoreUnavailable as exc:
             self.reachability.failed(exc)
             raise
-        self.reachability.succeeded()
+        self.reachability.succeeded(started)
         return done
 
     def _attempt_once(
