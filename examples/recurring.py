@@ -28,6 +28,10 @@ def tick(self) -> None:  # type: ignore[no-untyped-def]
         out.write(f"{self.request.eta}\n")  # the fire time this run belongs to
 
 
+def _fired() -> int:
+    return len(TICKS.read_text().split()) if TICKS.exists() else 0
+
+
 def main() -> None:
     here = Path(__file__).resolve().parent
     TICKS.unlink(missing_ok=True)
@@ -37,7 +41,10 @@ def main() -> None:
                "-P", "threads", "-c", "2", "-l", "warning"]  # fmt: skip
     workers = [subprocess.Popen([*command, "-n", f"w{i}@%h"], env=env) for i in (1, 2)]
     try:
-        time.sleep(9)
+        # Until a few ticks have run (workers take a moment to start on a busy machine).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _fired() < 4:
+            time.sleep(0.2)
     finally:
         for worker in workers:
             worker.terminate()
