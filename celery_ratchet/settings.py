@@ -336,7 +336,7 @@ class RatchetSettings:
                 f"ratchet_max_overflow ({self.max_overflow}) at least 0"
             )
         for name, value in positive.items():
-            if value <= 0:
+            if not value > 0:  # NaN too: it compares false with everything
                 raise ConfigurationError(f"ratchet_{name} must be positive, got {value!r}")
         try:
             CronExpression(self.job_archiver_cron)

@@ -45,6 +45,8 @@ def test_seconds_win_over_minutes_for_the_orphan_scan() -> None:
         ({"RATCHET_POLL_INTERVAL": "soon"}, "RATCHET_POLL_INTERVAL = 'soon'"),
         ({"RATCHET_ALLOW_PICKLE": "perhaps"}, "expected true/false"),
         ({"RATCHET_MAX_PAYLOAD_KB": "0"}, "ratchet_max_payload_kb must be positive"),
+        ({"RATCHET_QUEUE_PAUSE_CHECK_SECONDS": "nan"}, "ratchet_queue_pause_check_seconds must be"),
+        ({"RATCHET_POLL_INTERVAL": "NaN"}, "ratchet_poll_interval must be positive"),
         ({"RATCHET_DEFAULT_PRIORITY": "12"}, "within 0-9"),
         ({"RATCHET_NODE_ORPHAN_GRACE_SECONDS": "5"}, "must exceed"),
     ],
