@@ -8,6 +8,7 @@ store/schema.py); how connections are made stays with the engine (store/engine.p
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any, ClassVar
 
@@ -102,6 +103,12 @@ class Dialect:
         """Whether many rows can be written with COPY on ``conn``, as given."""
         return False
 
+    def end_if_idle(self, conn: Connection, seconds: float) -> None:
+        """Have the server end the transaction open on ``conn`` (and the connection) once it
+        sits idle for ``seconds``: a client stopped inside it (Ctrl-Z, a frozen VM) releases
+        its row locks instead of holding them until its connection dies. Nothing where the
+        server has no such limit (MySQL) or no other writer waits (SQLite)."""
+
 
 class PostgreSQL(Dialect):
     name = "postgresql"
@@ -124,6 +131,10 @@ class PostgreSQL(Dialect):
         info = getattr(conn.connection.dbapi_connection, "info", None)
         return info is not None and info.parameter_status("standard_conforming_strings") == "on"
 
+    def end_if_idle(self, conn: Connection, seconds: float) -> None:
+        ms = max(1, round(seconds * 1000))
+        conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {ms}")
+
 
 class MySQL(Dialect):
     """MySQL 8 and MariaDB 10.6+."""
@@ -144,6 +155,11 @@ class MySQL(Dialect):
 
     def claim_strategy(self) -> ClaimStrategy:
         return MySQLClaim(self.now())
+
+    def end_if_idle(self, conn: Connection, seconds: float) -> None:
+        if getattr(conn.dialect, "is_mariadb", False):  # a session's setting: it stays
+            whole = max(1, math.ceil(seconds))
+            conn.exec_driver_sql(f"SET SESSION idle_transaction_timeout = {whole}")
 
 
 class SQLite(Dialect):

@@ -565,7 +565,8 @@ def savepoint(conn: Connection, name: str = "ratchet_row") -> Iterator[None]:
     try:
         yield
     except BaseException:
-        conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {name}")
+        if not conn.invalidated:  # a connection lost: its transaction is gone, the error stands
+            conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {name}")
         raise
     conn.exec_driver_sql(f"RELEASE SAVEPOINT {name}")
 

@@ -104,6 +104,12 @@ class _Taken:
     maybe_ours: bool
 
 
+#: A move from a broker left idle this long inside its transaction is ended by the server. A
+#: run stopped there (Ctrl-Z) would hold the new ids' rows locked, and a run taking over
+#: its messages would wait on them; a healthy move is never idle for a second.
+MOVE_IDLE_LIMIT = 5.0
+
+
 class Enqueue:
     """Writing jobs: plain, keyed, in a caller's transaction, chains stored ahead; a
     running job replaced by its retry. ``rows``: the job INSERT (store/row_writer.py)."""
@@ -249,6 +255,7 @@ class Enqueue:
 
         def work(conn: Connection) -> set[str]:
             with transaction(conn):
+                self.dialect.end_if_idle(conn, MOVE_IDLE_LIMIT)
                 present = _present(conn, ids)
                 fresh = [(j, steps) for j, steps in moved if j.job_id not in present]
                 if fresh:

@@ -41,3 +41,26 @@ def test_a_savepoint_lost_to_anything_else_is_not() -> None:
     )
     assert not is_retryable_conflict(_chained(lost, refused))
     assert not is_retryable_conflict(lost)
+
+
+def test_an_error_inside_a_savepoint_on_a_lost_connection_is_the_error_raised() -> None:
+    """The connection cut inside a savepoint (a statement deadline, a server that ended it):
+    rolling back to the savepoint is not tried, so the caller sees the error that cut it, a
+    lost connection its retry policy knows, not SQLAlchemy's PendingRollbackError (which
+    stopped a broker import run in CI instead of trying its work again)."""
+    import pytest
+    from sqlalchemy import create_engine
+
+    from celery_ratchet.store.engine import savepoint, transaction
+
+    cut = OperationalError("COPY", None, Exception("server closed the connection"))
+    engine = create_engine("sqlite://", isolation_level="AUTOCOMMIT")
+    with (
+        engine.connect() as conn,
+        pytest.raises(OperationalError) as raised,
+        transaction(conn),
+        savepoint(conn),
+    ):
+        conn.invalidate()
+        raise cut
+    assert raised.value is cut
