@@ -15,6 +15,12 @@ import celery_ratchet
 #: What ran, by key: filled by the tasks in the (in-process) worker.
 RUNS: dict[str, list[Any]] = defaultdict(list)
 _lock = threading.Lock()
+#: What ``t.held`` jobs wait for, by name: the test opens one to let its jobs end.
+GATES: dict[str, threading.Event] = defaultdict(threading.Event)
+
+
+def open_gate(gate: str) -> None:
+    GATES[gate].set()
 
 
 def record(key: str, value: Any) -> None:
@@ -86,6 +92,12 @@ def register(app: Celery) -> None:
     def sleep(seconds: float) -> float:
         time.sleep(seconds)
         return seconds
+
+    @app.task(name="t.held", shared=False)
+    def held(gate: str, seconds: float = 60.0) -> str:
+        """Runs until the test opens ``gate`` (:func:`open_gate`), ``seconds`` at most."""
+        GATES[gate].wait(seconds)
+        return gate
 
 
 def register_canvas(app: Celery) -> None:

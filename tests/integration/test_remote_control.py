@@ -4,6 +4,7 @@ answers with Celery's own handlers, in the shapes stock Celery replies with."""
 from __future__ import annotations
 
 import time
+import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -16,12 +17,13 @@ from celery_ratchet.errors import ControlCommandRefused
 from celery_ratchet.store.control import control_store
 from celery_ratchet.store.schema import scheduler_job
 from tests.helpers import wait_until
+from tests.integration.tasks import open_gate
 
 TIMEOUT = 30
 
 
 def _node(app: Celery) -> str:
-    replies = app.control.inspect(timeout=2).ping()
+    replies = app.control.inspect(timeout=10, limit=1).ping()
     assert replies, "no worker replied to ping"
     return next(iter(replies))
 
@@ -93,7 +95,8 @@ def test_scheduled_lists_a_job_waiting_for_its_eta_as_stock(worker_app: Celery) 
 
 def test_active_lists_a_running_job(worker_app: Celery) -> None:
     node = _node(worker_app)
-    result = worker_app.tasks["t.sleep"].delay(8)
+    gate = uuid.uuid4().hex
+    result = worker_app.tasks["t.held"].delay(gate)
     inspect = worker_app.control.inspect(timeout=1, destination=[node])
     found: list[Any] = []
 
@@ -102,12 +105,15 @@ def test_active_lists_a_running_job(worker_app: Celery) -> None:
         found[:] = [r for r in active.get(node, []) if r["id"] == result.id]
         return found
 
-    wait_until(running, TIMEOUT, "the job to show in inspect active")
-    (request,) = found
-    assert request["name"] == "t.sleep" and request["args"] == [8]
-    assert request["hostname"] == node
-    query = inspect.query_task(result.id)
-    assert query is not None and query[node][result.id][0] == "active"
+    try:
+        wait_until(running, TIMEOUT, "the job to show in inspect active")
+        (request,) = found
+        assert request["name"] == "t.held" and request["args"] == [gate]
+        assert request["hostname"] == node
+        query = inspect.query_task(result.id)
+        assert query is not None and query[node][result.id][0] == "active"
+    finally:
+        open_gate(gate)
     result.get(timeout=TIMEOUT)
 
 
@@ -116,8 +122,9 @@ def test_active_and_query_task_report_the_priority_the_message_carried(
 ) -> None:
     """Stock reports the sender's priority, 0 where it set none; not the row's default (4)."""
     node = _node(worker_app)
-    unset = worker_app.tasks["t.sleep"].delay(3)
-    given = worker_app.tasks["t.sleep"].apply_async((3,), priority=6)
+    gate = uuid.uuid4().hex
+    unset = worker_app.tasks["t.held"].delay(gate)
+    given = worker_app.tasks["t.held"].apply_async((gate,), priority=6)
     inspect = worker_app.control.inspect(timeout=1, destination=[node])
     found: dict[str, Any] = {}
 
@@ -126,9 +133,12 @@ def test_active_and_query_task_report_the_priority_the_message_carried(
             found[request["id"]] = request["delivery_info"]["priority"]
         return {unset.id, given.id} <= set(found)
 
-    wait_until(both_running, TIMEOUT, "both jobs to show in inspect active")
-    assert (found[unset.id], found[given.id]) == (0, 6)
-    query = inspect.query_task(unset.id, given.id) or {}
+    try:
+        wait_until(both_running, TIMEOUT, "both jobs to show in inspect active")
+        assert (found[unset.id], found[given.id]) == (0, 6)
+        query = inspect.query_task(unset.id, given.id) or {}
+    finally:
+        open_gate(gate)
     reported = {i: query[node][i][1]["delivery_info"]["priority"] for i in (unset.id, given.id)}
     assert reported == {unset.id: 0, given.id: 6}
     with ratchet_state(worker_app).store.engine.connect() as conn:
@@ -143,10 +153,10 @@ def test_active_and_query_task_report_the_priority_the_message_carried(
 def test_revoke_replies_and_is_listed_by_inspect_revoked(worker_app: Celery) -> None:
     node = _node(worker_app)
     result = worker_app.tasks["t.add"].apply_async((1, 2), countdown=600)
-    replies = worker_app.control.revoke(result.id, reply=True, timeout=2)
+    replies = worker_app.control.revoke(result.id, reply=True, timeout=2, destination=[node])
     assert replies == [{node: {"ok": f"tasks {{'{result.id}'}} flagged as revoked"}}]
     assert result.state == "REVOKED"
-    revoked = worker_app.control.inspect(timeout=2).revoked()
+    revoked = worker_app.control.inspect(timeout=2, destination=[node]).revoked()
     assert revoked is not None and result.id in revoked[node]
 
 
@@ -156,24 +166,26 @@ def test_control_commands_change_the_worker(worker_app: Celery) -> None:
     task = worker_app.tasks["t.add"]
     before = task.rate_limit
     try:
-        assert control.rate_limit("t.add", "10/m", reply=True, timeout=2) == [
+        assert control.rate_limit("t.add", "10/m", reply=True, timeout=2, destination=[node]) == [
             {node: {"ok": "new rate limit set successfully"}}
         ]
         assert task.rate_limit == "10/m"
-        assert control.rate_limit("t.nope", "1/s", reply=True, timeout=2) == [
+        assert control.rate_limit("t.nope", "1/s", reply=True, timeout=2, destination=[node]) == [
             {node: {"error": "unknown task"}}
         ]
     finally:
-        control.rate_limit("t.add", before, reply=True, timeout=2)
-    assert control.time_limit("t.add", soft=60, hard=120, reply=True, timeout=2) == [
-        {node: {"ok": "time limits set successfully"}}
-    ]
+        control.rate_limit("t.add", before, reply=True, timeout=2, destination=[node])
+    assert control.time_limit(
+        "t.add", soft=60, hard=120, reply=True, timeout=2, destination=[node]
+    ) == [{node: {"ok": "time limits set successfully"}}]
     assert (task.soft_time_limit, task.time_limit) == (60, 120)
 
 
 def test_unknown_command_replies_an_error_as_stock(worker_app: Celery) -> None:
     node = _node(worker_app)
-    replies = worker_app.control.broadcast("no_such_command", reply=True, timeout=2)
+    replies = worker_app.control.broadcast(
+        "no_such_command", reply=True, timeout=2, destination=[node]
+    )
     assert replies == [{node: {"error": "KeyError('no_such_command')"}}]
 
 
@@ -187,9 +199,9 @@ def test_destination_and_limit(worker_app: Celery) -> None:
 
 
 def test_replies_are_deleted_once_gathered(worker_app: Celery) -> None:
-    _node(worker_app)
+    node = _node(worker_app)
     control = control_store(ratchet_state(worker_app).store)
-    assert worker_app.control.inspect(timeout=1).ping()
+    assert worker_app.control.inspect(timeout=1, destination=[node]).ping()
     commands, replies = control.count()
     assert commands >= 1, "a command stays for workers until it expires"
     assert replies == 0, "the replies were deleted once gathered"
@@ -205,19 +217,19 @@ def test_add_and_cancel_consumer_change_the_queues_claimed_from(worker_app: Cele
     control = worker_app.control
     store = ratchet_state(worker_app).store
     waiting = worker_app.tasks["t.add"].apply_async((2, 3), queue="extra")
-    assert control.add_consumer("extra", reply=True, timeout=2) == [
+    assert control.add_consumer("extra", reply=True, timeout=2, destination=[node]) == [
         {node: {"ok": "add consumer extra"}}
     ]
     try:
         assert waiting.get(timeout=TIMEOUT) == 5
-        queues = control.inspect(timeout=1).active_queues()
+        queues = control.inspect(timeout=1, destination=[node]).active_queues()
         assert queues is not None and {q["name"] for q in queues[node]} == {"celery", "extra"}
         assert any("extra" in n["queues"].split(",") for n in store.list_nodes())
     finally:
-        assert control.cancel_consumer("extra", reply=True, timeout=2) == [
+        assert control.cancel_consumer("extra", reply=True, timeout=2, destination=[node]) == [
             {node: {"ok": "no longer consuming from extra"}}
         ]
-    queues = control.inspect(timeout=1).active_queues()
+    queues = control.inspect(timeout=1, destination=[node]).active_queues()
     assert queues is not None and [q["name"] for q in queues[node]] == ["celery"]
     wait_until(
         lambda: all(n["queues"] == "celery" for n in store.list_nodes()),

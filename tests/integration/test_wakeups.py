@@ -68,9 +68,9 @@ def _idle_worker_answers_ping_when_told(app: Celery) -> None:
     app.conf.ratchet_control_poll_interval = 3600
     app.conf.ratchet_wakeup_poll_interval = 3600
     with worker_running(app):
-        wait_until(lambda: app.control.ping(timeout=1), 60, "a first reply to ping")
+        wait_until(lambda: app.control.ping(timeout=1, limit=1), 60, "a first reply to ping")
         for _ in range(3):
-            replies = app.control.ping(timeout=2)
+            replies = app.control.ping(timeout=2, limit=1)
             assert len(replies) == 1 and next(iter(replies[0].values())) == {"ok": "pong"}
 
 
