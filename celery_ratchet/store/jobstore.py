@@ -10,18 +10,25 @@ own statements; every operation is its part's (``delegated``).
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from sqlalchemy.engine import Engine
 
 from celery_ratchet.domain.priority import DEFAULT_BOOST_MINUTES
 from celery_ratchet.store.admin import Admin
+from celery_ratchet.store.batches import BatchStore
+from celery_ratchet.store.control import ControlStore, control_store
 from celery_ratchet.store.database import Database, Reachability
 from celery_ratchet.store.delegation import delegated
 from celery_ratchet.store.dialect import Dialect
 from celery_ratchet.store.engine import EngineOptions
 from celery_ratchet.store.enqueue import Enqueue
+from celery_ratchet.store.inspection import Inspection
+from celery_ratchet.store.metrics_reads import MetricsReads
 from celery_ratchet.store.nodes import Nodes
 from celery_ratchet.store.ports import DeadLetterStore, ScheduleStore, WorkerStore
 from celery_ratchet.store.queue_pauses import QueuePauses
+from celery_ratchet.store.read_ports import DashboardStore
 from celery_ratchet.store.recurring import Masters
 from celery_ratchet.store.results import Results
 from celery_ratchet.store.revocation import Revocations
@@ -93,6 +100,30 @@ class JobStore:
     def reachability(self) -> Reachability:
         """Whether the database answers, as this process last found it."""
         return self.db.reachability
+
+    # The parts read and written beside the job rows, each made on first use: the layers
+    # above reach them through the store (store/read_ports.py), never by making one.
+
+    @cached_property
+    def inspection(self) -> Inspection:
+        """Read-only views of this database (the dashboard's pages)."""
+        return Inspection(self)
+
+    @cached_property
+    def metrics_reads(self) -> MetricsReads:
+        """What a Prometheus scrape reads (``GET /metrics``)."""
+        return MetricsReads(self)
+
+    @cached_property
+    def batches(self) -> BatchStore:
+        """Batches, chain steps and workflow conditions in this database."""
+        return BatchStore(self)
+
+    @property
+    def control(self) -> ControlStore:
+        """The remote control rows (``celery inspect`` / ``celery control`` without a
+        broker): the same one the runtime reaches by ``control_store(store)``."""
+        return control_store(self)
 
     # Database (database.py)
     stop_notifying = delegated("db", Database.stop_notifying)
@@ -184,6 +215,9 @@ class JobStore:
     paused_queues = delegated("pauses", QueuePauses.paused)
 
 
-def _implements_the_ports(store: JobStore) -> tuple[WorkerStore, DeadLetterStore, ScheduleStore]:
-    """Never called: mypy checks here that a JobStore is every port the runtime asks for."""
-    return store, store, store
+def _implements_the_ports(
+    store: JobStore,
+) -> tuple[WorkerStore, DeadLetterStore, ScheduleStore, DashboardStore]:
+    """Never called: mypy checks here that a JobStore is every port the runtime and the
+    dashboard ask for."""
+    return store, store, store, store

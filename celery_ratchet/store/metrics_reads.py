@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +34,7 @@ from celery_ratchet.domain.job import SCHEDULES_QUEUE, JobStatus
 from celery_ratchet.store.db_clock import db_now, db_now_minus, seconds_between
 from celery_ratchet.store.db_errors import is_missing_table
 from celery_ratchet.store.job_rows import JOBS_ONLY, RAN_TO_AN_END, job
+from celery_ratchet.store.read_ports import Durations, MetricsSnapshot, NodeReading
 from celery_ratchet.store.schema import (
     scheduler_node,
     scheduler_queue_pause,
@@ -55,60 +55,6 @@ def _status_is(*statuses: str) -> ColumnElement[bool]:
         literal_column(f"'{JobStatus(s).value}'") for s in statuses
     ]
     return job.c.status == literals[0] if len(literals) == 1 else job.c.status.in_(literals)
-
-
-@dataclass(frozen=True)
-class Durations:
-    """How many durations were read, their sum, and how many were at most each bound."""
-
-    count: int
-    total: float
-    at_most: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class NodeReading:
-    node_id: str
-    hostname: str
-    concurrency: int
-    heartbeat_age: float
-
-
-@dataclass(frozen=True)
-class MetricsSnapshot:
-    """One scrape's reading of the store, by the database clock (``read_at``)."""
-
-    read_at: datetime
-    #: (queue, status) → jobs, for PENDING, WAITING and RUNNING; schedules are not jobs.
-    jobs: dict[tuple[str, str], int]
-    #: queue → pending jobs due now.
-    due: dict[str, int]
-    #: queue → seconds the oldest due pending job has waited.
-    oldest_due_age: dict[str, float]
-    #: queue → FAILED jobs kept.
-    dead_letters: dict[str, int]
-    #: queue → seconds since it was paused (``ratchet queues pause``).
-    paused: dict[str, float]
-    nodes: list[NodeReading]
-    #: node id → jobs RUNNING under it (a node gone from the table included).
-    running_by_node: dict[str, int]
-    #: resource → its capacity (None: no node declared it) and the permits held now.
-    resources: dict[str, tuple[int | None, int]]
-    #: ``active`` (waiting for their next fire time, or firing) and ``paused`` schedules.
-    schedules: dict[str, int]
-    #: Active schedules whose fire time has passed and that no worker has fired yet.
-    schedules_late: int
-    #: schedule (business key) → seconds since its fire time, for schedules due and not fired
-    #: yet; the most late first, at most ``late_shown``.
-    late_schedules: dict[str, float]
-    #: status → jobs that ended within the window.
-    finished: dict[str, int]
-    #: task → wait (due → start) of jobs that ended within the window, from the newest.
-    waits: dict[str, Durations]
-    #: (task, status) → run time (start → end) of the same jobs.
-    runs: dict[tuple[str, str], Durations]
-    #: How many finished jobs the durations were read from (at most ``limit``).
-    sampled: int
 
 
 class MetricsReads:

@@ -20,7 +20,8 @@ from celery_ratchet.domain.job import error_record
 from celery_ratchet.domain.queue_pause import checked_name, checked_reason
 from celery_ratchet.runtime import recurring
 from celery_ratchet.runtime.dlq import DeadLetterQueue
-from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.ports import ScheduleStore
+from celery_ratchet.store.read_ports import DashboardStore
 from celery_ratchet.web.pages import PAGES, BadRequest, NotFound
 from celery_ratchet.web.workers import Workers
 
@@ -107,7 +108,7 @@ def _seconds(form: Form, name: str) -> float | None:
 
 
 class Actions:
-    def __init__(self, store: JobStore, workers: Workers) -> None:
+    def __init__(self, store: DashboardStore, workers: Workers) -> None:
         self.store = store
         self.workers = workers
         self._table: dict[str, Callable[[Form], Done | Confirm]] = {
@@ -221,7 +222,7 @@ class Actions:
     # -- schedules ----------------------------------------------------------------------------
 
     def _schedule(
-        self, operation: Callable[[JobStore, str], None], done: str, *, confirm: bool = False
+        self, operation: Callable[[ScheduleStore, str], None], done: str, *, confirm: bool = False
     ) -> Callable[[Form], Done | Confirm]:
         def act(form: Form) -> Done | Confirm:
             key = _required(form, "key")

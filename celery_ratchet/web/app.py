@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, parse_qsl
 
 from celery_ratchet.errors import InvalidArgument, RatchetError, StorePermissionDenied
 from celery_ratchet.settings import mask_password
-from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.read_ports import DashboardStore
 from celery_ratchet.web import pages
 from celery_ratchet.web.actions import Actions, Confirm, Done
 from celery_ratchet.web.guard import Guard, HostAllowlist, ReadOnlyMode
@@ -58,7 +58,7 @@ class Dashboard:
 
     def __init__(
         self,
-        store: JobStore,
+        store: DashboardStore,
         *,
         auth: str | None = None,
         read_only: bool = False,

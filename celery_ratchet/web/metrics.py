@@ -1,6 +1,7 @@
 """``GET /metrics``: the job store's state in Prometheus' exposition formats, made by
 prometheus_client (``pip install celery-ratchet[metrics]``) from one reading of the store per
-scrape (:mod:`celery_ratchet.store.metrics_reads`). docs/metrics.md describes each metric.
+scrape (its ``metrics_reads``: :mod:`celery_ratchet.store.metrics_reads`). docs/metrics.md
+describes each metric.
 
 :class:`StoreCollector` is a prometheus_client collector: register it in an application's own
 registry to export these beside its other metrics, without the dashboard::
@@ -13,12 +14,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
 
-from celery_ratchet.store.metrics_reads import Durations, MetricsReads, MetricsSnapshot
+from celery_ratchet.store.read_ports import DashboardStore, Durations, MetricsSnapshot
 
 #: Upper bounds (seconds) of the wait and run time histograms' buckets.
 BUCKETS: tuple[float, ...] = (
@@ -39,14 +39,14 @@ class StoreCollector:
 
     def __init__(
         self,
-        store: Any,
+        store: DashboardStore,
         *,
         window_seconds: float = WINDOW_SECONDS,
         sample_limit: int = SAMPLE_LIMIT,
         node_grace_seconds: float = NODE_GRACE_SECONDS,
         buckets: Sequence[float] = BUCKETS,
     ) -> None:
-        self.reads = MetricsReads(store)
+        self.reads = store.metrics_reads
         self.window_seconds = window_seconds
         self.sample_limit = sample_limit
         self.node_grace_seconds = node_grace_seconds

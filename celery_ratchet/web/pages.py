@@ -1,7 +1,7 @@
 """The dashboard's pages: each reads through the store's operations (those of the CLI's
 listings, ``ratchet stats``, ``jobs``, ``dlq``, ``schedules``, ``batches``, ``nodes``, and
-:class:`~celery_ratchet.store.inspection.Inspection`) and names the template that shows
-what it read."""
+the store's read-only views, :class:`~celery_ratchet.store.read_ports.Inspecting`) and names
+the template that shows what it read."""
 
 from __future__ import annotations
 
@@ -20,9 +20,7 @@ from celery_ratchet.domain.job import (
 )
 from celery_ratchet.runtime import recurring
 from celery_ratchet.runtime.dlq import DeadLetterQueue
-from celery_ratchet.store.batches import BatchStore
-from celery_ratchet.store.inspection import Inspection
-from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.read_ports import DashboardStore
 from celery_ratchet.web import charts
 from celery_ratchet.web.failures import exception_of, traceback_of
 from celery_ratchet.web.templating import markup
@@ -64,7 +62,7 @@ class Redirect(Exception):
 
 @dataclass(frozen=True)
 class View:
-    store: JobStore
+    store: DashboardStore
     read_only: bool
     workers: Workers
 
@@ -98,7 +96,7 @@ def timings(j: JobSummary) -> dict[str, float | None]:
 
 def overview(view: View, query: Query) -> Page:
     stats = view.store.queue_stats()
-    per_minute = Inspection(view.store).finished_per_minute(60)
+    per_minute = view.store.inspection.finished_per_minute(60)
     per_status: dict[str, int] = {}
     queues: dict[str, dict[str, int]] = {}
     for row in stats["counts"]:
@@ -152,14 +150,14 @@ def jobs(view: View, query: Query) -> Page:
     if search is not None and view.store.result(search) is not None:
         raise Redirect("/job", {"id": search})
     before = one(query, "before")
-    if before is not None and not Inspection(view.store).job_exists(before):
+    if before is not None and not view.store.inspection.job_exists(before):
         raise BadRequest(
             f"before={before!r}: no such job (archived or deleted); start again from /jobs"
         )
     since = _when(wanted["since"], "since")
     until = _when(wanted["until"], "until")
     if wanted["range"] is not None:
-        since = Inspection(view.store).database_now() - timedelta(seconds=RANGES[wanted["range"]])
+        since = view.store.inspection.database_now() - timedelta(seconds=RANGES[wanted["range"]])
     status = wanted["status"]
     found = view.store.list_jobs(
         status=JobStatus(status.upper()) if status else None,
@@ -188,7 +186,7 @@ def jobs(view: View, query: Query) -> Page:
 def job(view: View, query: Query) -> Page:
     job_id = one(query, "id")
     record = view.store.result(job_id) if job_id else None
-    links = Inspection(view.store).job_links(job_id) if job_id else None
+    links = view.store.inspection.job_links(job_id) if job_id else None
     if record is None or links is None:
         raise NotFound(f"no job {job_id!r}")
     letter = DeadLetterQueue(view.store).show(record.job_id)
@@ -263,16 +261,16 @@ def batches(view: View, query: Query) -> Page:
     if state is not None and state.upper() not in known:
         raise BadRequest(f"state {state!r}: one of {', '.join(known)}")
     wanted = BatchState(state.upper()) if state else None
-    found = BatchStore(view.store).summaries(state=wanted, limit=PAGE_SIZE)
+    found = view.store.batches.summaries(state=wanted, limit=PAGE_SIZE)
     return "batches.html", {"rows": found, "shown_value": shown_value}
 
 
 def batch(view: View, query: Query) -> Page:
     batch_id = one(query, "id")
-    found = BatchStore(view.store).summaries(batch_id=batch_id, limit=1) if batch_id else []
+    found = view.store.batches.summaries(batch_id=batch_id, limit=1) if batch_id else []
     if not found or batch_id is None:
         raise NotFound(f"no batch {batch_id!r}")
-    children = Inspection(view.store).children_by_status(batch_id)
+    children = view.store.inspection.children_by_status(batch_id)
     return "batch.html", {
         "b": found[0],
         "shown_value": shown_value,
@@ -284,7 +282,7 @@ def batch(view: View, query: Query) -> Page:
 
 def resources(view: View, query: Query) -> Page:
     rows = []
-    for r in Inspection(view.store).resources():
+    for r in view.store.inspection.resources():
         capacity = r["capacity"]
         percent = 100.0 * len(r["held"]) / capacity if capacity else 0.0
         rows.append((r, percent))
@@ -292,7 +290,7 @@ def resources(view: View, query: Query) -> Page:
 
 
 def _node_rows(view: View) -> tuple[datetime, list[dict[str, Any]]]:
-    now = Inspection(view.store).database_now()
+    now = view.store.inspection.database_now()
     nodes = view.store.list_nodes()
     for n in nodes:
         beat = n.get("heartbeat_ts")
@@ -324,7 +322,7 @@ def node(view: View, query: Query) -> Page:
 def queues(view: View, query: Query) -> Page:
     stats = view.store.queue_stats()
     paused = view.store.paused_queues()
-    later = Inspection(view.store).scheduled_later()
+    later = view.store.inspection.scheduled_later()
     _, found = _node_rows(view)
     consumers: dict[str, list[str]] = {}
     for n in found:
@@ -365,7 +363,7 @@ def _window(query: Query) -> tuple[str, int, int]:
 
 def tasks(view: View, query: Query) -> Page:
     name, seconds, _ = _window(query)
-    rows = Inspection(view.store).task_stats(seconds)
+    rows = view.store.inspection.task_stats(seconds)
     for r in rows:
         ended = r["succeeded"] + r["failed"]
         r["failure_rate"] = 100.0 * r["failed"] / ended if ended else None
@@ -378,7 +376,7 @@ def task(view: View, query: Query) -> Page:
     if task_name is None:
         raise BadRequest("name: the task's name")
     name, seconds, span_count = _window(query)
-    series = Inspection(view.store).task_series(task_name, seconds, span_count)
+    series = view.store.inspection.task_series(task_name, seconds, span_count)
     now, width = series["now"], series["width_seconds"]
     spans = []
     for i, values in enumerate(series["spans"]):

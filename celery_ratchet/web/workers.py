@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery_ratchet.runtime import control as remote
-from celery_ratchet.store.control import control_store
-from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.read_ports import DashboardStore
 from celery_ratchet.web.guard import ReadOnlyMode
 
 #: How long a command waits for a worker (each reply); a broadcast stays this long too.
@@ -34,7 +33,7 @@ def decode(text: str) -> Any:
 
 class Workers:
     def __init__(
-        self, store: JobStore, *, timeout: float = REPLY_SECONDS, read_only: bool = False
+        self, store: DashboardStore, *, timeout: float = REPLY_SECONDS, read_only: bool = False
     ) -> None:
         """``read_only``: ask nothing (each command is a control row written to the store)."""
         self.store = store
@@ -50,7 +49,7 @@ class Workers:
             )
         ticket = uuid.uuid4().hex
         remote.send(
-            control_store(self.store),
+            self.store.control,
             command,
             json.dumps(arguments),
             destination=json.dumps(list(destination)) if destination else None,
@@ -65,7 +64,7 @@ class Workers:
         replies: dict[str, Any] = {}
         waited = self.timeout if timeout is None else timeout
         for body in remote.gather(
-            control_store(self.store), ticket, timeout=waited, limit=limit, decode=decode
+            self.store.control, ticket, timeout=waited, limit=limit, decode=decode
         ):
             if isinstance(body, dict):
                 replies.update(body)
