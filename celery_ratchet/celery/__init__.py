@@ -18,7 +18,8 @@ Its rooms, each named for what it does:
 - ``django``: Django's database as the store, and jobs in Django's transactions.
 - ``broker_import``: moving a broker's messages into the store.
 
-Shared by every room: :mod:`~celery_ratchet.celery.state` (the per-app ratchet state) and
+Shared by every room: :mod:`~celery_ratchet.celery.state` (the per-app ratchet state: the
+app's job store as the store's ports, :mod:`celery_ratchet.store.celery_ports`) and
 :mod:`~celery_ratchet.celery.compat` (every Celery, kombu and billiard private touched, one
 name each).
 """

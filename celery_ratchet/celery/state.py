@@ -1,7 +1,9 @@
 """The per-app ratchet state: settings, the job store and the wake-up sources of one app.
 
-Every module of this layer reaches its app's store through :func:`ratchet_state`; the state
-knows nothing of how an app is installed (:mod:`celery_ratchet.celery.app.install`)."""
+Every module of this layer reaches its app's store through :func:`ratchet_state`, as the
+store's ports (:class:`~celery_ratchet.store.celery_ports.CeleryStore`); the state is where
+the :class:`~celery_ratchet.store.jobstore.JobStore` is made, and it knows nothing of how an
+app is installed (:mod:`celery_ratchet.celery.app.install`)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from celery.utils.imports import symbol_by_name
 from celery_ratchet.celery.django.django_store import with_django_defaults
 from celery_ratchet.runtime.node_clock import NodeClock
 from celery_ratchet.settings import RatchetSettings
-from celery_ratchet.store.batches import BatchStore
+from celery_ratchet.store.celery_ports import Batches, CeleryStore
 from celery_ratchet.store.engine import EngineOptions
 from celery_ratchet.store.jobstore import JobStore
 
@@ -56,8 +58,15 @@ class RatchetState:
         return self._settings
 
     @property
-    def store(self) -> JobStore:
-        """The job store of this app in this process (re-created after a fork)."""
+    def store(self) -> CeleryStore:
+        """The job store of this app in this process (re-created after a fork), as what the
+        Celery layer asks of it."""
+        return self.job_store
+
+    @property
+    def job_store(self) -> JobStore:
+        """The same store as the class that implements it: for the assembly (celery/app/:
+        the CLI it serves takes a JobStore) and this module's wake-up sources."""
         with self._lock:
             if self._store is None or self._store_pid != os.getpid():
                 settings = self.settings
@@ -87,13 +96,9 @@ class RatchetState:
         return clock
 
     @property
-    def batches(self) -> BatchStore:
+    def batches(self) -> Batches:
         """Batches, chain steps and workflow conditions in this app's job store."""
-        store = self.store
-        batches: BatchStore | None = getattr(store, "_batches", None)
-        if batches is None:
-            batches = store._batches = BatchStore(store)  # type: ignore[attr-defined]
-        return batches
+        return self.store.batches
 
     def reset(self) -> None:
         """Forget cached settings and store, e.g. after the configuration changed."""
@@ -124,7 +129,7 @@ class RatchetState:
 
     def wakeup_sources(self) -> list[Any]:
         """The worker's wake-up listeners for this app's settings and database."""
-        settings, store = self.settings, self.store
+        settings, store = self.settings, self.job_store
         sources: list[Any] = []
         if store.notify:
             from celery_ratchet.events.postgres import PostgresWakeups

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Engine
 from celery_ratchet.domain.priority import DEFAULT_BOOST_MINUTES
 from celery_ratchet.store.admin import Admin
 from celery_ratchet.store.batches import BatchStore
+from celery_ratchet.store.celery_ports import CeleryStore
 from celery_ratchet.store.control import ControlStore, control_store
 from celery_ratchet.store.database import Database, Reachability
 from celery_ratchet.store.delegation import delegated
@@ -217,7 +218,7 @@ class JobStore:
 
 def _implements_the_ports(
     store: JobStore,
-) -> tuple[WorkerStore, DeadLetterStore, ScheduleStore, DashboardStore]:
-    """Never called: mypy checks here that a JobStore is every port the runtime and the
-    dashboard ask for."""
-    return store, store, store, store
+) -> tuple[WorkerStore, DeadLetterStore, ScheduleStore, DashboardStore, CeleryStore]:
+    """Never called: mypy checks here that a JobStore is every port the runtime, the
+    dashboard and the Celery layer ask for."""
+    return store, store, store, store, store

@@ -51,7 +51,7 @@ def ratchet(ctx: click.Context) -> None:
     app: Any = ctx.obj.app
     install(app)
     ctx.obj = CliContext(
-        lambda: ratchet_state(app).store, settings=lambda: ratchet_state(app).settings
+        lambda: ratchet_state(app).job_store, settings=lambda: ratchet_state(app).settings
     )
 
 

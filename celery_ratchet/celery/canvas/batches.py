@@ -39,7 +39,7 @@ from celery_ratchet.domain.batch import (
     progress_report_id,
 )
 from celery_ratchet.domain.job import JobType, NewJob
-from celery_ratchet.store.batch_rows import BatchRecord, Progress
+from celery_ratchet.store.celery_ports import BatchRecord, Progress
 from celery_ratchet.store.db_errors import (
     is_retryable_conflict,
 )

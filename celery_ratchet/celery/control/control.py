@@ -157,7 +157,7 @@ class RatchetControl(Control):
         state = ratchet_state(self.app)
         ttl = float(self.app.conf.control_queue_ttl or DEFAULT_COMMAND_TTL)
         return broadcast_through_store(
-            state.store,
+            state.store.control,
             command,
             arguments,
             destination=list(destination) if destination else None,

@@ -12,8 +12,7 @@ from kombu.utils.uuid import uuid
 
 from celery_ratchet.errors import ControlCommandRefused
 from celery_ratchet.runtime import control as remote
-from celery_ratchet.store.control import control_store
-from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.ports import ControlBroadcasts
 
 #: How long a broadcast stays for the workers when ``control_queue_ttl`` is unset: Celery's
 #: default time to live of a control message in a worker's mailbox.
@@ -31,7 +30,7 @@ def encode_arguments(command: str, arguments: dict[str, Any]) -> str:
 
 
 def broadcast_through_store(
-    store: JobStore,
+    control: ControlBroadcasts,
     command: str,
     arguments: dict[str, Any],
     *,
@@ -45,7 +44,6 @@ def broadcast_through_store(
     ttl_seconds: float,
     announce: Callable[[], object] | None = None,
 ) -> list[Any] | None:
-    control = control_store(store)
     ticket = uuid() if reply else None
     if limit is None and destination:
         limit = len(destination)

@@ -18,7 +18,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from celery_ratchet.errors import ConfigurationError
-from celery_ratchet.store.jobstore import JobStore
 from celery_ratchet.store.lent import url_of_database, url_reaches
 
 #: The Django app whose presence makes Django's database the job store.
@@ -110,19 +109,19 @@ def with_django_defaults(conf: Mapping[str, Any]) -> Mapping[str, Any]:
     return _Defaults(conf, defaults) if defaults else conf
 
 
-def apply_schema(alias: str) -> bool:
-    """Create or bring up to date the job store's tables, when the store is ``alias``'s
-    database (``manage.py migrate`` on it); False, doing nothing, for another database."""
+def schema_url(alias: str) -> str | None:
+    """The URL of the job store whose tables ``manage.py migrate`` on ``alias`` makes or
+    brings up to date, when the store is ``alias``'s database; None for another database
+    (contrib/django/schema.py applies it)."""
     settings = project_settings()
     if settings is None or alias != store_alias(settings):
-        return False
+        return None
     from django.conf import settings as django_settings
 
     url = os.environ.get("RATCHET_URL") or getattr(django_settings, "CELERY_RATCHET_URL", None)
     if url and not url_reaches(url, **where(connection_of(alias))):
-        return False  # the store is elsewhere: `manage.py check` says so
-    JobStore(url or database_url(alias)).ensure_schema()
-    return True
+        return None  # the store is elsewhere: `manage.py check` says so
+    return url or database_url(alias)
 
 
 def _get(conf: Mapping[str, Any], key: str) -> Any:

@@ -43,7 +43,7 @@ from celery_ratchet.domain.job import (
     error_record,
 )
 from celery_ratchet.errors import ConfigurationError, StoreUnavailable
-from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.celery_ports import ResultStore
 from celery_ratchet.store.redact import mask_url
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class RatchetBackend(BaseBackend):
         self.accept, _ = safe_accept(self.accept, allow_pickle)  # type: ignore[has-type]
 
     @property
-    def store(self) -> JobStore:
+    def store(self) -> ResultStore:
         return ratchet_state(self.app).store
 
     def as_uri(self, include_password: bool = False) -> str:

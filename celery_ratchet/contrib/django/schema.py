@@ -11,9 +11,12 @@ from django.db import migrations
 
 
 def _apply_schema(apps: Any, schema_editor: Any) -> None:
-    from celery_ratchet.celery.django.django_store import apply_schema
+    from celery_ratchet.celery.django.django_store import schema_url
+    from celery_ratchet.store.jobstore import JobStore
 
-    apply_schema(schema_editor.connection.alias)
+    url = schema_url(schema_editor.connection.alias)
+    if url is not None:
+        JobStore(url).ensure_schema()
 
 
 def apply_schema() -> Any:
