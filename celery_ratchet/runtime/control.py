@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from celery_ratchet.domain.control import ControlCommand
 from celery_ratchet.errors import StoreUnavailable
+from celery_ratchet.runtime.clock import SYSTEM_CLOCK, Clock
 from celery_ratchet.store.ports import ControlBroadcasts, ControlCommands
 from celery_ratchet.threads import background_thread
 
@@ -144,13 +144,14 @@ def gather(
     limit: int | None,
     decode: Callable[[str], Any],
     callback: Callable[[Any], object] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> list[Any]:
     """The replies to ``ticket`` as Celery's mailbox gathers them: each waited for
     ``timeout`` seconds at most, at most ``limit`` of them, ``callback`` called with each as
     it arrives; the replies are deleted once gathered."""
     responses: list[Any] = []
     last = 0
-    deadline = time.monotonic() + (timeout or 0.0)
+    deadline = clock.monotonic() + (timeout or 0.0)
     try:
         while True:
             found = control.replies(ticket, last)
@@ -162,11 +163,11 @@ def gather(
                 responses.append(body)
                 if limit and len(responses) >= limit:
                     return responses
-            now = time.monotonic()
+            now = clock.monotonic()
             if found:
                 deadline = now + (timeout or 0.0)
             if now >= deadline:
                 return responses
-            time.sleep(min(GATHER_POLL_SECONDS, deadline - now))
+            clock.sleep(min(GATHER_POLL_SECONDS, deadline - now))
     finally:
         control.drop_replies(ticket)

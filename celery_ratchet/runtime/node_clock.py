@@ -5,11 +5,11 @@ fire time), so that a node whose clock is off does not run jobs early or move sc
 from __future__ import annotations
 
 import logging
-import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from celery_ratchet.domain.clock import offset_seconds, skew_to_report
+from celery_ratchet.runtime.clock import SYSTEM_CLOCK, Clock
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +29,11 @@ class NodeClock:
     A node whose offset is beyond ``warn_beyond`` seconds logs a WARNING saying by how
     much, once, and again when the offset moves materially."""
 
-    def __init__(self, store: DatabaseTime, warn_beyond: float) -> None:
+    def __init__(
+        self, store: DatabaseTime, warn_beyond: float, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self._store = store
+        self._clock = clock
         self.warn_beyond = warn_beyond
         #: Seconds the database's clock is ahead of this node's; None: not measured yet.
         self._offset: float | None = None
@@ -45,26 +48,26 @@ class NodeClock:
         """The database's time now, as this node reckons it; the node's own clock when the
         database cannot be read (the send then fails or succeeds on its own terms)."""
         self.measure_when_due()
-        local = datetime.now(timezone.utc)
+        local = self._clock.now()
         return local if self._offset is None else local + timedelta(seconds=self._offset)
 
     def _read(self) -> float | None:
-        sent = datetime.now(timezone.utc)
+        sent = self._clock.now()
         db_time = self._store.database_time()
         return None if db_time is None else offset_seconds(sent, db_time)
 
     def measure_when_due(self) -> None:
         """Measure the offset if it never was, or not for ``REMEASURE_SECONDS``."""
-        if self._offset is None or time.monotonic() - self._measured_at > REMEASURE_SECONDS:
+        if self._offset is None or self._clock.monotonic() - self._measured_at > REMEASURE_SECONDS:
             self.measure()
 
     def measure(self) -> float | None:
         """Read the database's time and record the offset (and warn if it is too large);
         returns the offset, or None when the database could not be read."""
-        started = time.monotonic()
+        started = self._clock.monotonic()
         try:
             offset = self._read()
-            if offset is not None and time.monotonic() - started > SLOW_READ_SECONDS:
+            if offset is not None and self._clock.monotonic() - started > SLOW_READ_SECONDS:
                 # A slow read (the first one connects) is later by its round trip: read
                 # again on the connection now open, and keep the tighter of the two.
                 again = self._read()

@@ -69,3 +69,25 @@ def test_a_database_that_cannot_be_read_leaves_the_node_s_own_clock() -> None:
     clock = NodeClock(Down(), warn_beyond=5.0)
     assert abs((clock.now() - datetime.now(timezone.utc)).total_seconds()) < 1
     assert clock.offset is None
+
+
+def test_the_offset_is_measured_again_once_a_minute_by_the_clock_it_is_given() -> None:
+    from tests.unit.runtime_fakes import FakeClock
+
+    ticking = FakeClock(T0)
+
+    class Ahead:
+        reads = 0
+
+        def database_time(self) -> datetime:
+            Ahead.reads += 1
+            return ticking.now() + timedelta(seconds=120)
+
+    clock = NodeClock(Ahead(), warn_beyond=0.0, clock=ticking)
+    assert clock.now() == T0 + timedelta(seconds=120)
+    ticking.advance(59)
+    clock.now()
+    assert Ahead.reads == 1
+    ticking.advance(2)
+    assert clock.now() == T0 + timedelta(seconds=181)
+    assert Ahead.reads == 2

@@ -349,3 +349,38 @@ def test_a_master_changed_elsewhere_is_read_again_at_once() -> None:
     assert rt.masters.next_look_in() == 0.0
     rt.masters.fire_due()
     assert store.calls.count("next_due_in") == looks + 1
+
+
+class _Replies:
+    """Replies to one ticket, one more each time the gatherer looks."""
+
+    def __init__(self, clock: FakeClock, arrive: list[float]) -> None:
+        self.clock, self.arrive, self.dropped = clock, arrive, False
+        self.started = clock.monotonic()
+
+    def replies(self, ticket: str, after: int) -> list[Any]:
+        from types import SimpleNamespace
+
+        elapsed = self.clock.monotonic() - self.started
+        due = [i for i, at in enumerate(self.arrive, 1) if at <= elapsed and i > after]
+        return [SimpleNamespace(id=i, reply=f"r{i}") for i in due]
+
+    def drop_replies(self, ticket: str) -> None:
+        self.dropped = True
+
+
+def test_gathering_replies_waits_the_timeout_after_the_last_one_by_its_clock() -> None:
+    from celery_ratchet.runtime.control import gather
+
+    clock = FakeClock()
+    source = _Replies(clock, arrive=[0.5, 1.5, 9.0])
+    got = gather(cast(Any, source), "t", timeout=1.0, limit=None, decode=str, clock=clock)
+    assert got == ["r1", "r2"]  # the third came after a second of silence
+    assert 2.5 <= clock.monotonic() - source.started < 3.0 and source.dropped
+    clock = FakeClock()
+    source = _Replies(clock, arrive=[0.0, 0.0, 0.0])
+    assert gather(cast(Any, source), "t", timeout=5, limit=2, decode=str, clock=clock) == [
+        "r1",
+        "r2",
+    ]
+    assert clock.monotonic() == source.started  # the limit ends it at once
