@@ -33,7 +33,7 @@ from celery_ratchet.domain.job import (
 )
 from celery_ratchet.domain.schedule import MASTER_PREFIX
 from celery_ratchet.store import dlq_alerts
-from celery_ratchet.store.claim import RETURNED, MalformedRow, to_claimed
+from celery_ratchet.store.claim_sql import RETURNED, MalformedRow, to_claimed
 from celery_ratchet.store.database import Database
 from celery_ratchet.store.db_clock import (
     db_now,

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Dialect as SADialect
 from sqlalchemy.sql.elements import TextClause
 from sqlalchemy.sql.selectable import TextualSelect
 
-from celery_ratchet.store.claim import (
+from celery_ratchet.store.claim_sql import (
     CLAIMED_SET,
     RETURNED,
     Claimed,
@@ -93,7 +93,7 @@ class Dialect:
         )
 
     def claim_strategy(self) -> ClaimStrategy:
-        """How a batch of due jobs is claimed on this database (store/claim.py's SQL)."""
+        """How a batch of due jobs is claimed on this database (store/claim_sql.py's SQL)."""
         raise NotImplementedError(
             f"no claim strategy for {self.sa.name!r}; celery_ratchet supports "
             "PostgreSQL, MySQL 8 / MariaDB 10.6+ and SQLite"

@@ -36,7 +36,7 @@ from celery_ratchet.errors import (
     RatchetError,
 )
 from celery_ratchet.store import dlq_alerts
-from celery_ratchet.store.claim import (
+from celery_ratchet.store.claim_sql import (
     RETURNED,
     Claimed,
     ClaimShape,

@@ -19,7 +19,7 @@ from sqlalchemy import bindparam, exists, select, type_coerce, update
 from sqlalchemy.engine import Connection
 
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, NewJob
-from celery_ratchet.store.claim import RETURNED, Claimed, decode, fetch_claimed
+from celery_ratchet.store.claim_sql import RETURNED, Claimed, decode, fetch_claimed
 from celery_ratchet.store.database import Database
 from celery_ratchet.store.db_clock import db_now
 from celery_ratchet.store.dialect import Dialect

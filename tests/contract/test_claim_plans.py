@@ -11,7 +11,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from celery_ratchet.store.claim import ClaimShape, claim_params
+from celery_ratchet.store.claim_sql import ClaimShape, claim_params
 from celery_ratchet.store.dialect import PostgresClaim
 from tests.conftest import Servers, empty_store
 from tests.helpers import new_job

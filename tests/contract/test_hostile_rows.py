@@ -94,7 +94,7 @@ def test_a_row_that_fails_to_decode_in_any_way_fails_alone(
             raise MemoryError
         return real_loads(text, *args, **kwargs)
 
-    monkeypatch.setattr("celery_ratchet.store.claim.json.loads", loads)
+    monkeypatch.setattr("celery_ratchet.store.claim_sql.json.loads", loads)
     claimed = store.claim("n", ["celery"], 10)
     monkeypatch.undo()
 

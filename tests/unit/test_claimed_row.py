@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 from sqlalchemy.dialects import postgresql, sqlite
 
-from celery_ratchet.store.claim import RETURNED, _ClaimedRow, to_claimed
+from celery_ratchet.store.claim_sql import RETURNED, _ClaimedRow, to_claimed
 
 
 def test_the_row_fields_are_the_claim_statements_columns_in_order() -> None:

@@ -191,7 +191,7 @@ def storable(text: str | None) -> str | None:
 
 
 class Unrunnable(Exception):
-    """A claimed row that cannot be run as it stands (``store.claim.MalformedRow``)."""
+    """A claimed row that cannot be run as it stands (``store.claim_sql.MalformedRow``)."""
 
 
 def _json_object(text: str, column: str) -> dict[str, Any]:
@@ -205,7 +205,7 @@ def _json_object(text: str, column: str) -> dict[str, Any]:
 
 
 def claimed_job(row: JobRow, now: datetime) -> ClaimedJob:
-    """The claimed row as a job, checked as ``store.claim.to_claimed`` checks it."""
+    """The claimed row as a job, checked as ``store.claim_sql.to_claimed`` checks it."""
     try:
         job_type = JobType(row.job_type)
     except ValueError:
