@@ -18,6 +18,7 @@ from celery_ratchet.domain.priority import DEFAULT_BOOST_MINUTES
 from celery_ratchet.store.admin import Admin
 from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.celery_ports import CeleryStore
+from celery_ratchet.store.claims import Claims
 from celery_ratchet.store.control import ControlStore, control_store
 from celery_ratchet.store.database import Database, Reachability
 from celery_ratchet.store.delegation import delegated
@@ -34,7 +35,7 @@ from celery_ratchet.store.recurring import Masters
 from celery_ratchet.store.results import Results
 from celery_ratchet.store.revocation import Revocations
 from celery_ratchet.store.row_writer import RowWriter
-from celery_ratchet.store.settle import Claims
+from celery_ratchet.store.settle import Settle
 from celery_ratchet.store.step_handoff import StepHandoff
 
 
@@ -74,13 +75,11 @@ class JobStore:
         self.rows = RowWriter(db, dialect)
         self.enqueuer = Enqueue(db, dialect, self.rows)
         self.masters = Masters(db, dialect, self.rows, self.enqueuer)
+        self.settler = Settle(db, dialect, dlq_alert_task=dlq_alert_task)
         self.claims = Claims(
-            db,
-            dialect,
-            priority_boost_minutes=self.priority_boost_minutes,
-            dlq_alert_task=dlq_alert_task,
+            db, dialect, self.settler, priority_boost_minutes=self.priority_boost_minutes
         )
-        self.nodes = Nodes(db, dialect, self.claims)
+        self.nodes = Nodes(db, dialect, self.settler)
         self.handoff = StepHandoff(db, dialect, self.claims, self.rows)
         self.results = Results(db, dialect)
         self.revoker = Revocations(db, dialect)
@@ -153,17 +152,19 @@ class JobStore:
     run_master_now = delegated("masters", Masters.run_master_now)
     list_masters = delegated("masters", Masters.list_masters)
 
-    # Claims (settle.py)
+    # Claims (claims.py)
     claim = delegated("claims", Claims.claim)
     claim_for_resource = delegated("claims", Claims.claim_for_resource)
     running_claims = delegated("claims", Claims.running_claims)
-    settle = delegated("claims", Claims.settle)
-    defer = delegated("claims", Claims.defer)
-    store_outcome = delegated("claims", Claims.store_outcome)
-    holds = delegated("claims", Claims.holds)
-    note_retry = delegated("claims", Claims.note_retry)
-    store_progress = delegated("claims", Claims.store_progress)
     next_due_in = delegated("claims", Claims.next_due_in)
+
+    # Settle (settle.py)
+    settle = delegated("settler", Settle.settle)
+    defer = delegated("settler", Settle.defer)
+    store_outcome = delegated("settler", Settle.store_outcome)
+    holds = delegated("settler", Settle.holds)
+    note_retry = delegated("settler", Settle.note_retry)
+    store_progress = delegated("settler", Settle.store_progress)
 
     # Nodes (nodes.py)
     register_node = delegated("nodes", Nodes.register_node)

@@ -42,7 +42,7 @@ from celery_ratchet.store.schema import (
     scheduler_node,
     scheduler_resource_permit,
 )
-from celery_ratchet.store.settle import Claims
+from celery_ratchet.store.settle import Settle
 from celery_ratchet.store.step_rows import (
     cancel_downstream,
     record_ended_parts,
@@ -51,12 +51,12 @@ from celery_ratchet.store.step_rows import (
 
 class Nodes:
     """Worker nodes: registration, heartbeats and the recovery of dead nodes' jobs.
-    ``claims``: where the jobs recovery gives up are counted as dead letters."""
+    ``settler``: where the jobs recovery gives up are counted as dead letters."""
 
-    def __init__(self, db: Database, dialect: Dialect, claims: Claims) -> None:
+    def __init__(self, db: Database, dialect: Dialect, settler: Settle) -> None:
         self.db = db
         self.dialect = dialect
-        self.claims = claims
+        self.settler = settler
 
     # -- nodes ------------------------------------------------------------------------------
 
@@ -254,7 +254,7 @@ class Nodes:
                     record_ended_parts(conn, ids, "FAILURE")
                     dead_lettered += ids
                 if dead_lettered:
-                    self.claims.count_dead_letters(
+                    self.settler.count_dead_letters(
                         conn, dlq_alerts.dead_letters_by_id(conn, dead_lettered)
                     )
                 orphans = requeued + dead_lettered

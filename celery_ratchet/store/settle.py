@@ -1,12 +1,13 @@
-"""Claiming due jobs and settling what ran: the compare-and-swap on the claim."""
+"""Settling what ran: each outcome written only while its claim still holds the row (the
+compare-and-swap on the claim), with its result, the chain steps it cancels, its batch part
+and the dead letters it makes."""
 
 from __future__ import annotations
 
 import functools
 import logging
-import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -15,8 +16,6 @@ from sqlalchemy import (
     case,
     delete,
     func,
-    insert,
-    or_,
     select,
     text,
     tuple_,
@@ -25,30 +24,10 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 
 from celery_ratchet.domain.batch import BatchPart
-from celery_ratchet.domain.job import (
-    SCHEDULES_QUEUE,
-    ClaimedJob,
-    JobStatus,
-    Settlement,
-    error_record,
-)
-from celery_ratchet.errors import (
-    RatchetError,
-)
+from celery_ratchet.domain.job import JobStatus, Settlement
 from celery_ratchet.store import dlq_alerts
-from celery_ratchet.store.claim_sql import (
-    RETURNED,
-    Claimed,
-    ClaimShape,
-    MalformedRow,
-    claim_params,
-    decode,
-)
 from celery_ratchet.store.database import CONFLICT_RETRIES, Database
-from celery_ratchet.store.db_clock import (
-    db_now,
-    db_now_minus,
-)
+from celery_ratchet.store.db_clock import db_now
 from celery_ratchet.store.dialect import Dialect
 from celery_ratchet.store.engine import (
     transaction,
@@ -56,10 +35,8 @@ from celery_ratchet.store.engine import (
 from celery_ratchet.store.job_rows import (
     CANCELS_DOWNSTREAM,
     CLEARED_CLAIM,
-    best_first,
     claim_held,
     group_by_outcome,
-    insert_ignoring_duplicates,
     job,
     settled_values,
     storable,
@@ -67,9 +44,7 @@ from celery_ratchet.store.job_rows import (
 from celery_ratchet.store.packets import refuse_oversized
 from celery_ratchet.store.raw import RawStatement, execute_on, fetch_on, raw_statement
 from celery_ratchet.store.schema import (
-    KeptDateTime,
     UTCDateTime,
-    scheduler_resource,
     scheduler_resource_permit,
 )
 from celery_ratchet.store.step_rows import (
@@ -81,30 +56,15 @@ from celery_ratchet.store.step_rows import (
 logger = logging.getLogger(__name__)
 
 
-class Claims:
-    """Claiming due jobs and settling what ran: the compare-and-swap on the claim.
-    ``priority_boost_minutes``: aging, a waiting job gains one priority level per this many
-    minutes (0: never); ``dlq_alert_task``: with one, each job failing for good is counted
-    into its task name's alert window, in the transaction that fails it."""
+class Settle:
+    """Settling what ran: the compare-and-swap on the claim. ``dlq_alert_task``: with one,
+    each job failing for good is counted into its task name's alert window, in the
+    transaction that fails it."""
 
-    def __init__(
-        self,
-        db: Database,
-        dialect: Dialect,
-        *,
-        priority_boost_minutes: float,
-        dlq_alert_task: str | None,
-    ) -> None:
+    def __init__(self, db: Database, dialect: Dialect, *, dlq_alert_task: str | None) -> None:
         self.db = db
         self.dialect = dialect
-        self.priority_boost_minutes = priority_boost_minutes
         self.dlq_alert_task = dlq_alert_task
-        self._claim = dialect.claim_strategy()
-        #: The rows a claim under ``:token`` holds (a claim whose reply was lost, adopted).
-        self.select_claimed = text(
-            f"SELECT {RETURNED} FROM scheduler_job "
-            "WHERE claim_token = :token AND status = 'RUNNING'"
-        ).columns(scheduled_time=KeptDateTime())
         owned = claim_held(bindparam("p_job_id"), bindparam("p_token"))
         finished = {"status": bindparam("p_status"), "finished_at": db_now()}
         self._store_outcome = (
@@ -132,155 +92,8 @@ class Claims:
                 **cleared,
             )
         )
-        permit = scheduler_resource_permit
-        self._known_resources: set[str] = set()
-        self._count_permits = (
-            select(func.count())
-            .select_from(permit)
-            .where(permit.c.resource == bindparam("resource"))
-        )
-        still_running = (
-            select(job.c.id)
-            .where(
-                job.c.job_id == permit.c.job_id,
-                job.c.claim_token == permit.c.claim_token,
-                job.c.status == JobStatus.RUNNING.value,
-            )
-            .correlate(permit)
-        )
-        self._drop_stale_permits = delete(permit).where(
-            permit.c.resource == bindparam("resource"), ~still_running.exists()
-        )
 
-    # -- claim and settle -------------------------------------------------------------------
-
-    def claim(self, node_id: str, queues: Sequence[str], limit: int) -> list[ClaimedJob]:
-        """Claim up to ``limit`` due jobs of ``queues`` that need no resource permit."""
-        if limit <= 0 or not queues:
-            return []
-        shape = ClaimShape(len(queues), False, self._boost_for(queues))
-        token = uuid.uuid4().hex
-        params = claim_params(node_id, token, queues, limit)
-
-        def claim(conn: Connection) -> Claimed:
-            if not self._claim.needs_transaction:
-                return self._claim.claim(conn, shape, params)
-            with transaction(conn):
-                return self._claim.claim(conn, shape, params)
-
-        return self.claiming(token, claim)
-
-    def claim_for_resource(
-        self, node_id: str, queues: Sequence[str], resource: str, capacity: int, limit: int
-    ) -> list[ClaimedJob]:
-        """Claim due jobs needing ``resource``, as many as its free permits allow (at most
-        ``capacity`` such jobs RUNNING cluster-wide), each with its permit, atomically."""
-        if limit <= 0 or capacity <= 0 or not queues:
-            return []
-        shape = ClaimShape(len(queues), True, self._boost_for(queues))
-        token = uuid.uuid4().hex
-        self._ensure_resource_row(resource, capacity)
-
-        def claim(conn: Connection) -> Claimed:
-            with transaction(conn):
-                self._lock_resource(conn, resource, capacity)
-                conn.execute(self._drop_stale_permits, {"resource": resource})
-                held = conn.execute(self._count_permits, {"resource": resource}).scalar_one()
-                free = min(capacity - held, limit)
-                if free <= 0:
-                    return Claimed([], [])
-                params = claim_params(node_id, token, queues, free, resource)
-                claimed = self._claim.claim(conn, shape, params)
-                if claimed.jobs:  # a malformed row is failed at once: it needs no permit
-                    permits = [
-                        {"resource": resource, "job_id": j.job_id, "node_id": node_id}
-                        for j in claimed.jobs
-                    ]
-                    conn.execute(
-                        insert(scheduler_resource_permit).values(
-                            acquired_at=db_now(), claim_token=token
-                        ),
-                        permits,
-                    )
-                return claimed
-
-        return self.claiming(token, claim)
-
-    def _boost_for(self, queues: Sequence[str]) -> float:
-        # Recurring masters fire strictly by due time; aging would only cost them.
-        return 0.0 if list(queues) == [SCHEDULES_QUEUE] else self.priority_boost_minutes
-
-    def claiming(
-        self, token: str, claim: Callable[[Connection], Claimed], what: str = "no job was claimed"
-    ) -> list[ClaimedJob]:
-        tries = 0
-
-        def work(conn: Connection) -> Claimed:
-            nonlocal tries
-            tries += 1
-            if tries > 1:
-                # The connection broke after an earlier try: that claim may have committed
-                # with its reply lost. Take its rows over rather than leave them RUNNING.
-                adopted = self._claimed_with(conn, token)
-                if adopted.jobs or adopted.malformed:
-                    return adopted
-            return claim(conn)
-
-        claimed = self.db.run(work, what)
-        if claimed.malformed:
-            self._fail_malformed(token, claimed.malformed)
-        jobs = sorted(claimed.jobs, key=lambda j: j.id)
-        return best_first(jobs, self.priority_boost_minutes)
-
-    def _fail_malformed(self, token: str, rows: Sequence[MalformedRow]) -> None:
-        """Fail claimed rows that cannot be run, with the reason; never their arguments.
-        Were this write lost, the rows stay claimed until orphan recovery, then fail again."""
-        settlements = []
-        for row in rows:
-            reason = f"job row {row.id} cannot be run: {row.reason}; it was failed unrun"
-            logger.error("ratchet: job %s: %s", row.job_id, reason)
-            error = error_record("MalformedJob", [reason], "celery_ratchet.errors")
-            settlements.append(Settlement(row.job_id, token, JobStatus.FAILED, error=error))
-        try:
-            self.settle(settlements)
-        except RatchetError as exc:
-            logger.warning("ratchet: malformed jobs were not failed yet: %s", exc)
-
-    def _ensure_resource_row(self, resource: str, capacity: int) -> None:
-        if resource in self._known_resources:
-            return
-        r = scheduler_resource
-        stmt = insert_ignoring_duplicates(
-            self.db.engine.dialect, r, {"resource": resource, "capacity": capacity}
-        )
-        self.db.run(lambda conn: conn.execute(stmt), "the resource was not registered")
-        self._known_resources.add(resource)
-
-    def _lock_resource(self, conn: Connection, resource: str, capacity: int) -> None:
-        """Serialise the claims of one resource: the row lock (SQLite: the write lock taken
-        by BEGIN IMMEDIATE) is held until the permits are written."""
-        r = scheduler_resource
-        lock = (
-            update(r).where(r.c.resource == resource).values(capacity=capacity, updated_at=db_now())
-        )
-        if conn.execute(lock).rowcount == 0:  # the row was deleted by hand: make it again
-            values = {"resource": resource, "capacity": capacity}
-            conn.execute(insert_ignoring_duplicates(conn.dialect, r, values))
-            conn.execute(lock)
-
-    def _claimed_with(self, conn: Connection, token: str) -> Claimed:
-        rows = conn.execute(self.select_claimed, {"token": token}).all()
-        return decode(rows, token)
-
-    def running_claims(self, node_id: str, *, older_than_seconds: float) -> list[tuple[str, str]]:
-        """(job id, claim token) of every row ``node_id`` has held RUNNING for a while."""
-        stmt = select(job.c.job_id, job.c.claim_token).where(
-            job.c.status == JobStatus.RUNNING.value,
-            job.c.picked_by == node_id,
-            or_(job.c.claimed_at.is_(None), job.c.claimed_at < db_now_minus(older_than_seconds)),
-        )
-        rows = self.db.run(lambda conn: conn.execute(stmt).all(), "claims were not listed")
-        return [(r.job_id, r.claim_token) for r in rows]
+    # -- settle -----------------------------------------------------------------------------
 
     def settle(
         self,
@@ -576,17 +389,6 @@ class Claims:
             values["started_at"] = db_now()
         stmt = update(job).where(*claim_held(job_id, token)).values(**values)
         self.db.run(lambda conn: conn.execute(stmt), "the job's progress was not stored")
-
-    def next_due_in(self, queues: Sequence[str]) -> float | None:
-        """Seconds (by the database's clock) until the earliest pending job of ``queues`` is
-        due: negative when one is overdue, None when none is pending."""
-        if not queues:
-            return None
-        stmt = select(func.min(job.c.scheduled_time), db_now()).where(
-            job.c.status == JobStatus.PENDING.value, job.c.queue.in_(list(queues))
-        )
-        due, now = self.db.run(lambda conn: conn.execute(stmt).one(), "no due time was read")
-        return None if due is None else (due - now).total_seconds()
 
 
 #: PostgreSQL: every outcome of a batch in one UPDATE, the outcomes as parallel arrays. The

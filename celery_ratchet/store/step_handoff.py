@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, NewJob
 from celery_ratchet.store.claim_sql import RETURNED, Claimed, decode, fetch_claimed
+from celery_ratchet.store.claims import Claims
 from celery_ratchet.store.database import Database
 from celery_ratchet.store.db_clock import db_now
 from celery_ratchet.store.dialect import Dialect
@@ -28,7 +29,6 @@ from celery_ratchet.store.job_rows import job, job_params, new_job_values
 from celery_ratchet.store.raw import RawStatement, raw_statement
 from celery_ratchet.store.row_writer import RowWriter
 from celery_ratchet.store.schema import UTCDateTime, scheduler_queue_pause
-from celery_ratchet.store.settle import Claims
 
 
 class StepHandoff:

@@ -51,8 +51,8 @@ def test_a_settle_looks_each_job_up_by_its_id_whatever_the_statistics_say(
         for row in settle_rows
     ]
     for raw, values in (
-        (store.claims._raw_settle_many, _as_arrays(settle_rows, _SETTLE_ARRAYS)),
-        (store.claims._raw_store_results_pg, _as_arrays(result_rows, _RESULT_ARRAYS)),
+        (store.settler._raw_settle_many, _as_arrays(settle_rows, _SETTLE_ARRAYS)),
+        (store.settler._raw_store_results_pg, _as_arrays(result_rows, _RESULT_ARRAYS)),
     ):
         plan = _generic_plan(store, raw, values)
         assert "ux_scheduler_job_job_id" in plan, plan
@@ -75,8 +75,8 @@ def test_a_prepared_settle_of_a_few_jobs_keeps_its_plan(servers: Servers) -> Non
     with store.engine.connect() as conn:
         cursor = conn.connection.driver_connection.cursor()
         try:
-            for raw, with_result in ((store.claims._raw_settle_many, False),
-                                     (store.claims._raw_store_results_pg, True)):  # fmt: skip
+            for raw, with_result in ((store.settler._raw_settle_many, False),
+                                     (store.settler._raw_store_results_pg, True)):  # fmt: skip
                 for _ in range(12):
                     batch, claimed = claimed[:3], claimed[3:]
                     rows = [

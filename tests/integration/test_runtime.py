@@ -359,14 +359,14 @@ def test_results_are_written_by_the_settler_and_a_refused_one_fails_its_job(
 ) -> None:
     """A result the store refuses does not take the batch down, and its job is not left a
     success with no value: it fails, saying why."""
-    store_results = store.claims._store_results
+    store_results = store.settler._store_results
 
     def refusing(conn: Any, results: list[Settlement]) -> int:
         if any(s.result is not None and s.result.value == "REFUSE" for s in results):
             raise ValueRefused("the job store refused a value (a test); the result was not stored")
         return store_results(conn, results)
 
-    monkeypatch.setattr(store.claims, "_store_results", refusing)
+    monkeypatch.setattr(store.settler, "_store_results", refusing)
     for name in ("kept-1", "refused", "kept-2"):
         store.enqueue(new_job(name))
     executor = ResultExecutor()
@@ -393,14 +393,14 @@ def test_a_slot_stays_taken_until_its_result_is_written(
     """While the store takes no outcomes, a node whose successes wait for the settler starts
     nothing more: as when each thread waited for its own write, no job is started that the
     node could not report (and that another node would run again after the grace period)."""
-    store_results = store.claims._store_results
+    store_results = store.settler._store_results
     tries = []
 
     def unreachable(conn: Any, results: list[Settlement]) -> int:
         tries.append(len(results))
         raise StoreUnavailable("the job store is unreachable (a test)")
 
-    monkeypatch.setattr(store.claims, "_store_results", unreachable)
+    monkeypatch.setattr(store.settler, "_store_results", unreachable)
     store.enqueue_many([new_job(f"w{i}") for i in range(10)])
     executor = ResultExecutor()
     rt = live_node(store, executor)
@@ -410,7 +410,7 @@ def test_a_slot_stays_taken_until_its_result_is_written(
         wait_for(lambda: len(executor.ran) == 4)
         wait_for(lambda: len(tries) >= 3)  # the settler tried, and tried again, meanwhile
         assert len(executor.ran) == 4
-        monkeypatch.setattr(store.claims, "_store_results", store_results)
+        monkeypatch.setattr(store.settler, "_store_results", store_results)
         wait_for(lambda: store.count_by_status() == {"SUCCEEDED": 10})
     finally:
         rt.close(timeout=10)
