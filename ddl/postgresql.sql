@@ -208,6 +208,7 @@ CREATE TABLE scheduler_node (
 	started_at TIMESTAMP WITH TIME ZONE NOT NULL,
 	heartbeat_ts TIMESTAMP WITH TIME ZONE NOT NULL,
 	schedule_keys TEXT,
+	task_names TEXT,
 	PRIMARY KEY (node_id)
 );
 

@@ -207,6 +207,7 @@ CREATE TABLE scheduler_node (
 	started_at DATETIME NOT NULL,
 	heartbeat_ts DATETIME NOT NULL,
 	schedule_keys TEXT,
+	task_names TEXT,
 	PRIMARY KEY (node_id)
 );
 

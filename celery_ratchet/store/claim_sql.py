@@ -29,7 +29,12 @@ RETURNED = (
     "resource, revoke_requested"
 )
 _ORDER = "ORDER BY priority DESC, scheduled_time, id"
-_DUE = "status = 'PENDING' AND queue IN ({queues}) AND scheduled_time <= {now} AND {resource}"
+#: A pending row handed to one node (``picked_by``, see ``store/task_handoff.py``) is that
+#: node's alone to claim: rare, so a filter on the rows the index finds, not a scan.
+_DUE = (
+    "status = 'PENDING' AND queue IN ({queues}) AND scheduled_time <= {now} AND {resource} "
+    "AND (picked_by IS NULL OR picked_by = :node)"
+)
 CLAIMED_SET = (
     "status = 'RUNNING', picked_by = :node, claim_token = :token, claimed_at = {now}, "
     "started_at = NULL, claims = claims + 1"

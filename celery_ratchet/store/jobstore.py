@@ -37,6 +37,7 @@ from celery_ratchet.store.revocation import Revocations
 from celery_ratchet.store.row_writer import RowWriter
 from celery_ratchet.store.settle import Settle
 from celery_ratchet.store.step_handoff import StepHandoff
+from celery_ratchet.store.task_handoff import TaskHandoff
 
 
 class JobStore:
@@ -81,6 +82,7 @@ class JobStore:
         )
         self.nodes = Nodes(db, dialect, self.settler)
         self.handoff = StepHandoff(db, dialect, self.claims, self.rows)
+        self.task_handoff = TaskHandoff(db)
         self.results = Results(db, dialect)
         self.revoker = Revocations(db, dialect)
         self.admin = Admin(db, dialect, self.rows)
@@ -179,6 +181,10 @@ class JobStore:
 
     # StepHandoff (step_handoff.py)
     release_step_to = delegated("handoff", StepHandoff.release_step_to)
+
+    # TaskHandoff (task_handoff.py)
+    nodes_knowing = delegated("task_handoff", TaskHandoff.nodes_knowing)
+    hand_to = delegated("task_handoff", TaskHandoff.hand_to)
 
     # Results (results.py)
     result = delegated("results", Results.result)

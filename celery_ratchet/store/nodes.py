@@ -68,11 +68,13 @@ class Nodes:
         queues: Sequence[str],
         concurrency: int,
         schedule_keys: Sequence[str] | None = None,
+        task_names: Sequence[str] | None = None,
     ) -> datetime:
         """Register a node (again: a registration sent twice leaves one row); returns the
         moment it was registered, by the database clock (what it may have been asked to do
         is what was asked from then on). ``schedule_keys``: the schedules its configuration
-        owns (see :meth:`node_schedule_keys`)."""
+        owns (see :meth:`node_schedule_keys`); ``task_names``: the tasks it has registered
+        (see ``TaskHandoff.nodes_knowing``)."""
         n = scheduler_node
 
         def work(conn: Connection) -> datetime:
@@ -93,6 +95,7 @@ class Nodes:
                         schedule_keys=None
                         if schedule_keys is None
                         else json.dumps(sorted(schedule_keys)),
+                        task_names=None if task_names is None else json.dumps(sorted(task_names)),
                     )
                 )
                 return now
@@ -125,11 +128,19 @@ class Nodes:
         self.db.run(lambda conn: conn.execute(stmt), "the node's queues were not recorded")
 
     def remove_node(self, node_id: str) -> None:
+        """Remove the node's row; the pending jobs handed to it are anyone's again."""
         n = scheduler_node
-        self.db.run(
-            lambda conn: conn.execute(delete(n).where(n.c.node_id == node_id)),
-            "the node was not removed",
-        )
+
+        def work(conn: Connection) -> None:
+            with transaction(conn):
+                conn.execute(delete(n).where(n.c.node_id == node_id))
+                conn.execute(
+                    update(job)
+                    .where(job.c.status == JobStatus.PENDING.value, job.c.picked_by == node_id)
+                    .values(picked_by=None)
+                )
+
+        self.db.run(work, "the node was not removed")
 
     def live_node_queues(self, grace_seconds: float) -> dict[str, list[str]]:
         """The queues of every node whose heartbeat is younger than ``grace_seconds`` by
@@ -263,6 +274,18 @@ class Nodes:
                 if dead:
                     conn.execute(delete(p).where(p.c.node_id.in_(dead)))
                     conn.execute(delete(n).where(n.c.node_id.in_(dead)))
+                # Pending jobs handed to a node no longer registered (dead, or its row gone
+                # otherwise) are anyone's again: few, found through the (status, picked_by)
+                # index.
+                conn.execute(
+                    update(job)
+                    .where(
+                        job.c.status == JobStatus.PENDING.value,
+                        job.c.picked_by.is_not(None),
+                        job.c.picked_by.not_in(select(n.c.node_id)),
+                    )
+                    .values(picked_by=None)
+                )
                 return OrphanRecovery(
                     sorted(requeued), sorted(dead_lettered), sorted(dead), sorted(queues)
                 )

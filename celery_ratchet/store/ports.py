@@ -45,6 +45,10 @@ class QueueStore(Announcing, Protocol):
 
     def defer(self, deferrals: Sequence[tuple[str, str, datetime]]) -> int: ...
 
+    def hand_to(self, handoffs: Sequence[tuple[str, str, str]]) -> int:
+        """Claimed jobs, each as (job id, claim token, node id), back PENDING for that node
+        alone to claim (``store/task_handoff.py``)."""
+
     def settle(
         self,
         settlements: Iterable[Settlement],
@@ -76,6 +80,7 @@ class NodeStore(Protocol):
         queues: Sequence[str],
         concurrency: int,
         schedule_keys: Sequence[str] | None = None,
+        task_names: Sequence[str] | None = None,
     ) -> datetime: ...
 
     def node_schedule_keys(self) -> dict[str, list[str] | None]: ...

@@ -130,6 +130,9 @@ def _job_columns() -> list[Column[Any]]:
         Column("tags", Text),
         #: Revoke asked while the job was RUNNING: ``REVOKE``, or the signal to terminate it.
         Column("revoke_requested", String(16)),
+        #: The node holding the claim (RUNNING). On a PENDING row, the node it was handed to
+        #: by one that claimed it without knowing its task (``store/task_handoff.py``): no
+        #: other node claims it while that node is registered.
         Column("picked_by", String(255)),
         Column("claim_token", String(32)),
         Column("claimed_at", UTCDateTime),
@@ -303,6 +306,10 @@ scheduler_node = Table(
     # entries), as a JSON list: one is removed only once no live node's list has it. NULL:
     # not said (a node of an earlier version), so nothing is removed while it lives.
     Column("schedule_keys", Text, nullable=True),
+    # The names of the tasks the node has registered, as a JSON list: a node that claims a
+    # job of a task it does not know hands it to a live node whose list has it (a rolling
+    # deploy). NULL: not said (a node of an earlier version), so none is handed to it.
+    Column("task_names", Text, nullable=True),
     **_MYSQL_OPTIONS,
 )
 

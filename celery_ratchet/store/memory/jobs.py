@@ -151,6 +151,7 @@ class JobRows:
             and r.queue in wanted
             and r.scheduled_time <= now
             and r.resource == resource
+            and (r.picked_by is None or r.picked_by == node_id)  # handed to one node
         ]
         due.sort(
             key=lambda r: (
@@ -213,6 +214,22 @@ class JobRows:
                     changed += 1
                 self.state.release(t, job_id, token)
             self.state.announce_queues_of(j for j, _, _ in deferrals)
+            return changed
+
+    def hand_to(self, handoffs: Sequence[tuple[str, str, str]]) -> int:
+        """Give claimed jobs back PENDING, due as they were, for one node alone to claim
+        (``TaskHandoff.hand_to``); the claim stays counted."""
+        with self.state.atomic() as t:
+            changed = 0
+            for job_id, token, node_id in handoffs:
+                row = self.state.held(t, job_id, token)
+                if row is not None:
+                    row.status = PENDING
+                    row.clear_claim()
+                    row.picked_by = node_id
+                    changed += 1
+                self.state.release(t, job_id, token)
+            self.state.announce_queues_of(j for j, _, _ in handoffs)
             return changed
 
     def settle(

@@ -37,14 +37,33 @@ class NodeRows:
         queues: Sequence[str],
         concurrency: int,
         schedule_keys: Sequence[str] | None = None,
+        task_names: Sequence[str] | None = None,
     ) -> datetime:
         with self.state.lock:
             now = self.state.now()
             keys = None if schedule_keys is None else sorted(schedule_keys)
+            names = None if task_names is None else sorted(task_names)
             self.state.t.nodes[node_id] = NodeRow(
-                node_id, hostname, pid, ",".join(queues), concurrency, now, now, keys
+                node_id, hostname, pid, ",".join(queues), concurrency, now, now, keys, names
             )
             return now
+
+    def nodes_knowing(
+        self, task_name: str, queue: str, grace_seconds: float, *, excluding: str | None = None
+    ) -> list[str]:
+        """As ``TaskHandoff.nodes_knowing``: live nodes serving ``queue`` that said they
+        have ``task_name``."""
+        with self.state.lock:
+            cutoff = self.state.now() - timedelta(seconds=grace_seconds)
+            return sorted(
+                n.node_id
+                for n in self.state.t.nodes.values()
+                if n.heartbeat_ts >= cutoff
+                and n.node_id != excluding
+                and n.task_names is not None
+                and task_name in n.task_names
+                and queue in n.queues.split(",")
+            )
 
     def node_schedule_keys(self) -> dict[str, list[str] | None]:
         with self.state.lock:
@@ -71,6 +90,9 @@ class NodeRows:
     def remove_node(self, node_id: str) -> None:
         with self.state.lock:
             self.state.t.nodes.pop(node_id, None)
+            for r in self.state.rows():  # the pending jobs handed to it: anyone's again
+                if r.status == PENDING and r.picked_by == node_id:
+                    r.picked_by = None
 
     def node_heartbeats(self) -> dict[str, datetime]:
         with self.state.lock:
@@ -102,6 +124,7 @@ class NodeRows:
                     "started_at": n.started_at,
                     "heartbeat_ts": n.heartbeat_ts,
                     "schedule_keys": n.schedule_keys,
+                    "task_names": n.task_names,
                     "running": running[n.node_id],
                 }
                 for n in nodes
@@ -160,4 +183,7 @@ class NodeRows:
             t.permits = [p for p in t.permits if p.job_id not in gone and p.node_id not in dead]
             for node_id in dead:
                 del t.nodes[node_id]
+            for r in t.jobs.values():  # handed to a node no longer registered: anyone's
+                if r.status == PENDING and r.picked_by is not None and r.picked_by not in t.nodes:
+                    r.picked_by = None
             return OrphanRecovery(sorted(requeued), sorted(dead_lettered), dead, sorted(queues))

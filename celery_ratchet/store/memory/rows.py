@@ -292,6 +292,7 @@ class NodeRow:
     started_at: datetime
     heartbeat_ts: datetime
     schedule_keys: list[str] | None
+    task_names: list[str] | None = None
 
 
 @dataclass

@@ -58,6 +58,7 @@ class MemoryStore:
         self.claim = jobs.claim
         self.claim_for_resource = jobs.claim_for_resource
         self.defer = jobs.defer
+        self.hand_to = jobs.hand_to
         self.settle = jobs.settle
         self.store_outcome = jobs.store_outcome
         self.replace_running = jobs.replace_running
@@ -72,6 +73,7 @@ class MemoryStore:
         self.purge_pending = jobs.purge_pending
         nodes = NodeRows(self.state)
         self.register_node = nodes.register_node
+        self.nodes_knowing = nodes.nodes_knowing
         self.node_schedule_keys = nodes.node_schedule_keys
         self.heartbeat = nodes.heartbeat
         self.database_time = nodes.database_time

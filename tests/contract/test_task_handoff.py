@@ -1,0 +1,129 @@
+"""Jobs of a task the claiming node does not know, handed to a live node that knows it (a
+rolling or canary deploy), on every database and in memory: nodes say which tasks they have
+when they register; a handed job is PENDING for that node alone to claim; the mark lapses
+when that node is removed or declared dead."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import text
+
+from celery_ratchet.domain.job import JobStatus
+from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.memory import MemoryStore
+from tests.helpers import new_job
+
+Store = JobStore | MemoryStore
+
+
+def _silence(store: Store, node: str) -> None:
+    """The node's heartbeat as if written ten minutes ago."""
+    moment = datetime.now(timezone.utc) - timedelta(minutes=10)
+    if isinstance(store, MemoryStore):
+        store.forge(lambda rows: setattr(rows.nodes[node], "heartbeat_ts", moment))
+        return
+    with store.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE scheduler_node SET heartbeat_ts = :t WHERE node_id = :n"),
+            {"t": moment, "n": node},
+        )
+
+
+def _status(store: Store, job_id: str) -> JobStatus:
+    record = store.result(job_id)
+    assert record is not None
+    return record.status
+
+
+def _register(store: Store) -> None:
+    """A node of the release before, one of the next serving two queues, one of the next
+    serving another queue, and one of an earlier version that says nothing."""
+    store.register_node("old", "h", 1, ["celery"], 1, task_names=["acc.add"])
+    store.register_node("new", "h", 2, ["celery", "b"], 1, task_names=["acc.add", "acc.next"])
+    store.register_node("other", "h", 3, ["b"], 1, task_names=["acc.next"])
+    store.register_node("legacy", "h", 4, ["celery"], 1)
+
+
+def test_the_live_nodes_that_said_they_have_a_task_and_serve_its_queue_are_found(
+    store: Store,
+) -> None:
+    _register(store)
+    assert store.nodes_knowing("acc.next", "celery", 60, excluding="old") == ["new"]
+    assert store.nodes_knowing("acc.next", "b", 60, excluding="old") == ["new", "other"]
+    assert store.nodes_knowing("acc.next", "b", 60, excluding="new") == ["other"]
+    assert store.nodes_knowing("acc.add", "celery", 60) == ["new", "old"]  # legacy said nothing
+    assert store.nodes_knowing("acc.gone", "celery", 60) == []
+    assert store.nodes_knowing("acc.next", "nobody-serves-it", 60) == []
+    _silence(store, "new")
+    assert store.nodes_knowing("acc.next", "celery", 60, excluding="old") == []
+    assert store.nodes_knowing("acc.next", "b", 60) == ["other"]
+
+
+def test_a_node_registered_again_says_its_tasks_again(store: Store) -> None:
+    store.register_node("n", "h", 1, ["celery"], 1, task_names=["acc.add"])
+    store.register_node("n", "h", 1, ["celery"], 1, task_names=["acc.next"])
+    assert store.nodes_knowing("acc.next", "celery", 60) == ["n"]
+    assert store.nodes_knowing("acc.add", "celery", 60) == []
+
+
+def test_a_job_handed_to_a_node_is_claimed_by_that_node_alone(store: Store) -> None:
+    _register(store)
+    store.enqueue(new_job("j", task="acc.next"))
+    [claimed] = store.claim("old", ["celery"], 10)
+
+    assert store.hand_to([("j", claimed.token, "new")]) == 1
+    assert _status(store, "j") is JobStatus.PENDING
+    # A lost claim hands nothing over (the compare-and-swap of every write under a claim).
+    assert store.hand_to([("j", claimed.token, "other")]) == 0
+    assert store.claim("old", ["celery"], 10) == []
+    assert store.claim("legacy", ["celery"], 10) == []
+    [taken] = store.claim("new", ["celery"], 10)
+    assert (taken.job_id, taken.claims) == ("j", 2)  # the claim it was handed from counts
+
+    # Handed back by that node in the usual way, it is anyone's again.
+    assert store.defer([("j", taken.token, datetime.now(timezone.utc) - timedelta(seconds=1))])
+    [again] = store.claim("old", ["celery"], 10)
+    assert again.job_id == "j"
+
+
+def test_other_jobs_of_the_queue_are_claimed_by_any_node_meanwhile(store: Store) -> None:
+    _register(store)
+    store.enqueue_many([new_job("handed", task="acc.next"), new_job("plain", priority=0)])
+    [claimed] = store.claim("old", ["celery"], 1)
+    assert claimed.job_id == "handed"  # the higher priority first
+    store.hand_to([("handed", claimed.token, "new")])
+    assert [j.job_id for j in store.claim("old", ["celery"], 10)] == ["plain"]
+    assert [j.job_id for j in store.claim("new", ["celery"], 10)] == ["handed"]
+
+
+def test_a_job_handed_to_a_node_that_is_removed_is_anyones_again(store: Store) -> None:
+    _register(store)
+    store.enqueue(new_job("j", task="acc.next"))
+    [claimed] = store.claim("old", ["celery"], 10)
+    store.hand_to([("j", claimed.token, "new")])
+    store.remove_node("new")
+    assert [j.job_id for j in store.claim("old", ["celery"], 10)] == ["j"]
+
+
+def test_a_job_handed_to_a_node_declared_dead_is_anyones_again(store: Store) -> None:
+    _register(store)
+    store.enqueue(new_job("j", task="acc.next"))
+    [claimed] = store.claim("old", ["celery"], 10)
+    store.hand_to([("j", claimed.token, "new")])
+    assert store.claim("old", ["celery"], 10) == []
+    _silence(store, "new")
+    recovered = store.recover_orphans(60)
+    assert recovered.dead_nodes == ["new"]
+    assert recovered.requeued == []  # it was pending, not running
+    assert [j.job_id for j in store.claim("old", ["celery"], 10)] == ["j"]
+
+
+def test_a_handed_job_that_needs_a_permit_gives_its_permit_back(store: Store) -> None:
+    _register(store)
+    store.enqueue_many([new_job("r1", task="acc.next", resource="api")])
+    [claimed] = store.claim_for_resource("old", ["celery"], "api", 1, 10)
+    store.hand_to([("r1", claimed.token, "new")])
+    assert store.claim_for_resource("old", ["celery"], "api", 1, 10) == []
+    [taken] = store.claim_for_resource("new", ["celery"], "api", 1, 10)
+    assert taken.job_id == "r1"
