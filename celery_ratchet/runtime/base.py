@@ -60,11 +60,15 @@ class WakeupSource(Protocol):
 class Declined(Exception):
     """Raised by a node's ``dispatch`` for a job it will not start here (its task unknown
     to this worker): the job goes back to the store, due ``after_seconds`` from its claim,
-    with no attempt counted."""
+    with no attempt counted; or, with ``to_node``, handed to that node alone, due as it was
+    (``store/task_handoff.py``)."""
 
-    def __init__(self, after_seconds: float) -> None:
+    def __init__(self, after_seconds: float, to_node: str | None = None) -> None:
         super().__init__(f"handed back for {after_seconds}s")
         self.after_seconds = after_seconds
+        #: A live node that knows the task: the job is handed to it alone, due at once
+        #: (``after_seconds`` unused).
+        self.to_node = to_node
 
 
 #: The circuit breaker a job's task is protected by: (service name, its configuration).

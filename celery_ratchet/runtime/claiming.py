@@ -95,9 +95,12 @@ class Claimer:
             return
         deferred: list[tuple[ClaimedJob, datetime]] = []
         declined: list[tuple[ClaimedJob, datetime]] = []
+        handed: list[tuple[ClaimedJob, str]] = []
         try:
-            self._dispatch_until_full(deferred, declined)
+            self._dispatch_until_full(deferred, declined, handed)
         finally:
+            if handed:
+                self._hand_to(handed)
             if deferred:
                 self._defer(deferred, "ratchet: circuit open; deferred %d jobs (%s)")
             if declined:  # each task named once at WARNING by the dispatcher
@@ -111,6 +114,7 @@ class Claimer:
         self,
         deferred: list[tuple[ClaimedJob, datetime]],
         declined: list[tuple[ClaimedJob, datetime]],
+        handed: list[tuple[ClaimedJob, str]],
     ) -> None:
         while True:
             job = self._holdings.start_next(self._intake.capacity, self._events.stopping)
@@ -126,6 +130,9 @@ class Claimer:
                 self.dispatch(job)
             except Declined as declining:
                 self._holdings.unstart(job)
+                if declining.to_node is not None:
+                    handed.append((job, declining.to_node))
+                    continue
                 claimed_at = job.claimed_now or self._clock.now()
                 declined.append((job, claimed_at + timedelta(seconds=declining.after_seconds)))
             except Exception as exc:
@@ -162,6 +169,21 @@ class Claimer:
             return None
         claimed_at = job.claimed_now or self._clock.now()
         return claimed_at + timedelta(seconds=until - now)
+
+    def _hand_to(self, handed: list[tuple[ClaimedJob, str]]) -> None:
+        """Hand jobs of tasks unknown here to nodes that know them (each task named once at
+        WARNING by the dispatcher)."""
+        try:
+            self.store.hand_to([(job.job_id, job.token, node) for job, node in handed])
+        except Exception as exc:  # kept claimed and buffered: tried again next round
+            self._throttle.warn("hand_to", "ratchet: jobs not handed over yet: %s", exc)
+            self._holdings.rebuffer(job for job, _ in handed)
+            return
+        logger.debug(
+            "ratchet: handed %d jobs of tasks unknown here to nodes that know them (%s)",
+            len(handed),
+            ", ".join(sorted({job.task_name for job, _ in handed})),
+        )
 
     def _defer(
         self, deferred: list[tuple[ClaimedJob, datetime]], done: str, level: int = logging.INFO

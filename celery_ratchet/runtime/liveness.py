@@ -60,6 +60,7 @@ class Heartbeat:
         hostname: str,
         schedule_keys: list[str],
         intake: Intake,
+        task_names: list[str] | None = None,
         holdings: Holdings,
         events: NodeEvents,
         standing: Standing,
@@ -75,6 +76,7 @@ class Heartbeat:
         self.node_id = node_id
         self.hostname = hostname
         self.schedule_keys = schedule_keys
+        self.task_names = task_names
         self._intake = intake
         self._holdings = holdings
         self._events = events
@@ -100,6 +102,7 @@ class Heartbeat:
                     self._intake.queues,
                     self._intake.capacity.executing,
                     self.schedule_keys,
+                    self.task_names,
                 )
                 self._standing.confirmed(sent, self._holdings.registered())
                 logger.info(

@@ -83,6 +83,7 @@ class WorkerRuntime:
         fence: Fence | None = None,
         control: CommandRunner | None = None,
         schedule_keys: Sequence[str] = (),
+        task_names: Sequence[str] | None = None,
         clock: NodeClock | None = None,
         local_clock: Clock = SYSTEM_CLOCK,
     ) -> None:
@@ -129,6 +130,7 @@ class WorkerRuntime:
         self.heartbeat = Heartbeat(
             store, settings, node_id=node_id, hostname=self.hostname,
             schedule_keys=list(schedule_keys), intake=self._intake, holdings=holdings,
+            task_names=None if task_names is None else list(task_names),
             events=events, standing=standing, peers=peers, settler=self.settler,
             drop_buffer=self.claimer.drop_buffer, node_clock=clock, clock=local_clock,
             throttle=throttle_for(settings, local_clock),

@@ -43,7 +43,7 @@ from celery_ratchet.celery.worker.request import ratchet_request_class
 from celery_ratchet.celery.worker.retry import install_retries
 from celery_ratchet.celery.worker.transport import wake as wake_main_loop
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
-from celery_ratchet.domain.unknown_tasks import UnknownTasks
+from celery_ratchet.domain.unknown_tasks import HandBack, HandTo, UnknownTasks
 from celery_ratchet.errors import (
     CompressedPayloadTooLarge,
     ConfigurationError,
@@ -77,6 +77,8 @@ class Dispatcher:
         self.max_payload_kb = settings.max_payload_kb
         self.runtime: WorkerRuntime | None = None
         self.unknown_tasks = UnknownTasks(settings.unknown_task_grace_seconds)
+        #: A node whose heartbeat is older than this is not handed jobs.
+        self.live_within = settings.node_orphan_grace_seconds
 
     def __call__(self, job: ClaimedJob) -> None:
         content_type = job.message.content_type
@@ -131,12 +133,43 @@ class Dispatcher:
         logger.error("ratchet: job %s failed unrun: %s", job.job_id, exc)
         self._on_end(job, JobStatus.FAILED, exception_record(exc), None)
 
+    def _knowing(self, job: ClaimedJob, now: float) -> list[str]:
+        """The live nodes (other than this one) that said they have the job's task and
+        serve its queue; none when they cannot be read now."""
+        found = self.unknown_tasks.knowing(job.task_name, job.queue, now)
+        if found is not None:
+            return found
+        excluding = self.runtime.node_id if self.runtime is not None else None
+        try:
+            found = ratchet_state(self.consumer.app).store.nodes_knowing(
+                job.task_name, job.queue, self.live_within, excluding=excluding
+            )
+        except (StoreBusy, StoreUnavailable) as exc:
+            logger.warning("ratchet: the workers that know task %r were not read: %s",
+                           job.task_name, exc)  # fmt: skip
+            found = []
+        self.unknown_tasks.remember(job.task_name, job.queue, found, now)
+        return found
+
     def _unknown(self, job: ClaimedJob) -> None:
-        """A task this worker does not know: handed back for workers that do, for a while
-        (a rolling deploy brings them), then failed."""
+        """A task this worker does not know: handed to a live worker that does, if one
+        says so; else handed back for workers that do, for a while (a rolling deploy
+        brings them), then failed."""
         grace = self.unknown_tasks.grace_seconds
-        handed_back_for = self.unknown_tasks.hand_back(job.job_id, time.monotonic())
-        if handed_back_for is not None:
+        now = time.monotonic()
+        decision = self.unknown_tasks.decide(job.job_id, self._knowing(job, now), now)
+        if isinstance(decision, HandTo):
+            if self.unknown_tasks.first_handed(job.task_name):
+                logger.warning(
+                    "ratchet: task %r is unknown to worker %s, and live worker %s has it "
+                    "registered: its jobs are handed to the workers that have it",
+                    job.task_name,
+                    self.consumer.hostname,
+                    decision.node,
+                )
+            raise Declined(0, to_node=decision.node)
+        if isinstance(decision, HandBack):
+            handed_back_for = decision.seconds
             if self.unknown_tasks.first_of(job.task_name):
                 logger.warning(
                     "ratchet: task %r is not registered on worker %s: its jobs are handed "
@@ -229,6 +262,8 @@ class JobConsumer(bootsteps.StartStopStep):
             fence=self.fence,
             control=RemoteCommands(c),
             schedule_keys=list(app.conf.beat_schedule or {}),
+            # Said so that a node of another release hands it the jobs of the tasks it has.
+            task_names=sorted(app.tasks),
             clock=state.clock,
         )
         dispatcher.runtime = runtime
