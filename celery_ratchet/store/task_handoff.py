@@ -5,7 +5,7 @@ the newer release registers. Each node says at registration which tasks it has
 (``scheduler_node.task_names``); the node that cannot run the job finds a live node whose
 list has the task and serves the job's queue (:meth:`TaskHandoff.nodes_knowing`), and puts
 the job back PENDING with that node in ``picked_by`` (:meth:`TaskHandoff.hand_to`). The
-claim statement (``store/claim.py``) leaves such a row to that node alone, so a node of the
+claim statement (``store/claim_sql.py``) leaves such a row to that node alone, so a node of the
 release before cannot win it again. The claim it was handed back from is counted in
 ``claims``, as any claim is. The mark lapses when that node is removed or declared dead
 (``Nodes.remove_node``, ``Nodes.recover_orphans``): the job is anyone's again.
