@@ -206,7 +206,7 @@ CREATE TABLE scheduler_node (
 	started_at DATETIME(6) NOT NULL,
 	heartbeat_ts DATETIME(6) NOT NULL,
 	schedule_keys TEXT,
-	task_names TEXT,
+	task_names MEDIUMTEXT,
 	PRIMARY KEY (node_id)
 )ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
 

@@ -309,7 +309,9 @@ scheduler_node = Table(
     # The names of the tasks the node has registered, as a JSON list: a node that claims a
     # job of a task it does not know hands it to a live node whose list has it (a rolling
     # deploy). NULL: not said (a node of an earlier version), so none is handed to it.
-    Column("task_names", Text, nullable=True),
+    # MEDIUMTEXT on MySQL/MariaDB: TEXT holds 64 KB, which the names of some 1,000 tasks fill,
+    # and a node whose list does not fit could not register at all.
+    Column("task_names", _long_text(), nullable=True),
     **_MYSQL_OPTIONS,
 )
 
