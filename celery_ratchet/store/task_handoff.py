@@ -6,9 +6,11 @@ the newer release registers. Each node says at registration which tasks it has
 list has the task and serves the job's queue (:meth:`TaskHandoff.nodes_knowing`), and puts
 the job back PENDING with that node in ``picked_by`` (:meth:`TaskHandoff.hand_to`). The
 claim statement (``store/claim_sql.py``) leaves such a row to that node alone, so a node of the
-release before cannot win it again. The claim it was handed back from is counted in
-``claims``, as any claim is. The mark lapses when that node is removed or declared dead
-(``Nodes.remove_node``, ``Nodes.recover_orphans``): the job is anyone's again.
+release before cannot win it again. The claim it was handed from is not counted in
+``claims`` (as a deferral's is not): ``claims`` counts claims that never finished, which
+``ratchet_max_recoveries`` bounds, and a hand-over finished. The mark lapses when that
+node is removed or declared dead (``Nodes.remove_node``, ``Nodes.recover_orphans``): the
+job is anyone's again.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class TaskHandoff:
             .values(
                 status=JobStatus.PENDING.value,
                 picked_by=bindparam("p_node"),
+                claims=job.c.claims - 1,
                 claim_token=None,
                 claimed_at=None,
                 started_at=None,

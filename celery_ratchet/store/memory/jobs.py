@@ -218,7 +218,7 @@ class JobRows:
 
     def hand_to(self, handoffs: Sequence[tuple[str, str, str]]) -> int:
         """Give claimed jobs back PENDING, due as they were, for one node alone to claim
-        (``TaskHandoff.hand_to``); the claim stays counted."""
+        (``TaskHandoff.hand_to``); the claim is not counted."""
         with self.state.atomic() as t:
             changed = 0
             for job_id, token, node_id in handoffs:
@@ -226,6 +226,7 @@ class JobRows:
                 if row is not None:
                     row.status = PENDING
                     row.clear_claim()
+                    row.claims -= 1
                     row.picked_by = node_id
                     changed += 1
                 self.state.release(t, job_id, token)
