@@ -128,3 +128,43 @@ def test_a_handed_job_that_needs_a_permit_gives_its_permit_back(store: Store) ->
     assert store.claim_for_resource("old", ["celery"], "api", 1, 10) == []
     [taken] = store.claim_for_resource("new", ["celery"], "api", 1, 10)
     assert taken.job_id == "r1"
+
+
+def test_a_node_with_many_tasks_registers(store: Store) -> None:
+    """1,500 long task names (about 100 KB of JSON): MySQL's TEXT (64 KB) refused the node's
+    registration, and the worker never claimed."""
+    names = [
+        f"project.apps.module_{i:04d}.tasks.some_reasonably_long_task_name" for i in range(1500)
+    ]
+    store.register_node("big", "h", 1, ["celery"], 1, task_names=names)
+    assert store.nodes_knowing(names[-1], "celery", 60) == ["big"]
+
+
+def test_a_node_table_of_an_earlier_version_gains_task_names(store: JobStore) -> None:
+    with store.engine.connect() as conn:
+        conn.execute(text("ALTER TABLE scheduler_node DROP COLUMN task_names"))
+        if store.engine.dialect.name != "sqlite":
+            conn.commit()
+    assert "missing column scheduler_node.task_names" in store.schema_differences()
+    assert store.create_missing_tables() == ["scheduler_node.task_names"]
+    assert store.schema_differences() == []
+    store.register_node("new", "h", 2, ["celery"], 1, task_names=["acc.next"])
+    assert store.nodes_knowing("acc.next", "celery", 60) == ["new"]
+
+
+def test_hand_overs_do_not_count_toward_the_recovery_limit(store: Store) -> None:
+    """Handed over three times, each new node dying under it: three claims that never
+    finished, within ratchet_max_recoveries = 5 (counted, it was dead-lettered at 3)."""
+    store.register_node("old", "h", 1, ["celery"], 1, task_names=["acc.add"])
+    store.enqueue(new_job("j", task="acc.next"))
+    for crash in range(3):
+        node = f"new{crash}"
+        store.register_node(node, "h", 2 + crash, ["celery"], 1, task_names=["acc.next"])
+        [claimed] = store.claim("old", ["celery"], 10)
+        store.hand_to([("j", claimed.token, node)])
+        [_taken] = store.claim(node, ["celery"], 10)
+        _silence(store, node)  # the new worker dies running it
+        store.recover_orphans(60, max_recoveries=5)
+    record = store.result("j")
+    assert record is not None
+    assert record.status is not JobStatus.FAILED, record.last_error
