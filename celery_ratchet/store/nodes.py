@@ -123,9 +123,21 @@ class Nodes:
         return read
 
     def set_node_queues(self, node_id: str, queues: Sequence[str]) -> None:
+        """Record the queues the node claims from (``add_consumer``, ``cancel_consumer``);
+        the pending jobs handed to it in a queue it left are anyone's again."""
         n = scheduler_node
         stmt = update(n).where(n.c.node_id == node_id).values(queues=",".join(queues))
-        self.db.run(lambda conn: conn.execute(stmt), "the node's queues were not recorded")
+        handed = [job.c.status == JobStatus.PENDING.value, job.c.picked_by == node_id]
+        if queues:
+            handed.append(job.c.queue.not_in(list(queues)))
+        released = update(job).where(*handed).values(picked_by=None)
+
+        def work(conn: Connection) -> None:
+            with transaction(conn):
+                conn.execute(stmt)
+                conn.execute(released)
+
+        self.db.run(work, "the node's queues were not recorded")
 
     def remove_node(self, node_id: str) -> None:
         """Remove the node's row; the pending jobs handed to it are anyone's again."""

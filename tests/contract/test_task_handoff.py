@@ -168,3 +168,25 @@ def test_hand_overs_do_not_count_toward_the_recovery_limit(store: Store) -> None
     record = store.result("j")
     assert record is not None
     assert record.status is not JobStatus.FAILED, record.last_error
+
+
+def test_a_job_handed_to_a_node_that_stops_serving_its_queue_is_anyones_again(
+    store: Store,
+) -> None:
+    """``cancel_consumer`` of the job's queue on the node it was handed to: another node
+    that knows the task claims it (it waited for as long as that node lived)."""
+    store.register_node("old", "h", 1, ["celery"], 1, task_names=["acc.add"])
+    store.register_node("new1", "h", 2, ["celery", "other"], 1, task_names=["acc.next"])
+    store.register_node("new2", "h", 3, ["celery"], 1, task_names=["acc.next"])
+    store.enqueue(new_job("j", task="acc.next"))
+    store.enqueue(new_job("k", task="acc.next", queue="other"))
+    [claimed] = store.claim("old", ["celery"], 10)
+    [kept] = store.claim("old", ["other"], 10)
+    assert store.hand_to([("j", claimed.token, "new1"), ("k", kept.token, "new1")]) == 2
+    store.set_node_queues("new1", ["other"])  # celery control cancel_consumer celery
+    assert store.nodes_knowing("acc.next", "celery", 60, excluding="old") == ["new2"]
+    [taken] = store.claim("new2", ["celery"], 10)
+    assert taken.job_id == "j"
+    # The job of a queue it still serves stays its own.
+    assert store.claim("new2", ["other"], 10) == []
+    assert [c.job_id for c in store.claim("new1", ["other"], 10)] == ["k"]

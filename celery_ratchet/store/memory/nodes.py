@@ -86,6 +86,9 @@ class NodeRows:
             node = self.state.t.nodes.get(node_id)
             if node is not None:
                 node.queues = ",".join(queues)
+            for r in self.state.rows():  # handed to it in a queue it left: anyone's again
+                if r.status == PENDING and r.picked_by == node_id and r.queue not in queues:
+                    r.picked_by = None
 
     def remove_node(self, node_id: str) -> None:
         with self.state.lock:
