@@ -48,6 +48,7 @@ from celery_ratchet.errors import (
     CompressedPayloadTooLarge,
     ConfigurationError,
     MalformedJob,
+    RatchetError,
     SerializerNotAllowed,
     StoreBusy,
     StoreUnavailable,
@@ -144,7 +145,7 @@ class Dispatcher:
             found = ratchet_state(self.consumer.app).store.nodes_knowing(
                 job.task_name, job.queue, self.live_within, excluding=excluding
             )
-        except (StoreBusy, StoreUnavailable) as exc:
+        except RatchetError as exc:  # none found: handed back for anyone, as before
             logger.warning("ratchet: the workers that know task %r were not read: %s",
                            job.task_name, exc)  # fmt: skip
             found = []
