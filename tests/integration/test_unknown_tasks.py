@@ -93,3 +93,27 @@ def test_an_unknown_task_is_handed_back_said_once_then_failed_after_the_grace(
     assert "no worker that knows it took it in the 1s" in str(store.result(results[0].id))
     handing_back = [r for r in records if str(r.msg).startswith("ratchet: handed back")]
     assert {r.levelno for r in handing_back} == {logging.DEBUG}  # the task named once
+
+
+def test_a_store_error_reading_who_knows_the_task_hands_the_job_back(
+    url: str, broker_trap: BrokerTrap, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read of the workers that have the task fails with a store error other than busy
+    or unavailable: the job is handed back for anyone, as without the hand-over, instead of
+    failing as a job that could not start."""
+    from celery_ratchet.errors import RatchetError
+
+    app = make_app(url, broker_trap.url, ratchet_unknown_task_grace_seconds=600)
+    store = ratchet_state(app).store
+
+    def unreadable(*args: object, **kwargs: object) -> list[str]:
+        raise RatchetError("the node table could not be read")
+
+    monkeypatch.setattr(store, "nodes_knowing", unreadable)
+    with logged() as records, worker_running(app):
+        result = app.send_task("t.added_later", (1,))
+        wait_until(lambda: handed_back(records) >= 1, 30, "the job handed back")
+        stored = store.result(result.id)
+        assert stored is not None and stored.status is not JobStatus.FAILED
+    said = [r.getMessage() for r in records if "were not read" in r.getMessage()]
+    assert said and "the node table could not be read" in said[0]
