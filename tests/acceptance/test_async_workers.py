@@ -137,10 +137,20 @@ def test_celery_features_work_for_coroutines_as_for_sync_tasks(
     runs = run_keys(store)
     flaky_signals = [key for key in runs if key.split(":")[0] in ("prerun", "postrun",
                      "retry", "success")]  # fmt: skip
-    assert flaky_signals == [
-        "prerun:0", "retry:0", "postrun:0",
-        "prerun:1", "retry:1", "postrun:1",
-        "prerun:2", "success:2", "postrun:2",
+    # Each try's signals in Celery's order. Tries may overlap: the retry is sent (0.1 s
+    # countdown) before its try's retry signal, and on a busy database the next try has been
+    # seen starting on the other slot before that signal's row was written.
+    by_try: dict[str, list[str]] = {}
+    for key in flaky_signals:
+        name, attempt = key.split(":")
+        by_try.setdefault(attempt, []).append(name)
+    assert by_try == {
+        "0": ["prerun", "retry", "postrun"],
+        "1": ["prerun", "retry", "postrun"],
+        "2": ["prerun", "success", "postrun"],
+    }
+    assert [k for k in flaky_signals if k.startswith("prerun")] == [
+        "prerun:0", "prerun:1", "prerun:2"
     ]  # fmt: skip
     revoked = store.result(long.id)
     assert revoked is not None and revoked.status is JobStatus.REVOKED
