@@ -6,6 +6,7 @@ import logging
 import os
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from celery_ratchet.domain.job import (
     ClaimedJob,
@@ -33,6 +34,7 @@ from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.ports import QueueStore
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class Claimer:
@@ -173,35 +175,33 @@ class Claimer:
     def _hand_to(self, handed: list[tuple[ClaimedJob, str]]) -> None:
         """Hand jobs of tasks unknown here to nodes that know them (each task named once at
         WARNING by the dispatcher)."""
-        try:
-            self.store.hand_to([(job.job_id, job.token, node) for job, node in handed])
-        except Exception as exc:  # kept claimed and buffered: tried again next round
-            self._throttle.warn("hand_to", "ratchet: jobs not handed over yet: %s", exc)
-            self._holdings.rebuffer(job for job, _ in handed)
-            return
-        logger.debug(
-            "ratchet: handed %d jobs of tasks unknown here to nodes that know them (%s)",
-            len(handed),
-            ", ".join(sorted({job.task_name for job, _ in handed})),
-        )
+        done = "ratchet: handed %d jobs of tasks unknown here to nodes that know them (%s)"
+        self._give_back(handed, self.store.hand_to, "handed over", done, logging.DEBUG)
 
     def _defer(
         self, deferred: list[tuple[ClaimedJob, datetime]], done: str, level: int = logging.INFO
     ) -> None:
         """Put jobs back, due at the given times (a service's breaker open: when it
         half-opens); they lose no attempt."""
+        self._give_back(deferred, self.store.defer, "deferred", done, level)
+
+    def _give_back(
+        self,
+        jobs: list[tuple[ClaimedJob, _T]],
+        write: Callable[[list[tuple[str, str, _T]]], object],
+        what: str,
+        done: str,
+        level: int,
+    ) -> None:
+        """Write claimed jobs back as ``write`` does, each with its own value (a node, a due
+        time). If that fails they stay claimed and buffered, and are given back next round."""
         try:
-            self.store.defer([(job.job_id, job.token, due) for job, due in deferred])
-        except Exception as exc:  # kept claimed and buffered: deferred again next round
-            self._throttle.warn("defer", "ratchet: jobs not deferred yet: %s", exc)
-            self._holdings.rebuffer(job for job, _ in deferred)
+            write([(job.job_id, job.token, value) for job, value in jobs])
+        except Exception as exc:
+            self._throttle.warn(what, f"ratchet: jobs not {what} yet: %s", exc)
+            self._holdings.rebuffer(job for job, _ in jobs)
             return
-        logger.log(
-            level,
-            done,
-            len(deferred),
-            ", ".join(sorted({job.task_name for job, _ in deferred})),
-        )
+        logger.log(level, done, len(jobs), ", ".join(sorted({job.task_name for job, _ in jobs})))
 
     def _room(self) -> tuple[int, bool]:
         """How many jobs to claim, and whether it is time to: the local buffer is down to half
