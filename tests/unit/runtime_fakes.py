@@ -13,6 +13,7 @@ from celery_ratchet.domain.job import ClaimedJob, NewJob, Settlement
 from celery_ratchet.domain.queue_pause import PausedQueue
 from celery_ratchet.domain.recovery import OrphanRecovery
 from celery_ratchet.errors import StoreUnavailable
+from celery_ratchet.runtime.worker import WorkerRuntime
 from tests.helpers import new_job
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -154,3 +155,10 @@ class FakeStore:
     def revocations(self, node_id: str) -> list[tuple[str, str, str]]:
         self._call("revocations")
         return list(self.revokes)
+
+
+def flush(rt: WorkerRuntime) -> None:
+    """What the settler thread does with the outcomes queued now."""
+    pending: list[Settlement] = []
+    rt.settler._take_queued(pending)
+    rt.settler.write(pending)

@@ -20,7 +20,7 @@ from celery_ratchet.runtime.worker import WorkerRuntime
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.memory import MemoryStore
 from tests.helpers import new_job
-from tests.unit.runtime_fakes import FakeClock
+from tests.unit.runtime_fakes import FakeClock, flush
 
 START = datetime(2026, 6, 1, 12, 0, 0, 500000, tzinfo=timezone.utc)
 HEARTBEAT = 2.0
@@ -66,13 +66,6 @@ def node(store: MemoryStore, clock: FakeClock, node_id: str) -> tuple[WorkerRunt
         local_clock=clock,
     )
     return rt, executor
-
-
-def flush(rt: WorkerRuntime) -> None:
-    """What the settler thread does with the outcomes queued now."""
-    pending: list[Settlement] = []
-    rt.settler._take_queued(pending)
-    rt.settler.write(pending)
 
 
 def _status(store: MemoryStore, job_id: str) -> JobStatus | str:

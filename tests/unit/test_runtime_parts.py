@@ -26,7 +26,7 @@ from celery_ratchet.runtime.worker import WorkerRuntime
 from celery_ratchet.settings import RatchetSettings
 from celery_ratchet.store.ports import WorkerStore
 from tests.helpers import new_job
-from tests.unit.runtime_fakes import START, FakeClock, FakeStore, claimed
+from tests.unit.runtime_fakes import START, FakeClock, FakeStore, claimed, flush
 
 SETTINGS = RatchetSettings(
     poll_interval=1.0,
@@ -69,13 +69,6 @@ def node(
         **extra,
     )
     return rt, executor
-
-
-def flush(rt: WorkerRuntime) -> None:
-    """What the settler thread does with the outcomes queued now."""
-    pending: list[Settlement] = []
-    rt.settler._take_queued(pending)
-    rt.settler.write(pending)
 
 
 # -- the claim loop ---------------------------------------------------------------------------
