@@ -40,6 +40,8 @@ JOBSTORE_ONLY: dict[str, str] = {
     "test_step_handoff.py": "the chain step hand-off (release_step_to) is JobStore's alone",
     "test_control_store.py::test_an_older_database_gets_the_control_tables": "schema upgrade",
     "test_task_handoff.py::test_a_node_table_of_an_earlier_version_gains_task_names": "schema",
+    "test_task_handoff.py::test_a_task_list_written_by_hand_that_is_not_a_list_of_names_"
+    "says_nothing": _SQL,
     "test_jobstore.py::test_successes_with_their_results_are_written_as_the_backend_"
     "writes_each": _SQL,
     "test_jobstore.py::test_one_settle_of_many_outcomes_writes_each_as_alone": _SQL,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
 from sqlalchemy import text
 
 from celery_ratchet.domain.job import JobStatus
@@ -190,3 +191,17 @@ def test_a_job_handed_to_a_node_that_stops_serving_its_queue_is_anyones_again(
     # The job of a queue it still serves stays its own.
     assert store.claim("new2", ["other"], 10) == []
     assert [c.job_id for c in store.claim("new1", ["other"], 10)] == ["k"]
+
+
+@pytest.mark.parametrize("stored", ["not json", '{"acc.next": true}', "[1, null]", '"acc.next"'])
+def test_a_task_list_written_by_hand_that_is_not_a_list_of_names_says_nothing(
+    store: JobStore, stored: str
+) -> None:
+    """A node row whose task_names is not a JSON list of names (written by hand, or by a
+    tool) is read as a node that said nothing: no job is handed to it, and nothing fails."""
+    store.register_node("odd", "h", 1, ["celery"], 1, task_names=["acc.next"])
+    with store.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE scheduler_node SET task_names = :v WHERE node_id = 'odd'"), {"v": stored}
+        )
+    assert store.nodes_knowing("acc.next", "celery", 60) == []
