@@ -39,10 +39,11 @@ def make_app(url: str, broker_url: str, **conf: Any) -> Celery:
     return app
 
 
-def worker_running(app: Celery) -> Any:
-    """An in-process worker (thread pool, 4 threads) on ``app``, as a context manager."""
+def worker_running(app: Celery, concurrency: int = 4) -> Any:
+    """An in-process worker (thread pool, 4 threads unless told) on ``app``, as a context
+    manager."""
     return start_worker(
-        app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30
+        app, pool="threads", concurrency=concurrency, perform_ping_check=False, shutdown_timeout=30
     )
 
 

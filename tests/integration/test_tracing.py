@@ -74,7 +74,11 @@ def traced(
 
         app.conf.tick_key = key
         traced = Traced(app, provider)
-        with worker_running(app):
+        # One slot: OpenTelemetry's instrumentation keeps one open span per task id, so a
+        # retry that starts on a second slot before the try that raised it has sent
+        # task_postrun (its countdown is 0.1 s; a busy machine stalls a thread longer)
+        # replaces that try's span and both are lost. Stock Celery has the same race.
+        with worker_running(app, concurrency=1):
             yield traced
     finally:
         instrumentor.uninstrument()
