@@ -4,6 +4,9 @@
     ./dev bench schedules [--schedules 2000] [--every 10] [--workers 3]   (bench/schedules.py)
     ./dev bench backlog [--sizes 10000,1000000] [--claims 2000] [--rounds 12] (bench/backlog.py)
     ./dev bench pinned [--jobs 10000] [--runs 2]   the drains, servers on a core of their own
+    ./dev bench pairs [--jobs 20000] [--rounds 3]   the drains as alternated pairs against
+                                                    stock Celery, results off and on
+                                                    (bench/pairs.py)
     ./dev bench db-cost [--jobs 20000]   what PostgreSQL pays a job, beside pgqueuer and
                                          procrastinate (bench/db_cost.py)
     ./dev bench celery-suite [all|stock|taskcls|ratchet|taskcls-redisres|ratchet-redisres]
@@ -468,6 +471,11 @@ def main() -> None:
         from bench.db_cost import main as db_cost
 
         db_cost(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["pairs"]:  # its own command line: see bench/pairs.py
+        from bench.pairs import main as pairs
+
+        pairs(sys.argv[2:])
         return
     if sys.argv[1:2] == ["pinned"]:  # its own command line: see bench/pinned.py
         from bench.pinned import main as pinned
