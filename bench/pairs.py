@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import run  # noqa: E402
+from bench.apps import ratchet_app, redis_app  # noqa: E402
 from bench.procs import children  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -90,7 +91,7 @@ def _postgres_pids() -> list[int]:
 def drain(side: str, pool: str, task: str, n: int) -> Drain:
     """Queue ``n`` jobs of ``task``, start one worker, time it until all are done."""
     run.reset()
-    app = run.ratchet_app if side == "ratchet" else run.redis_app
+    app = ratchet_app if side == "ratchet" else redis_app
     sig = app.tasks[task]
     with app.producer_or_acquire() as producer:
         for i in range(n):
