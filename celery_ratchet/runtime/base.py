@@ -171,3 +171,15 @@ class Intake:
     def __init__(self, queues: Sequence[str], capacity: Capacity) -> None:
         self.queues = list(queues)
         self.capacity = capacity
+        #: The queues the node's row lists (it registers with ``queues``).
+        self._recorded = list(queues)
+        self._recording = threading.Lock()
+
+    def record_queues(self, write: Callable[[list[str]], None]) -> None:
+        """``write`` the queues to the node's row unless it lists them already. What it
+        raises goes to the caller, and the next call writes them again."""
+        with self._recording:
+            queues = list(self.queues)
+            if queues != self._recorded:
+                write(queues)
+                self._recorded = queues

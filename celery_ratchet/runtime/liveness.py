@@ -137,12 +137,30 @@ class Heartbeat:
         if alive:
             self._standing.confirmed(sent, self._holdings.epoch)
             self._throttle.clear("heartbeat", "ratchet: heartbeat written again")
+            self.record_queues()
             self._watch_others()
             if self._node_clock is not None:
                 self._node_clock.measure_when_due()
         else:
             self._declared_dead()
         self.reconcile()
+
+    def record_queues(self) -> None:
+        """List the node's queues in its row, and let go of the jobs handed to it in a
+        queue it left, unless that is done already. Until it is, other nodes would hand
+        it jobs of a queue it no longer serves, and the jobs handed to it there would wait
+        for as long as it lives: so each heartbeat tries again."""
+        try:
+            self._intake.record_queues(
+                lambda queues: self.store.set_node_queues(self.node_id, queues)
+            )
+        except Exception as exc:  # claims use the new queues already; the row is behind
+            self._throttle.warn(
+                "queues", "ratchet: node queues not recorded: %s; tried again with each heartbeat",
+                exc,
+            )  # fmt: skip
+            return
+        self._throttle.clear("queues", "ratchet: node queues recorded")
 
     def _declared_dead(self) -> None:
         """The cluster declared this node dead and gave its jobs to others: nothing it holds

@@ -218,10 +218,7 @@ class WorkerRuntime:
         """Claim from ``queues`` from now on (``celery control add_consumer`` and
         ``cancel_consumer``); the node's row lists them."""
         self._intake.queues = list(queues)
-        try:
-            self.store.set_node_queues(self.node_id, self._intake.queues)
-        except Exception as exc:  # only the listing is behind; claims use the new queues
-            self._throttle.warn("queues", "ratchet: node queues not recorded: %s", exc)
+        self.heartbeat.record_queues()
         logger.info("ratchet: node %s consuming %s", self.node_id, ",".join(self.queues))
         self.wake()
 

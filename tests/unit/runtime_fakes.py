@@ -78,6 +78,8 @@ class FakeStore:
     recovered: OrphanRecovery = field(default_factory=lambda: OrphanRecovery([], [], []))
     calls: list[str] = field(default_factory=list)
     registrations: int = 0
+    #: Each list of queues written to the node's row, in order.
+    queue_listings: list[list[str]] = field(default_factory=list)
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
@@ -132,6 +134,10 @@ class FakeStore:
         self._call("register_node")
         self.registrations += 1
         return START
+
+    def set_node_queues(self, node_id: str, queues: Sequence[str]) -> None:
+        self._call("set_node_queues")
+        self.queue_listings.append(list(queues))
 
     def heartbeat(self, node_id: str) -> bool:
         self._call("heartbeat")

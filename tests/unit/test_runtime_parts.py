@@ -221,6 +221,26 @@ def test_a_node_declared_dead_drops_its_buffer_registers_again_and_hands_back_ol
     assert executor.started == ["a"]
 
 
+def test_queues_left_during_an_outage_are_recorded_by_the_next_heartbeat_through() -> None:
+    # Until the row lists the new queues, other nodes hand this one jobs of a queue it left,
+    # and the jobs handed to it there stay pinned to it (set_node_queues lets go of them).
+    store, clock = FakeStore(), FakeClock()
+    rt, _ = node(store, clock)
+    store.down = True
+    rt.set_queues(["celery", "reports"])
+    rt.set_queues(["reports"])
+    rt.heartbeat.beat()
+    assert store.queue_listings == []
+    store.down = False
+    rt.heartbeat.beat()
+    assert store.queue_listings == [["reports"]]
+    rt.heartbeat.beat()  # listed: not written again
+    rt.set_queues(["reports"])
+    assert store.queue_listings == [["reports"]]
+    rt.set_queues(["celery"])  # written at once while the store answers
+    assert store.queue_listings == [["reports"], ["celery"]]
+
+
 def test_the_claim_check_hands_back_only_claims_this_node_lost_track_of() -> None:
     store, clock = FakeStore(due=[claimed("a")]), FakeClock()
     rt, _ = node(store, clock)
