@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import bindparam, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.engine import Dialect as SADialect
 from sqlalchemy.sql.elements import TextClause
 from sqlalchemy.sql.selectable import TextualSelect
@@ -109,6 +110,10 @@ class Dialect:
         its row locks instead of holding them until its connection dies. Nothing where the
         server has no such limit (MySQL) or no other writer waits (SQLite)."""
 
+    def lift_idle_limit(self, conn: Connection) -> None:
+        """Undo :meth:`end_if_idle` where it outlives the transaction (a MariaDB session's
+        setting), so that the pooled connection's later transactions are not ended by it."""
+
 
 class PostgreSQL(Dialect):
     name = "postgresql"
@@ -160,6 +165,13 @@ class MySQL(Dialect):
         if getattr(conn.dialect, "is_mariadb", False):  # a session's setting: it stays
             whole = max(1, math.ceil(seconds))
             conn.exec_driver_sql(f"SET SESSION idle_transaction_timeout = {whole}")
+
+    def lift_idle_limit(self, conn: Connection) -> None:
+        if getattr(conn.dialect, "is_mariadb", False) and not conn.invalidated:
+            try:
+                conn.exec_driver_sql("SET SESSION idle_transaction_timeout = DEFAULT")
+            except SQLAlchemyError:
+                conn.invalidate()  # never back to the pool with the limit on
 
 
 class SQLite(Dialect):

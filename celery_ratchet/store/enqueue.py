@@ -254,19 +254,22 @@ class Enqueue:
         ids = [j.job_id for j in jobs]
 
         def work(conn: Connection) -> set[str]:
-            with transaction(conn):
-                self.dialect.end_if_idle(conn, MOVE_IDLE_LIMIT)
-                present = _present(conn, ids)
-                fresh = [(j, steps) for j, steps in moved if j.job_id not in present]
-                if fresh:
-                    params = [job_params(j) for j, _ in fresh]
-                    try:
-                        with savepoint(conn):  # the fast path (COPY on PostgreSQL)
-                            self.rows.insert_many(conn, params)
-                    except IntegrityError:
-                        # Another writer took one of the ids since the look-up: it stays.
-                        self.rows.insert_many(conn, params, ignore_existing=True)
-                    self._insert_waiting(conn, [w for _, steps in fresh for w in steps])
+            try:
+                with transaction(conn):
+                    self.dialect.end_if_idle(conn, MOVE_IDLE_LIMIT)
+                    present = _present(conn, ids)
+                    fresh = [(j, steps) for j, steps in moved if j.job_id not in present]
+                    if fresh:
+                        params = [job_params(j) for j, _ in fresh]
+                        try:
+                            with savepoint(conn):  # the fast path (COPY on PostgreSQL)
+                                self.rows.insert_many(conn, params)
+                        except IntegrityError:
+                            # Another writer took one of the ids since the look-up: it stays.
+                            self.rows.insert_many(conn, params, ignore_existing=True)
+                        self._insert_waiting(conn, [w for _, steps in fresh for w in steps])
+            finally:
+                self.dialect.lift_idle_limit(conn)
             return present
 
         found: set[str] = self.db.run(work, "no job was moved")

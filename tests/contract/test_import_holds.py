@@ -60,3 +60,19 @@ def test_a_run_stopped_inside_its_write_frees_the_rows_it_holds(
     assert count == len(ids)
     first.engine.dispose()
     second.engine.dispose()
+
+
+def test_a_move_leaves_no_idle_limit_on_the_pooled_connection(server_store: JobStore) -> None:
+    """MariaDB's limit on an idle transaction is a session setting: set for a move, it stayed
+    on the pooled connection, and any later transaction of the process left idle for 5 s on
+    it was ended by the server."""
+    store = JobStore(server_store.url)
+    try:
+        assert store.import_jobs([(new_job(), [])]) == set()
+        with store.engine.connect() as conn:
+            if conn.dialect.name != "mysql" or not getattr(conn.dialect, "is_mariadb", False):
+                pytest.skip("only MariaDB sets the limit for the session")
+            limit = conn.exec_driver_sql("SELECT @@SESSION.idle_transaction_timeout").scalar()
+        assert limit == 0
+    finally:
+        store.engine.dispose()
