@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 
 from sqlalchemy import bindparam, text
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.engine import Dialect as SADialect
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import TextClause
 from sqlalchemy.sql.selectable import TextualSelect
 
