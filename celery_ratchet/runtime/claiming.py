@@ -370,7 +370,7 @@ class Claimer:
         not claimed (its permits taken) is tried again after the usual backoff."""
         try:
             queues = self._pauses.claimable(self._intake.queues)
-            due_in = self.store.next_due_in(queues) if queues else None
+            due_in = self.store.next_due_in(queues, self.node_id) if queues else None
         except Exception as exc:
             self._throttle.warn("due", "ratchet: next due time not read: %s", exc)
             return float(backoff)

@@ -216,13 +216,16 @@ class Claims:
         rows = self.db.run(lambda conn: conn.execute(stmt).all(), "claims were not listed")
         return [(r.job_id, r.claim_token) for r in rows]
 
-    def next_due_in(self, queues: Sequence[str]) -> float | None:
+    def next_due_in(self, queues: Sequence[str], node_id: str | None = None) -> float | None:
         """Seconds (by the database's clock) until the earliest pending job of ``queues`` is
-        due: negative when one is overdue, None when none is pending."""
+        due: negative when one is overdue, None when none is pending. With ``node_id``, a
+        job handed to another node (which that node alone claims) is not counted."""
         if not queues:
             return None
         stmt = select(func.min(job.c.scheduled_time), db_now()).where(
             job.c.status == JobStatus.PENDING.value, job.c.queue.in_(list(queues))
         )
+        if node_id is not None:
+            stmt = stmt.where(or_(job.c.picked_by.is_(None), job.c.picked_by == node_id))
         due, now = self.db.run(lambda conn: conn.execute(stmt).one(), "no due time was read")
         return None if due is None else (due - now).total_seconds()

@@ -205,3 +205,19 @@ def test_a_task_list_written_by_hand_that_is_not_a_list_of_names_says_nothing(
             text("UPDATE scheduler_node SET task_names = :v WHERE node_id = 'odd'"), {"v": stored}
         )
     assert store.nodes_knowing("acc.next", "celery", 60) == []
+
+
+def test_a_job_handed_to_another_node_is_not_due_for_this_one(store: Store) -> None:
+    """An idle node sleeps until its queues' next due job; a job handed to another node,
+    which it cannot claim, made it look again every poll interval for as long as the job
+    waited (an overdue job is looked at after the shortest backoff)."""
+    _register(store)
+    store.enqueue(new_job("j", task="acc.next"))
+    [claimed] = store.claim("old", ["celery"], 10)
+    assert store.hand_to([("j", claimed.token, "new")]) == 1
+
+    assert store.next_due_in(["celery"], "old") is None
+    due_for_new = store.next_due_in(["celery"], "new")
+    assert due_for_new is not None and due_for_new <= 0
+    due_for_anyone = store.next_due_in(["celery"])  # no node named: every pending job
+    assert due_for_anyone is not None and due_for_anyone <= 0

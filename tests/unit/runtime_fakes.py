@@ -115,7 +115,7 @@ class FakeStore:
     def paused_queues(self) -> dict[str, PausedQueue]:
         return {}
 
-    def next_due_in(self, queues: Sequence[str]) -> float | None:
+    def next_due_in(self, queues: Sequence[str], node_id: str | None = None) -> float | None:
         self._call("next_due_in")
         return self.next_due
 

@@ -303,11 +303,17 @@ class JobRows:
         with self.state.lock:
             return self.state.held(self.state.t, job_id, token) is not None
 
-    def next_due_in(self, queues: Sequence[str]) -> float | None:
+    def next_due_in(self, queues: Sequence[str], node_id: str | None = None) -> float | None:
         wanted = set(queues)
         with self.state.lock:
             rows = self.state.rows()
-            due = [r.scheduled_time for r in rows if r.status == PENDING and r.queue in wanted]
+            due = [
+                r.scheduled_time
+                for r in rows
+                if r.status == PENDING
+                and r.queue in wanted
+                and (node_id is None or r.picked_by is None or r.picked_by == node_id)
+            ]
             return None if not due else (min(due) - self.state.now()).total_seconds()
 
     def running_claims(self, node_id: str, *, older_than_seconds: float) -> list[tuple[str, str]]:
