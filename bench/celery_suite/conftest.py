@@ -44,7 +44,7 @@ if FORM != "stock":
 
     # A ratchet app's worker runs `-P ratchet` (the pool by its path: this file imports
     # nothing of celery_ratchet in the task_cls form); the suite asks for prefork.
-    POOL = os.environ.get("CELSUITE_POOL", "celery_ratchet.celery.worker.pool:RatchetPool")
+    POOL = os.environ.get("CELSUITE_POOL", "celery_ratchet.celery.execution.prefork:RatchetPool")
     _start_worker = testing_worker.start_worker
 
     def start_worker(app: Any, *args: Any, pool: str = "solo", **kwargs: Any) -> Any:

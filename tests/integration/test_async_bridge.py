@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from celery_ratchet.celery.worker.aio import TraceGreenlet, await_here, drive, offload, wrap_async
+from celery_ratchet.celery.execution.aio import (
+    TraceGreenlet,
+    await_here,
+    drive,
+    offload,
+    wrap_async,
+)
 
 TRACES = 300
 

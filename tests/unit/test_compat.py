@@ -362,7 +362,7 @@ def billiard_pool() -> Iterator[Any]:
 def test_pool_help_stuff_finish_method_is_what_billiards_pool_end_calls() -> None:
     from billiard.pool import Pool
 
-    from celery_ratchet.celery.worker.pool import _BlockingPool
+    from celery_ratchet.celery.execution.prefork import _BlockingPool
 
     private_method(Pool, POOL_HELP_STUFF_FINISH_METHOD)
     assert POOL_HELP_STUFF_FINISH_METHOD in vars(_BlockingPool)
@@ -497,7 +497,7 @@ def test_exit_as_billiard_does_is_billiards_shutdown_cleanup() -> None:
 def test_base_pool_get_info_method_is_what_pool_info_returns() -> None:
     from celery.concurrency.base import BasePool
 
-    from celery_ratchet.celery.worker.asyncpool import AsyncPool
+    from celery_ratchet.celery.execution.asyncpool import AsyncPool
 
     private_method(BasePool, BASE_POOL_GET_INFO_METHOD)
     assert BASE_POOL_GET_INFO_METHOD in vars(AsyncPool)
@@ -653,7 +653,7 @@ def test_request_announce_revoked_method_is_where_a_revoke_of_a_request_ends() -
     from celery.worker import state as worker_state
     from celery.worker.request import Request
 
-    from celery_ratchet.celery.worker.request import RatchetRequest
+    from celery_ratchet.celery.execution.request import RatchetRequest
 
     private_method(Request, REQUEST_ANNOUNCE_REVOKED_METHOD)
     assert REQUEST_ANNOUNCE_REVOKED_METHOD in vars(RatchetRequest)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from celery_ratchet.celery.worker.capacity import capacity_for
+from celery_ratchet.celery.execution.capacity import capacity_for
 
 
 def _consumer(concurrency: int, multiplier: int | None, **conf: Any) -> Any:

@@ -27,8 +27,8 @@ from celery_ratchet.errors import RatchetError
 
 POOL_ALIAS = "ratchet"
 ASYNC_POOL_ALIAS = "ratchet-async"
-offer_pool(POOL_ALIAS, "celery_ratchet.celery.worker.pool:RatchetPool")
-offer_pool(ASYNC_POOL_ALIAS, "celery_ratchet.celery.worker.asyncpool:AsyncPool")
+offer_pool(POOL_ALIAS, "celery_ratchet.celery.execution.prefork:RatchetPool")
+offer_pool(ASYNC_POOL_ALIAS, "celery_ratchet.celery.execution.asyncpool:AsyncPool")
 
 
 def _install_if_ratchet_app(app: Any) -> None:

@@ -12,8 +12,8 @@ from celery import Celery, Task
 from celery_ratchet.celery.app.first_use import watch_new_apps
 from celery_ratchet.celery.app.install import install
 from celery_ratchet.celery.compat import django_task_method
+from celery_ratchet.celery.execution.aio import wrap_async
 from celery_ratchet.celery.send.sender import follow_in_open_batch
-from celery_ratchet.celery.worker.aio import wrap_async
 from celery_ratchet.celery.worker.retry import refuse_do_not_retry
 
 # Installed packages watch every app from Celery's import on (celery_ratchet.celery.app.autoload);
@@ -29,7 +29,7 @@ class RatchetTask(Task):
     app installs ratchet on that app too.
     """
 
-    Request = "celery_ratchet.celery.worker.request:RatchetRequest"
+    Request = "celery_ratchet.celery.execution.request:RatchetRequest"
 
     #: Marks this class and its subclasses as the base of a ratchet app (``is_ratchet_app``).
     ratchet_installs_app = True

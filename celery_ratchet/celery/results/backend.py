@@ -29,12 +29,12 @@ from celery_ratchet.celery.compat import (
     is_lazy_generator_result,
     message_ignore_result_overrides_task,
 )
+from celery_ratchet.celery.execution.aio import offload
+from celery_ratchet.celery.execution.prefork import RUNNING, stop_mode
 from celery_ratchet.celery.send.message import CLAIM_HEADER, check_serializer, safe_accept
 from celery_ratchet.celery.send.sender import note_chord_opened
 from celery_ratchet.celery.send.transactions import joined
 from celery_ratchet.celery.state import ratchet_state
-from celery_ratchet.celery.worker.aio import offload
-from celery_ratchet.celery.worker.pool import RUNNING, stop_mode
 from celery_ratchet.domain.job import (
     JobStatus,
     ResultRecord,

@@ -3,7 +3,7 @@
 Each claimed row becomes a kombu message handed to the task's own strategy, exactly as a
 delivery from a broker would be: Celery then checks expiry and revocation, fires signals and
 events, applies rate limits, runs the task in the pool with its time limits, and reports the
-outcome through :class:`~celery_ratchet.celery.worker.request.RatchetRequest`.
+outcome through :class:`~celery_ratchet.celery.execution.request.RatchetRequest`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ from celery_ratchet.celery.canvas import streams
 from celery_ratchet.celery.compat import request_already_revoked, request_terminates_on_ack
 from celery_ratchet.celery.control.alerts import dead_letter_alerts
 from celery_ratchet.celery.control.events import RECEIVING
+from celery_ratchet.celery.execution.capacity import capacity_for
+from celery_ratchet.celery.execution.fencing import fence_tracers
+from celery_ratchet.celery.execution.prefork import guard, request_stop, reset_stop
+from celery_ratchet.celery.execution.request import ratchet_request_class
 from celery_ratchet.celery.results.backend import exception_record
 from celery_ratchet.celery.schedules.housekeeping import register_archiver
 from celery_ratchet.celery.schedules.recurring import BeatOwnership, occurrence, register_all
@@ -35,11 +39,7 @@ from celery_ratchet.celery.send.options import resolve as resolve_options
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.celery.worker.breaker import lookup as breaker_lookup
 from celery_ratchet.celery.worker.breaker import parse as parse_breaker
-from celery_ratchet.celery.worker.capacity import capacity_for
-from celery_ratchet.celery.worker.fencing import fence_tracers
-from celery_ratchet.celery.worker.pool import guard, request_stop, reset_stop
 from celery_ratchet.celery.worker.remote import RemoteCommands
-from celery_ratchet.celery.worker.request import ratchet_request_class
 from celery_ratchet.celery.worker.retry import install_retries
 from celery_ratchet.celery.worker.transport import wake as wake_main_loop
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement

@@ -15,8 +15,8 @@ from typing import Any
 from celery import concurrency, signals
 from celery.concurrency.prefork import TaskPool
 
+from celery_ratchet.celery.execution.asyncpool import AsyncPool
 from celery_ratchet.celery.state import is_ratchet_app, ratchet_state
-from celery_ratchet.celery.worker.asyncpool import AsyncPool
 
 logger = logging.getLogger(__name__)
 

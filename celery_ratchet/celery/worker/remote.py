@@ -14,8 +14,8 @@ from celery.worker.control import Panel
 from kombu.matcher import match
 from kombu.utils.json import dumps, loads
 
+from celery_ratchet.celery.execution.capacity import capacity_for
 from celery_ratchet.celery.state import ratchet_state
-from celery_ratchet.celery.worker.capacity import capacity_for
 from celery_ratchet.celery.worker.scheduled import scheduled
 from celery_ratchet.celery.worker.transport import wake as wake_main_loop
 from celery_ratchet.domain.control import ControlCommand

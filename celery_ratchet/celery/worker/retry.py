@@ -22,8 +22,8 @@ from celery import Celery, signals
 from celery.exceptions import Ignore, Reject, Retry
 from celery.utils.imports import symbol_by_name
 
+from celery_ratchet.celery.execution.aio import wrap_async
 from celery_ratchet.celery.send.options import HEADER, task_defaults
-from celery_ratchet.celery.worker.aio import wrap_async
 from celery_ratchet.domain.retry import (
     DEFAULT_POLICY,
     Backoff,

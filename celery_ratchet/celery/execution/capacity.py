@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery_ratchet.celery.execution.asyncpool import AsyncPool
 from celery_ratchet.celery.state import ratchet_state
-from celery_ratchet.celery.worker.asyncpool import AsyncPool
 from celery_ratchet.runtime.base import Capacity
 
 

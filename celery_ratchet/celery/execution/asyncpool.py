@@ -4,7 +4,7 @@ One event loop per worker process, in a thread of its own, runs every ``async de
 execution at once, up to ``ratchet_async_limit_single`` single jobs and
 ``ratchet_async_limit_batch_child`` batch children (the claim loop holds no more). Celery's
 trace runs as it does on any pool (signals, results, retries, callbacks: see
-:mod:`celery_ratchet.celery.worker.aio`). Time limits: at the soft one the coroutine gets
+:mod:`celery_ratchet.celery.execution.aio`). Time limits: at the soft one the coroutine gets
 :class:`~celery.exceptions.SoftTimeLimitExceeded` where it waits; at the hard one the
 execution ends with :class:`~celery.exceptions.TimeLimitExceeded` (retried if the task
 retries) and the coroutine is cancelled. A revoke with ``terminate`` cancels it too.
@@ -37,9 +37,13 @@ from billiard.exceptions import WorkerLostError
 from celery.concurrency.base import BasePool, apply_target
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
-from celery_ratchet.celery.state import ratchet_state
-from celery_ratchet.celery.worker.aio import TraceGreenlet, drive, is_async_task, require_greenlet
-from celery_ratchet.celery.worker.pool import (
+from celery_ratchet.celery.execution.aio import (
+    TraceGreenlet,
+    drive,
+    is_async_task,
+    require_greenlet,
+)
+from celery_ratchet.celery.execution.prefork import (
     COLD,
     asked_from_signal_handler,
     guarded,
@@ -47,6 +51,7 @@ from celery_ratchet.celery.worker.pool import (
     reset_stop,
     stop_mode,
 )
+from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.threads import background_thread
 
 logger = logging.getLogger(__name__)

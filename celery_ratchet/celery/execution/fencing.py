@@ -23,9 +23,9 @@ from celery.exceptions import Ignore
 from celery.states import IGNORED
 
 from celery_ratchet.celery.compat import set_task_tracer, task_tracer
+from celery_ratchet.celery.execution.aio import offload
 from celery_ratchet.celery.send.message import CLAIM_HEADER, FENCE_HEADER
 from celery_ratchet.celery.state import ratchet_state
-from celery_ratchet.celery.worker.aio import offload
 from celery_ratchet.errors import StoreBusy, StoreUnavailable
 from celery_ratchet.runtime.fence import current_fence
 
