@@ -17,10 +17,10 @@ from kombu.serialization import dumps, register, register_yaml
 from kombu.serialization import loads as kombu_loads
 from kombu.utils import json as kjson
 
+from celery_ratchet.celery.execution.job_message import JobMessage
 from celery_ratchet.celery.send import message as message_module
 from celery_ratchet.celery.send.message import (
     CLAIM_HEADER,
-    JobMessage,
     check_serializer,
     job_from_message,
     parse_time,
