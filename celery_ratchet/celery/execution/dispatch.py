@@ -12,10 +12,11 @@ from kombu.exceptions import ContentDisallowed, DecodeError
 
 from celery_ratchet.celery.control.events import RECEIVING
 from celery_ratchet.celery.execution.job_message import JobMessage
+from celery_ratchet.celery.execution.outcomes import report_end
 from celery_ratchet.celery.results.backend import exception_record
 from celery_ratchet.celery.send.message import runs_code, safe_accept, serializer_name
 from celery_ratchet.celery.state import ratchet_state
-from celery_ratchet.domain.job import ClaimedJob, JobStatus, Settlement
+from celery_ratchet.domain.job import ClaimedJob, JobStatus
 from celery_ratchet.domain.unknown_tasks import HandBack, HandTo, UnknownTasks
 from celery_ratchet.errors import (
     CompressedPayloadTooLarge,
@@ -86,14 +87,10 @@ class Dispatcher:
         traceback: str | None,
         failed: bool | None = None,
     ) -> None:
+        """Each job's one end (``JobMessage.end``, or a job Celery never took), to the
+        runtime this dispatcher feeds, which is set once it is made."""
         assert self.runtime is not None
-        if failed is not None:
-            self.runtime.record_outcome(job.job_id, job.token, failed)
-        if status is None:
-            # A success whose result the backend stored (failed False) finished its row.
-            self.runtime.release(job.job_id, job.token, due_again=failed is not False)
-        else:
-            self.runtime.settle(Settlement(job.job_id, job.token, status, error, traceback))
+        report_end(self.runtime, job, status, error, traceback, failed)
 
     def _refused(self, job: ClaimedJob, serializer: str) -> None:
         exc = SerializerNotAllowed(serializer)
