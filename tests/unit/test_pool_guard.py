@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from celery_ratchet.celery.execution import prefork as pool_module
+from celery_ratchet.celery.execution import stopping as pool_module
 
 
 class _ThreadsLikePool:

@@ -43,9 +43,9 @@ from celery_ratchet.celery.execution.aio import (
     is_async_task,
     require_greenlet,
 )
-from celery_ratchet.celery.execution.prefork import (
+from celery_ratchet.celery.execution.prefork import asked_from_signal_handler
+from celery_ratchet.celery.execution.stopping import (
     COLD,
-    asked_from_signal_handler,
     guarded,
     request_stop,
     reset_stop,

@@ -22,7 +22,7 @@ from celery.worker.state import task_ready
 from celery_ratchet.celery.compat import request_already_cancelled, request_already_revoked
 from celery_ratchet.celery.execution.fencing import ClaimGone, ClaimUnconfirmed
 from celery_ratchet.celery.execution.job_message import JobMessage, retry_of
-from celery_ratchet.celery.execution.prefork import RUNNING, HandedBack, stop_mode
+from celery_ratchet.celery.execution.stopping import RUNNING, HandedBack, stop_mode
 from celery_ratchet.celery.results.backend import RatchetBackend, exception_record
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.celery.worker.retry import decision_for

@@ -30,7 +30,7 @@ from celery_ratchet.celery.compat import (
     message_ignore_result_overrides_task,
 )
 from celery_ratchet.celery.execution.aio import offload
-from celery_ratchet.celery.execution.prefork import RUNNING, stop_mode
+from celery_ratchet.celery.execution.stopping import RUNNING, stop_mode
 from celery_ratchet.celery.send.message import CLAIM_HEADER, check_serializer, safe_accept
 from celery_ratchet.celery.send.sender import note_chord_opened
 from celery_ratchet.celery.send.transactions import joined

@@ -28,8 +28,8 @@ from celery_ratchet.celery.control.alerts import dead_letter_alerts
 from celery_ratchet.celery.execution.capacity import capacity_for
 from celery_ratchet.celery.execution.dispatch import Dispatcher
 from celery_ratchet.celery.execution.fencing import fence_tracers
-from celery_ratchet.celery.execution.prefork import guard, request_stop, reset_stop
 from celery_ratchet.celery.execution.request import ratchet_request_class
+from celery_ratchet.celery.execution.stopping import guard, request_stop, reset_stop
 from celery_ratchet.celery.results.backend import exception_record
 from celery_ratchet.celery.schedules.housekeeping import register_archiver
 from celery_ratchet.celery.schedules.recurring import BeatOwnership, occurrence, register_all

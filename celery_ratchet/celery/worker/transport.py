@@ -16,7 +16,7 @@ from typing import Any
 
 from kombu.transport import memory
 
-from celery_ratchet.celery.execution.prefork import RUNNING, stop_mode
+from celery_ratchet.celery.execution.stopping import RUNNING, stop_mode
 
 _pipe: tuple[int, int] | None = None
 
