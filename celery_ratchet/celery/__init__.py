@@ -9,8 +9,11 @@ Its rooms, each named for what it does:
   as job rows and back.
 - ``canvas``: chords and batches completed by the database, ``batch()``, streamed batches and
   ``workflow()``.
-- ``worker``: the worker side: the consumer bootstep that claims rows, the request hooks that
-  settle them, the pools, fencing, retries, breakers and the worker's remote-control answers.
+- ``execution``: the path of a claimed job through Celery and of its outcome back: dispatch,
+  the job as a message, the request hooks, the pools, fencing, the outcome to the settler
+  (its ``__init__`` narrates the path, module by module).
+- ``worker``: the worker side around it: the consumer bootstep that wires the runtime into
+  Celery's worker, retries, breakers, the transport and the worker's remote-control answers.
 - ``results``: the result backend on the job rows.
 - ``control``: remote control and revokes from the client, Celery events, Flower, the
   dashboard and dead-letter alerts.

@@ -1,6 +1,7 @@
-"""The worker side: the consumer bootstep that feeds Celery's worker from the store
-(:mod:`~celery_ratchet.celery.worker.consumer`), the request hooks that settle each execution,
-the ``ratchet`` and ``ratchet-async`` pools and ``async def`` tasks, claim capacity, the
-fencing check before a job runs, ratchet's retries and circuit breakers, the transport that
-stands in for a broker connection, and the worker's answers to remote control and
-``inspect scheduled``."""
+"""The worker side around the execution path: the consumer bootstep that wires the runtime
+and :mod:`celery_ratchet.celery.execution` into Celery's worker
+(:mod:`~celery_ratchet.celery.worker.consumer`: housekeeping, recurring jobs, task-option
+checks, revokes of started jobs), ratchet's retries and circuit breakers, the pool choice, the
+transport that stands in for a broker connection, and the worker's answers to remote control
+and ``inspect scheduled``. The path of a claimed job to Celery's tracer and back is
+:mod:`celery_ratchet.celery.execution`'s."""

@@ -1,9 +1,10 @@
 """The consumer bootstep that feeds Celery's worker from the job store instead of a broker.
 
-Each claimed row becomes a kombu message handed to the task's own strategy, exactly as a
-delivery from a broker would be: Celery then checks expiry and revocation, fires signals and
-events, applies rate limits, runs the task in the pool with its time limits, and reports the
-outcome through :class:`~celery_ratchet.celery.execution.request.RatchetRequest`.
+It wires the execution path (:mod:`celery_ratchet.celery.execution`: each claimed row to the
+task's own strategy, exactly as a broker's delivery would be, and its outcome back) to the
+worker's runtime: the Dispatcher, the stop guard on the pool, the fenced tracers, the request
+class of every task. Besides: housekeeping, recurring jobs, task-option checks, and revokes of
+jobs already handed to Celery.
 """
 
 from __future__ import annotations
