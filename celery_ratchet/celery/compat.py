@@ -234,6 +234,16 @@ def serializer_decoders() -> dict[str, Callable[..., Any]] | None:
     return decoders if isinstance(decoders, dict) else None
 
 
+def serializer_codec(name: str) -> Any:
+    """kombu's codec registered as ``name`` (``kombu.serialization.registry._encoders``): its
+    content type, encoding and encoder; None when it has none by that name, or the installed
+    kombu keeps them elsewhere."""
+    from kombu.serialization import registry
+
+    encoders = getattr(registry, "_encoders", None)
+    return encoders.get(name) if isinstance(encoders, dict) else None
+
+
 def set_message_state(message: Any, state: str) -> None:
     """Record a kombu message acknowledged (``"ACK"``), rejected or requeued without telling
     a broker (``Message._state``, which ``acknowledged`` reads)."""

@@ -67,6 +67,7 @@ from celery_ratchet.celery.compat import (
     request_already_revoked,
     request_terminates_on_ack,
     sends_as_celery,
+    serializer_codec,
     serializer_decoders,
     set_message_state,
     set_task_tracer,
@@ -738,6 +739,16 @@ def test_serializer_decoders_reads_kombus_registry_underscore_decoders() -> None
     decoders = serializer_decoders()
     assert decoders is not None
     assert decoders["application/json"] is kjson.loads
+
+
+def test_serializer_codec_reads_kombus_registry_underscore_encoders() -> None:
+    from kombu.utils import json as kjson
+
+    codec = serializer_codec("json")
+    assert codec is not None
+    assert (codec.content_type, codec.content_encoding) == ("application/json", "utf-8")
+    assert codec.encoder is kjson.dumps
+    assert serializer_codec("no-such-serializer") is None
 
 
 def test_set_message_state_writes_kombus_message_underscore_state() -> None:

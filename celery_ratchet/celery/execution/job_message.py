@@ -9,10 +9,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kombu.message import Message as KombuMessage
-from kombu.serialization import registry
 from kombu.utils import json as kjson
 
-from celery_ratchet.celery.compat import set_message_state
+from celery_ratchet.celery.compat import serializer_decoders, set_message_state
 from celery_ratchet.celery.send.inflate import uncompressed_body
 from celery_ratchet.celery.send.message import CLAIM_HEADER, FENCE_HEADER
 from celery_ratchet.domain.job import ClaimedJob, JobStatus, NewJob, error_record
@@ -168,4 +167,5 @@ REJECTED = error_record(
 
 
 def _json_decoder() -> Any:
-    return getattr(registry, "_decoders", {}).get("application/json")
+    decoders = serializer_decoders()
+    return decoders.get("application/json") if decoders is not None else None

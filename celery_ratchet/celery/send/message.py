@@ -16,7 +16,7 @@ from kombu.compression import compress
 from kombu.serialization import dumps, prepare_accept_content, registry
 from kombu.utils import json as kjson
 
-from celery_ratchet.celery.compat import serializer_decoders
+from celery_ratchet.celery.compat import serializer_codec, serializer_decoders
 from celery_ratchet.celery.send.inflate import bounded, inflated_limit, unbounded_compression
 from celery_ratchet.domain.job import JobType, Message, NewJob, OnDuplicate
 from celery_ratchet.domain.priority import to_numeric
@@ -296,7 +296,7 @@ def _dumps(body: Any, serializer: str) -> tuple[str, str, Any]:
     """``dumps(body, serializer=serializer)`` of kombu's registry; for its own JSON
     serializer, with the encoder made once (what it returns is the same)."""
     if serializer == "json":
-        codec = registry._encoders.get("json")
+        codec = serializer_codec("json")
         if codec is not None and codec.encoder is _KOMBU_DUMPS and kjson.dumps is _KOMBU_DUMPS:
             try:
                 return codec.content_type, codec.content_encoding, _KOMBU_JSON.encode(body)
