@@ -28,9 +28,12 @@ from celery_ratchet.celery.compat import (
     in_stop_signal_handler,
     is_lazy_generator_result,
     message_ignore_result_overrides_task,
+    with_success_text,
 )
 from celery_ratchet.celery.execution.aio import offload
 from celery_ratchet.celery.execution.stopping import RUNNING, stop_mode
+from celery_ratchet.celery.results import carried
+from celery_ratchet.celery.results.carried import CarriedResult
 from celery_ratchet.celery.send.message import CLAIM_HEADER, check_serializer, safe_accept
 from celery_ratchet.celery.send.sender import note_chord_opened
 from celery_ratchet.celery.send.transactions import joined
@@ -210,12 +213,7 @@ class RatchetBackend(BaseBackend):
             part = batches.part_of(self, request, state, result)
             if self._handed_to_settler(task_id, token, state, status, part, values):
                 return result
-            if not self.store.store_outcome(task_id, token, status, part=part, **values):
-                logger.warning(
-                    "ratchet: result of job %s not stored: the job is no longer held by this "
-                    "execution (already finished, or recovered from a node presumed dead)",
-                    task_id,
-                )
+            _write_outcome(self.store, task_id, token, status, part, values)
         else:
             name = getattr(request, "task", None) or ""
             self.store.store_untracked_result(task_id, name, status, **values)
@@ -236,7 +234,7 @@ class RatchetBackend(BaseBackend):
         True when nothing is left for this thread to write."""
         runtime = self._runtime_here()
         if runtime is None:
-            return False
+            return self._carried_back(task_id, token, state, status, part, values)
         # The first outcome of an execution wins; a chord member's goes on to the write,
         # whose compare-and-swap decides, so that its part is counted only with its row.
         if part is None and runtime.unwritten(task_id, token):
@@ -254,6 +252,53 @@ class RatchetBackend(BaseBackend):
             return False
         runtime.report_result(Settlement(task_id, token, status, result=stored))
         return True
+
+    def _carried_back(
+        self,
+        task_id: str,
+        token: str,
+        state: str,
+        status: JobStatus,
+        part: Any,
+        values: dict[str, Any],
+    ) -> bool:
+        """In a prefork pool process, a plain success is kept aside, carried back to the
+        worker's main process with the trace's return (:mod:`.carried`) and handed to its
+        settler there (:meth:`settle_carried`): the pool process writes nothing for it.
+        The same outcomes as :meth:`_handed_to_settler`'s; True when nothing is left for
+        this process to write."""
+        if not carried.opened(task_id, token):
+            return False
+        if part is None and carried.kept(task_id, token):
+            logger.warning(
+                "ratchet: state %s of job %s not stored: an earlier outcome of this "
+                "execution was reported first",
+                state,
+                task_id,
+            )
+            return True
+        if status is not JobStatus.SUCCEEDED or part is not None:
+            return False
+        stored = StoredResult(values["job_result"], values["result_type"], values["result_meta"])
+        if not _surely_storable(stored):
+            return False
+        carried.keep(task_id, token, stored)
+        return True
+
+    def settle_carried(self, result: CarriedResult) -> None:
+        """In the worker's main process: a success a pool process carried back, handed to
+        the settler as a success of this process is; written here at once when the node
+        no longer takes outcomes (it closed)."""
+        runtime = self._runtime_here()
+        if runtime is None:
+            _write_outcome(
+                self.store, result.job_id, result.token, JobStatus.SUCCEEDED, None,
+                _values(result.stored),
+            )  # fmt: skip
+            return
+        runtime.report_result(
+            Settlement(result.job_id, result.token, JobStatus.SUCCEEDED, result=result.stored)
+        )
 
     def _runtime_here(self) -> WorkerRuntime | None:
         """The worker's runtime where outcomes reported here reach its settler: this is
@@ -567,6 +612,49 @@ def _group_members(chain: Any) -> list[str]:
                 if isinstance(member_id, str):
                     found.append(member_id)
     return found
+
+
+def carry_back(app: Any, job_id: str, token: str, traced: Any) -> Any:
+    """A trace in a pool process ended (``traced``, its outcome; None if it raised): its
+    success's return carries the result kept for it, if any. A result kept for a trace that
+    did not end in success was its execution's first outcome: it is written here, as the
+    pool process wrote every result before."""
+    stored = carried.close(job_id, token)
+    if stored is None:
+        return traced
+    if traced is not None:
+        carrying = with_success_text(
+            traced, lambda text: CarriedResult(text, job_id, token, stored)
+        )
+        if carrying is not traced:
+            return carrying
+    store = ratchet_state(app).store
+    _write_outcome(store, job_id, token, JobStatus.SUCCEEDED, None, _values(stored))
+    return traced
+
+
+def _values(stored: StoredResult) -> dict[str, Any]:
+    return {
+        "job_result": stored.value,
+        "result_type": stored.type_name,
+        "result_meta": stored.meta,
+    }
+
+
+def _write_outcome(
+    store: ResultStore,
+    job_id: str,
+    token: str,
+    status: JobStatus,
+    part: Any,
+    values: dict[str, Any],
+) -> None:
+    if not store.store_outcome(job_id, token, status, part=part, **values):
+        logger.warning(
+            "ratchet: result of job %s not stored: the job is no longer held by this "
+            "execution (already finished, or recovered from a node presumed dead)",
+            job_id,
+        )
 
 
 def _claim_token(request: Any) -> str | None:
