@@ -21,6 +21,7 @@ from celery_ratchet.celery.results.backend import (
     carry_back,
 )
 from celery_ratchet.celery.results.carried import CarriedResult
+from celery_ratchet.celery.send.sender import BEFORE_KEYED_SEND
 from celery_ratchet.domain.job import JobStatus, Settlement, StoredResult
 
 STORED = StoredResult("42", "builtins.int", None)
@@ -216,3 +217,20 @@ def test_a_node_that_closed_writes_a_carried_result_at_once(
     assert [(o[0], o[1], o[2], o[4]["job_result"]) for o in store.outcomes] == [
         ("job-1", "tok", JobStatus.SUCCEEDED, "42")
     ]
+
+
+def test_a_keyed_send_from_the_success_handlers_writes_the_kept_result_first(
+    pool_store: FakeStore,
+) -> None:
+    """A success not written still holds its business key: a keyed send from the task's
+    own success handlers would be taken for its duplicate."""
+    carried.open_for("job-1", "tok")
+    carried.keep("job-1", "tok", STORED)
+    for hook in BEFORE_KEYED_SEND:
+        hook(SimpleNamespace(store=pool_store))
+    assert [(o[0], o[2], o[4]["job_result"]) for o in pool_store.outcomes] == [
+        ("job-1", JobStatus.SUCCEEDED, "42")
+    ]
+    traced = _success()
+    assert carry_back(object(), "job-1", "tok", traced) is traced  # nothing left to carry
+    assert not carried.opened("job-1", "tok") and len(pool_store.outcomes) == 1

@@ -213,7 +213,12 @@ class RatchetBackend(BaseBackend):
             part = batches.part_of(self, request, state, result)
             if self._handed_to_settler(task_id, token, state, status, part, values):
                 return result
-            _write_outcome(self.store, task_id, token, status, part, values)
+            if not self.store.store_outcome(task_id, token, status, part=part, **values):
+                logger.warning(
+                    "ratchet: result of job %s not stored: the job is no longer held by this "
+                    "execution (already finished, or recovered from a node presumed dead)",
+                    task_id,
+                )
         else:
             name = getattr(request, "task", None) or ""
             self.store.store_untracked_result(task_id, name, status, **values)
@@ -291,10 +296,7 @@ class RatchetBackend(BaseBackend):
         no longer takes outcomes (it closed)."""
         runtime = self._runtime_here()
         if runtime is None:
-            _write_outcome(
-                self.store, result.job_id, result.token, JobStatus.SUCCEEDED, None,
-                _values(result.stored),
-            )  # fmt: skip
+            carried.write(self.store, result.job_id, result.token, result.stored)
             return
         runtime.report_result(
             Settlement(result.job_id, result.token, JobStatus.SUCCEEDED, result=result.stored)
@@ -628,33 +630,8 @@ def carry_back(app: Any, job_id: str, token: str, traced: Any) -> Any:
         )
         if carrying is not traced:
             return carrying
-    store = ratchet_state(app).store
-    _write_outcome(store, job_id, token, JobStatus.SUCCEEDED, None, _values(stored))
+    carried.write(ratchet_state(app).store, job_id, token, stored)
     return traced
-
-
-def _values(stored: StoredResult) -> dict[str, Any]:
-    return {
-        "job_result": stored.value,
-        "result_type": stored.type_name,
-        "result_meta": stored.meta,
-    }
-
-
-def _write_outcome(
-    store: ResultStore,
-    job_id: str,
-    token: str,
-    status: JobStatus,
-    part: Any,
-    values: dict[str, Any],
-) -> None:
-    if not store.store_outcome(job_id, token, status, part=part, **values):
-        logger.warning(
-            "ratchet: result of job %s not stored: the job is no longer held by this "
-            "execution (already finished, or recovered from a node presumed dead)",
-            job_id,
-        )
 
 
 def _claim_token(request: Any) -> str | None:

@@ -10,9 +10,13 @@ success in the main process (``-P threads``, ``solo``, ``gevent``).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from celery_ratchet.domain.job import StoredResult
+from celery_ratchet.celery.send.sender import BEFORE_KEYED_SEND
+from celery_ratchet.domain.job import JobStatus, StoredResult
+
+logger = logging.getLogger(__name__)
 
 #: The executions whose trace runs in this process now and may carry their result back,
 #: with the result kept so far (None: none yet). A pool process runs one trace at a time.
@@ -77,3 +81,36 @@ def keep(job_id: str, token: str, stored: StoredResult) -> None:
 def close(job_id: str, token: str) -> StoredResult | None:
     """The trace ended: the result kept for this execution, if any, to carry or write."""
     return _kept.pop((job_id, token), None)
+
+
+def write_kept(store: Any) -> None:
+    """Write the result kept here now (a keyed send from the task's success handlers: a
+    success not written still holds its business key); nothing is carried back then."""
+    for key, stored in list(_kept.items()):
+        if stored is not None:
+            del _kept[key]  # later outcomes of the execution are written, as before
+            write(store, key[0], key[1], stored)
+
+
+def write(store: Any, job_id: str, token: str, stored: StoredResult) -> None:
+    """Write a success's result in this process (the job store's ``store_outcome``)."""
+    if not store.store_outcome(job_id, token, JobStatus.SUCCEEDED, **stored_values(stored)):
+        logger.warning(
+            "ratchet: result of job %s not stored: the job is no longer held by this "
+            "execution (already finished, or recovered from a node presumed dead)",
+            job_id,
+        )
+
+
+def stored_values(stored: StoredResult) -> dict[str, Any]:
+    """The row's columns of a stored result."""
+    return {
+        "job_result": stored.value,
+        "result_type": stored.type_name,
+        "result_meta": stored.meta,
+    }
+
+
+# A keyed send from a task's success handlers in a pool process writes the kept result first,
+# as it was written before those handlers ran when the pool process wrote every result.
+BEFORE_KEYED_SEND.append(lambda state: write_kept(state.store))
