@@ -341,6 +341,14 @@ def bench_drain(n: int) -> None:
         n,
         "bench.echo",
     )
+    drain(
+        "celery_ratchet -P ratchet (prefork), results stored",
+        "ratchet_app",
+        "ratchet",
+        "ratchet",
+        n,
+        "bench.echo",
+    )
     drain("Celery on Redis -P threads", "redis_app", "redis", "threads", n, "bench.noop")
     drain("Celery on Redis -P prefork", "redis_app", "redis", "prefork", n, "bench.noop")
 
