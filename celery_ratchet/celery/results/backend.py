@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -233,62 +234,28 @@ class RatchetBackend(BaseBackend):
         part: Any,
         values: dict[str, Any],
     ) -> bool:
-        """In the worker's own process (``-P threads``, ``solo``, ``gevent``), a plain
-        success goes to the worker's settler, written with its next batch of outcomes as an
-        ignored result's success is: one statement for the successes of all its threads.
-        True when nothing is left for this thread to write."""
+        """A plain success goes to the worker's settler, written with its next batch of
+        outcomes as an ignored result's success is: in the worker's own process (``-P
+        threads``, ``solo``, ``gevent``) at once; in a prefork pool process kept aside and
+        carried back to the main process with the trace's return (:mod:`.carried`, then
+        :meth:`settle_carried`), so the pool process writes nothing for it. True when
+        nothing is left for this process to write."""
         runtime = self._runtime_here()
-        if runtime is None:
-            return self._carried_back(task_id, token, state, status, part, values)
-        # The first outcome of an execution wins; a chord member's goes on to the write,
-        # whose compare-and-swap decides, so that its part is counted only with its row.
-        if part is None and runtime.unwritten(task_id, token):
-            logger.warning(
-                "ratchet: state %s of job %s not stored: an earlier outcome of this "
-                "execution was reported first",
-                state,
-                task_id,
-            )
-            return True
-        if status is not JobStatus.SUCCEEDED or part is not None:
-            return False
-        stored = StoredResult(values["job_result"], values["result_type"], values["result_meta"])
-        if not _surely_storable(stored):
-            return False
-        runtime.report_result(Settlement(task_id, token, status, result=stored))
-        return True
-
-    def _carried_back(
-        self,
-        task_id: str,
-        token: str,
-        state: str,
-        status: JobStatus,
-        part: Any,
-        values: dict[str, Any],
-    ) -> bool:
-        """In a prefork pool process, a plain success is kept aside, carried back to the
-        worker's main process with the trace's return (:mod:`.carried`) and handed to its
-        settler there (:meth:`settle_carried`): the pool process writes nothing for it.
-        The same outcomes as :meth:`_handed_to_settler`'s; True when nothing is left for
-        this process to write."""
-        if not carried.opened(task_id, token):
-            return False
-        if part is None and carried.kept(task_id, token):
-            logger.warning(
-                "ratchet: state %s of job %s not stored: an earlier outcome of this "
-                "execution was reported first",
-                state,
-                task_id,
-            )
-            return True
-        if status is not JobStatus.SUCCEEDED or part is not None:
-            return False
-        stored = StoredResult(values["job_result"], values["result_type"], values["result_meta"])
-        if not _surely_storable(stored):
-            return False
-        carried.keep(task_id, token, stored)
-        return True
+        if runtime is not None:
+            return _hand_over(
+                task_id, state, status, part, values,
+                reported=lambda: runtime.unwritten(task_id, token),
+                hand=lambda stored: runtime.report_result(
+                    Settlement(task_id, token, status, result=stored)
+                ),
+            )  # fmt: skip
+        if carried.opened(task_id, token):
+            return _hand_over(
+                task_id, state, status, part, values,
+                reported=lambda: carried.kept(task_id, token),
+                hand=lambda stored: carried.keep(task_id, token, stored),
+            )  # fmt: skip
+        return False
 
     def settle_carried(self, result: CarriedResult) -> None:
         """In the worker's main process: a success a pool process carried back, handed to
@@ -591,6 +558,38 @@ def _ignored(app: Any, record: ResultRecord) -> bool:
         task = app.tasks.get(record.task_name)
         return getattr(task, "ignore_result", False) is True
     return False
+
+
+def _hand_over(
+    task_id: str,
+    state: str,
+    status: JobStatus,
+    part: Any,
+    values: dict[str, Any],
+    *,
+    reported: Callable[[], bool],
+    hand: Callable[[StoredResult], None],
+) -> bool:
+    """``hand`` a plain success's result on to be written later; False when it is no plain
+    success (a failure's state, a chord member, a result not surely storable) and the
+    backend writes it itself. The first outcome of an execution wins (``reported``): a
+    chord member's goes on to the write, whose compare-and-swap decides, so that its part is
+    counted only with its row."""
+    if part is None and reported():
+        logger.warning(
+            "ratchet: state %s of job %s not stored: an earlier outcome of this "
+            "execution was reported first",
+            state,
+            task_id,
+        )
+        return True
+    if status is not JobStatus.SUCCEEDED or part is not None:
+        return False
+    stored = StoredResult(values["job_result"], values["result_type"], values["result_meta"])
+    if not _surely_storable(stored):
+        return False
+    hand(stored)
+    return True
 
 
 def _group_members(chain: Any) -> list[str]:
