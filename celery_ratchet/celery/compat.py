@@ -273,18 +273,6 @@ def set_task_tracer(task: Any, tracer: Callable[..., Any]) -> None:
     task.__trace__ = tracer
 
 
-def with_success_text(traced: Any, replace: Callable[[str], str]) -> Any:
-    """A tracer's outcome (``trace_ok_t``) with the text of its success's return replaced by
-    ``replace(text)``: what a pool process sends back to the worker's main process as the
-    success's ``retval`` (``fast_trace_task`` and ``trace_task_ret`` return ``retstr``,
-    which Celery's ``Request.on_success`` receives). ``traced`` itself when it is no success
-    with a text (a failure, a retry, a job not started)."""
-    retval, info, runtime, text = traced
-    if info is not None or not isinstance(text, str):
-        return traced
-    return type(traced)(retval, info, runtime, replace(text))
-
-
 # -- private methods overridden by subclasses here ---------------------------------------------
 
 

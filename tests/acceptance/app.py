@@ -239,19 +239,6 @@ def crash_worker(key: str) -> None:
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
-@app.task(name="acc.lost_after_success")
-def lost_after_success(n: int) -> int:
-    """Succeeds; then its pool process dies in task_postrun, after the trace stored (or
-    kept) its result and before the trace returned."""
-    return n
-
-
-@signals.task_postrun.connect(weak=False)
-def _die_after_success(task: Any = None, **_: Any) -> None:
-    if getattr(task, "name", None) == "acc.lost_after_success":
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 @app.task(name="acc.boom")
 def boom(message: str) -> None:
     raise RuntimeError(message)
@@ -280,29 +267,6 @@ if os.environ.get("RATCHET_ACCEPTANCE_NEXT_RELEASE"):
         record_run(key)
         return key
 
-
-# Each outcome a pool process writes to the job store itself, noted as "<pid> <method>" in
-# this file: for tests of what the pool's processes write.
-if os.environ.get("RATCHET_ACCEPTANCE_CHILD_WRITES"):
-
-    def _note_writes(**_: Any) -> None:
-        path = os.environ["RATCHET_ACCEPTANCE_CHILD_WRITES"]
-        store = ratchet_state(app).store
-
-        def noting(name: str) -> Callable[..., Any]:
-            write = getattr(store, name)
-
-            def noted(*args: Any, **kwargs: Any) -> Any:
-                with open(path, "a") as out:
-                    out.write(f"{os.getpid()} {name}\n")
-                return write(*args, **kwargs)
-
-            return noted
-
-        for name in ("store_outcome", "settle", "store_untracked_result"):
-            setattr(store, name, noting(name))
-
-    signals.worker_process_init.connect(_note_writes, weak=False)
 
 # Celery's setting, for tests of it set in the app rather than by --prefetch-multiplier.
 if os.environ.get("RATCHET_ACCEPTANCE_PREFETCH_MULTIPLIER"):

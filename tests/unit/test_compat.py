@@ -76,7 +76,6 @@ from celery_ratchet.celery.compat import (
     take_input_lock,
     task_tracer,
     unproxied,
-    with_success_text,
     wrap_settings_censor,
 )
 from celery_ratchet.errors import ConfigurationError
@@ -804,33 +803,6 @@ def test_task_tracer_and_set_task_tracer_are_what_celerys_trace_task_calls() -> 
     assert task_tracer(task) is tracer
     assert trace_task(task, "the-id", (), {}) == "traced"
     assert calls == ["the-id"]
-
-
-def test_with_success_text_replaces_what_a_pool_process_sends_back_for_a_success() -> None:
-    """What the tracer's outcome holds as its text is what ``fast_trace_task`` and
-    ``trace_task_ret`` (a pool process's entry points) return as ``on_success``'s retval."""
-    from celery.app.trace import TraceInfo, fast_trace_task, trace_ok_t, trace_task_ret
-
-    class Marked(str):
-        pass
-
-    app = _app()
-
-    @app.task(shared=False)
-    def traced() -> None:
-        pass
-
-    task = app.tasks[traced.name]
-    success = trace_ok_t(42, None, 0.5, "42")
-    replaced = with_success_text(success, Marked)
-    set_task_tracer(task, lambda uuid, args, kwargs, request=None: replaced)
-    body = ((), {}, None)
-    fast = fast_trace_task(task.name, "id-1", {}, body, None, None, _loc=(app.tasks, [], "h"))
-    ret = trace_task_ret(task.name, "id-2", {}, body, None, None, app=app)
-    for failed, retval, runtime in (fast, ret):
-        assert (failed, retval, runtime) == (0, "42", 0.5) and isinstance(retval, Marked)
-    failure = trace_ok_t(None, TraceInfo("FAILURE", RuntimeError()), 0.5, None)
-    assert with_success_text(failure, Marked) is failure
 
 
 def test_in_stop_signal_handler_is_true_beneath_the_workers_stop_handler_only() -> None:

@@ -54,22 +54,18 @@ of Celery; this package is where its jobs meet Celery):
    frees the slot when the row moved on already (release), and the task's circuit breaker
    counts it (record_outcome).
 
-An execution's outcome reaches its row by one of two channels:
+An execution's outcome reaches its row by one of two channels today:
 
-- the settler, in the worker's own process: every end reported by step 8, and a plain
-  success's result too. On the pools that run tasks in that process (threads, solo,
-  ``ratchet-async``) the result backend hands it to the settler
-  (``RatchetBackend._handed_to_settler``); in a ``-P ratchet`` child, which has no settler,
-  the backend keeps it aside, :mod:`.fencing`'s tracer wrapper attaches it to the trace's
-  return (:mod:`celery_ratchet.celery.results.carried`), billiard's result pipe takes it to
-  the main process, and the Request's success hook hands it to the settler there
-  (``RatchetBackend.settle_carried``). The settler writes it with its next batch;
-- the result backend's own write, in the process that ran the task, for what the settler
-  does not take (a failure's state, a chord member, a result not surely storable): the
-  backend writes the row itself when Celery's trace stores the result (a compare-and-swap on
-  the claim token). After a success stored so, the Request's report only frees the slot
-  (release); any other end is settled by step 8 as well, a write that changes nothing once
-  the row is no longer running under that claim.
+- the settler, in the worker's own process: every end reported by step 8, and, on the pools
+  that run tasks in that process (threads, solo, ``ratchet-async``), a plain success's
+  result too: the result backend hands it to the settler
+  (``RatchetBackend._handed_to_settler``), which writes it with its next batch;
+- the result backend's own write: in a ``-P ratchet`` child process, which has no settler,
+  and for what the settler does not take (a failure's state, a chord member, a result not
+  surely storable), the backend writes the row itself when Celery's trace stores the result
+  (a compare-and-swap on the claim token). After a success stored so, the Request's report
+  only frees the slot (release); any other end is settled by step 8 as well, a write that
+  changes nothing once the row is no longer running under that claim.
 
 What stays in :mod:`celery_ratchet.celery.worker`: the ``JobConsumer`` bootstep that wires
 this path into Celery's consumer (the runtime, the dispatcher, the guard, the tracers),

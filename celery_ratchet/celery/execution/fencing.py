@@ -24,8 +24,6 @@ from celery.states import IGNORED
 
 from celery_ratchet.celery.compat import set_task_tracer, task_tracer
 from celery_ratchet.celery.execution.aio import offload
-from celery_ratchet.celery.results import carried
-from celery_ratchet.celery.results.backend import carry_back
 from celery_ratchet.celery.send.message import CLAIM_HEADER, FENCE_HEADER
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.errors import StoreBusy, StoreUnavailable
@@ -63,17 +61,7 @@ def _fenced(app: Celery, tracer: Callable[..., Any]) -> Callable[..., Any]:
         except NotStarted as exc:
             logger.warning("ratchet: job %s not started: %s", uuid, exc)
             return trace_ok_t(ExceptionInfo(internal=True), TraceInfo(IGNORED, exc), 0.0, None)
-        token = request.get(CLAIM_HEADER) if isinstance(request, dict) else None
-        if token is None or not carried.enabled():
-            return tracer(uuid, args, kwargs, request)
-        # A pool process: the success's result goes back with the trace's return.
-        carried.open_for(uuid, token)
-        traced = None
-        try:
-            traced = tracer(uuid, args, kwargs, request)
-        finally:
-            traced = carry_back(app, uuid, token, traced)
-        return traced
+        return tracer(uuid, args, kwargs, request)
 
     setattr(trace, _FENCED, True)
     return trace

@@ -24,7 +24,6 @@ from celery_ratchet.celery.execution.fencing import ClaimGone, ClaimUnconfirmed
 from celery_ratchet.celery.execution.job_message import JobMessage, retry_of
 from celery_ratchet.celery.execution.stopping import RUNNING, HandedBack, stop_mode
 from celery_ratchet.celery.results.backend import RatchetBackend, exception_record
-from celery_ratchet.celery.results.carried import CarriedResult
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.celery.worker.retry import decision_for
 from celery_ratchet.domain.job import JobStatus
@@ -76,25 +75,12 @@ class RatchetRequest(Request):
             cls.on_success = _reporting_success(cls.__dict__["on_success"])  # type: ignore
 
     def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
-        failed__retval__runtime = self._settle_carried(failed__retval__runtime)
         failed = failed__retval__runtime[0]
         try:
             return super().on_success(failed__retval__runtime, **kwargs)
         finally:
             if not failed:
                 self._end_success()
-
-    def _settle_carried(self, outcome: Any) -> Any:
-        """A success whose result a pool process carried back: handed to the settler before
-        Celery's handlers run, as the backend hands over a success of this process during
-        its trace; they get the return's text as it was."""
-        failed, retval, runtime = outcome
-        if failed or not isinstance(retval, CarriedResult):
-            return outcome
-        backend = self.task.backend
-        if isinstance(backend, RatchetBackend):
-            backend.settle_carried(retval)
-        return failed, retval.plain(), runtime
 
     def _end_success(self) -> None:
         # Where the task's result went to the store, that write already finished the row.
@@ -193,7 +179,6 @@ class RatchetRequest(Request):
 def _reporting_success(on_success: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(on_success)
     def wrapper(self: RatchetRequest, failed__retval__runtime: Any, **kwargs: Any) -> Any:
-        failed__retval__runtime = self._settle_carried(failed__retval__runtime)
         try:
             return on_success(self, failed__retval__runtime, **kwargs)
         finally:

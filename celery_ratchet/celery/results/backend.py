@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -29,12 +28,9 @@ from celery_ratchet.celery.compat import (
     in_stop_signal_handler,
     is_lazy_generator_result,
     message_ignore_result_overrides_task,
-    with_success_text,
 )
 from celery_ratchet.celery.execution.aio import offload
 from celery_ratchet.celery.execution.stopping import RUNNING, stop_mode
-from celery_ratchet.celery.results import carried
-from celery_ratchet.celery.results.carried import CarriedResult
 from celery_ratchet.celery.send.message import CLAIM_HEADER, check_serializer, safe_accept
 from celery_ratchet.celery.send.sender import note_chord_opened
 from celery_ratchet.celery.send.transactions import joined
@@ -234,40 +230,30 @@ class RatchetBackend(BaseBackend):
         part: Any,
         values: dict[str, Any],
     ) -> bool:
-        """A plain success goes to the worker's settler, written with its next batch of
-        outcomes as an ignored result's success is: in the worker's own process (``-P
-        threads``, ``solo``, ``gevent``) at once; in a prefork pool process kept aside and
-        carried back to the main process with the trace's return (:mod:`.carried`, then
-        :meth:`settle_carried`), so the pool process writes nothing for it. True when
-        nothing is left for this process to write."""
-        runtime = self._runtime_here()
-        if runtime is not None:
-            return _hand_over(
-                task_id, state, status, part, values,
-                reported=lambda: runtime.unwritten(task_id, token),
-                hand=lambda stored: runtime.report_result(
-                    Settlement(task_id, token, status, result=stored)
-                ),
-            )  # fmt: skip
-        if carried.opened(task_id, token):
-            return _hand_over(
-                task_id, state, status, part, values,
-                reported=lambda: carried.kept(task_id, token),
-                hand=lambda stored: carried.keep(task_id, token, stored),
-            )  # fmt: skip
-        return False
-
-    def settle_carried(self, result: CarriedResult) -> None:
-        """In the worker's main process: a success a pool process carried back, handed to
-        the settler as a success of this process is; written here at once when the node
-        no longer takes outcomes (it closed)."""
+        """In the worker's own process (``-P threads``, ``solo``, ``gevent``), a plain
+        success goes to the worker's settler, written with its next batch of outcomes as an
+        ignored result's success is: one statement for the successes of all its threads.
+        True when nothing is left for this thread to write."""
         runtime = self._runtime_here()
         if runtime is None:
-            carried.write(self.store, result.job_id, result.token, result.stored)
-            return
-        runtime.report_result(
-            Settlement(result.job_id, result.token, JobStatus.SUCCEEDED, result=result.stored)
-        )
+            return False
+        # The first outcome of an execution wins; a chord member's goes on to the write,
+        # whose compare-and-swap decides, so that its part is counted only with its row.
+        if part is None and runtime.unwritten(task_id, token):
+            logger.warning(
+                "ratchet: state %s of job %s not stored: an earlier outcome of this "
+                "execution was reported first",
+                state,
+                task_id,
+            )
+            return True
+        if status is not JobStatus.SUCCEEDED or part is not None:
+            return False
+        stored = StoredResult(values["job_result"], values["result_type"], values["result_meta"])
+        if not _surely_storable(stored):
+            return False
+        runtime.report_result(Settlement(task_id, token, status, result=stored))
+        return True
 
     def _runtime_here(self) -> WorkerRuntime | None:
         """The worker's runtime where outcomes reported here reach its settler: this is
@@ -560,38 +546,6 @@ def _ignored(app: Any, record: ResultRecord) -> bool:
     return False
 
 
-def _hand_over(
-    task_id: str,
-    state: str,
-    status: JobStatus,
-    part: Any,
-    values: dict[str, Any],
-    *,
-    reported: Callable[[], bool],
-    hand: Callable[[StoredResult], None],
-) -> bool:
-    """``hand`` a plain success's result on to be written later; False when it is no plain
-    success (a failure's state, a chord member, a result not surely storable) and the
-    backend writes it itself. The first outcome of an execution wins (``reported``): a
-    chord member's goes on to the write, whose compare-and-swap decides, so that its part is
-    counted only with its row."""
-    if part is None and reported():
-        logger.warning(
-            "ratchet: state %s of job %s not stored: an earlier outcome of this "
-            "execution was reported first",
-            state,
-            task_id,
-        )
-        return True
-    if status is not JobStatus.SUCCEEDED or part is not None:
-        return False
-    stored = StoredResult(values["job_result"], values["result_type"], values["result_meta"])
-    if not _surely_storable(stored):
-        return False
-    hand(stored)
-    return True
-
-
 def _group_members(chain: Any) -> list[str]:
     """Task ids of the members of the groups in a request's remaining chain, nested ones
     included (a member that is itself a group or a chain is looked into)."""
@@ -613,24 +567,6 @@ def _group_members(chain: Any) -> list[str]:
                 if isinstance(member_id, str):
                     found.append(member_id)
     return found
-
-
-def carry_back(app: Any, job_id: str, token: str, traced: Any) -> Any:
-    """A trace in a pool process ended (``traced``, its outcome; None if it raised): its
-    success's return carries the result kept for it, if any. A result kept for a trace that
-    did not end in success was its execution's first outcome: it is written here, as the
-    pool process wrote every result before."""
-    stored = carried.close(job_id, token)
-    if stored is None:
-        return traced
-    if traced is not None:
-        carrying = with_success_text(
-            traced, lambda text: CarriedResult(text, job_id, token, stored)
-        )
-        if carrying is not traced:
-            return carrying
-    carried.write(ratchet_state(app).store, job_id, token, stored)
-    return traced
 
 
 def _claim_token(request: Any) -> str | None:

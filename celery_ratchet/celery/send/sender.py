@@ -282,19 +282,12 @@ def write_jobs(
 
 #: How long a keyed send in a worker waits for the results its settler has not written.
 OWN_RESULTS_WAIT_SECONDS = 10.0
-#: Called with the app's ratchet state before a keyed send that is not inside a caller's
-#: transaction: the worker side writes there what still holds a key (a pool process, the
-#: success it keeps to carry back: celery/results/carried.py).
-BEFORE_KEYED_SEND: list[Callable[[Any], None]] = []
 
 
 def _after_own_results(state: Any) -> None:
     """A keyed send in the worker's own process waits until the results handed to its
-    settler are written (a pool process writes the result it keeps): a success not
-    committed yet still holds its business key, and a send of that key from the task's
-    success handlers would be taken for its duplicate."""
-    for hook in BEFORE_KEYED_SEND:
-        hook(state)
+    settler are written: a success not committed yet still holds its business key, and a
+    send of that key from the task's success handlers would be taken for its duplicate."""
     runtime = state.runtime
     if runtime is None or not runtime.keeps_outcomes_here():
         return

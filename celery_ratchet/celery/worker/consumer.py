@@ -31,7 +31,6 @@ from celery_ratchet.celery.execution.dispatch import Dispatcher
 from celery_ratchet.celery.execution.fencing import fence_tracers
 from celery_ratchet.celery.execution.request import ratchet_request_class
 from celery_ratchet.celery.execution.stopping import guard, request_stop, reset_stop
-from celery_ratchet.celery.results import carried
 from celery_ratchet.celery.results.backend import exception_record
 from celery_ratchet.celery.schedules.housekeeping import register_archiver
 from celery_ratchet.celery.schedules.recurring import BeatOwnership, occurrence, register_all
@@ -147,9 +146,7 @@ class JobConsumer(bootsteps.StartStopStep):
 
 def _in_pool_process(app: Any) -> None:
     """A pool process starts: its tasks check their claims before running; the store's
-    outages are logged by the worker's main process, not again by each pool process; its
-    successes' results go back to the main process to be written."""
-    carried.enable()
+    outages are logged by the worker's main process, not again by each pool process."""
     fence_tracers(app)
     quiet_outages()
 
