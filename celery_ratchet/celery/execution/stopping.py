@@ -21,8 +21,6 @@ from celery.concurrency.prefork import TaskPool
 RUNNING, WARM, COLD = 0, 1, 2
 _STOP: Any = RawValue(ctypes.c_int, RUNNING)
 
-_busy = False  # in a pool process: a job is running
-
 
 class HandedBack(Exception):
     """The job was still waiting for a free execution slot when the worker began to stop:
@@ -48,17 +46,12 @@ def guarded(trace: Callable[..., Any], *args: Any) -> Any:
     """Runs in the executing process or thread: starts the job, unless the worker began to
     stop while the job waited for its turn. Returns what Celery's trace returns: (failed,
     result or exception info, runtime)."""
-    global _busy
     if _STOP.value != RUNNING:
         try:
             raise HandedBack("the worker is stopping; the job did not start")
         except HandedBack:
             return 1, ExceptionInfo(internal=True), 0.0
-    _busy = True
-    try:
-        return trace(*args)
-    finally:
-        _busy = False
+    return trace(*args)
 
 
 def guard(pool: Any, refused: Callable[[str], None]) -> None:
