@@ -35,18 +35,22 @@ class _Stamp(StampingVisitor):
         return {"monitoring_id": self.value}
 
 
+@pytest.mark.parametrize("through", ["control", "result"])
 def test_a_job_sent_right_after_a_revoke_by_stamped_headers_is_revoked(
-    worker_app: Celery,
+    worker_app: Celery, through: str
 ) -> None:
     # The worker reads broadcasts between claims: the revoke must have reached it before
-    # the call returns, or the job sent next runs.
+    # the call returns, or the job sent next runs. AsyncResult's form passes timeout=None.
     add = worker_app.tasks["t.add"]
     stamps = [uuid4().hex for _ in range(3)]
     try:
         for stamp in stamps:
             signature = add.si(1, 1)
             signature.stamp(visitor=_Stamp(stamp))
-            worker_app.control.revoke_by_stamped_headers({"monitoring_id": [stamp]})
+            if through == "control":
+                worker_app.control.revoke_by_stamped_headers({"monitoring_id": [stamp]})
+            else:
+                signature.freeze().revoke_by_stamped_headers({"monitoring_id": [stamp]})
             result = signature.apply_async()
             with pytest.raises(TaskRevokedError):
                 result.get(timeout=TIMEOUT)

@@ -21,6 +21,9 @@ from celery_ratchet.domain.job import REVOCATIONS_WAKEUP
 
 logger = logging.getLogger(__name__)
 
+#: How long a revoke by stamped headers waits for the live workers to take the stamps in.
+_STAMPS_WAIT = 1.0
+
 
 class RatchetControl(Control):
     def revoke(
@@ -54,16 +57,23 @@ class RatchetControl(Control):
         **kwargs: Any,
     ) -> Any:
         """Celery's revoke by stamped headers. Without ``reply``, it still waits (up to
-        ``timeout``, one second by default) until each live worker has taken the stamps in,
-        so that a job sent after it returns is revoked: a worker reads broadcasts between
-        claims, and would otherwise run such a job before it learnt of the revocation."""
+        ``timeout``, one second when it is not given or None) until each live worker has
+        taken the stamps in, so that a job sent after it returns is revoked: a worker reads
+        broadcasts between claims, and would otherwise run such a job before it learnt of
+        the revocation."""
         if kwargs.get("reply"):
             return super().revoke_by_stamped_headers(
                 headers, destination, terminate, signal, **kwargs
             )
         nodes = len(destination) if destination else len(ratchet_state(self.app).store.list_nodes())
         if nodes:
-            kwargs.update(reply=True, limit=kwargs.get("limit") or nodes)
+            # AsyncResult.revoke_by_stamped_headers passes timeout=None: no wait at all
+            timeout = kwargs.get("timeout")
+            kwargs.update(
+                reply=True,
+                limit=kwargs.get("limit") or nodes,
+                timeout=_STAMPS_WAIT if timeout is None else timeout,
+            )
         super().revoke_by_stamped_headers(headers, destination, terminate, signal, **kwargs)
         return None
 
