@@ -3,7 +3,8 @@ for the next message a stop can cut short.
 
 Nothing travels over it. Celery's main loop on a transport like this one checks for a stop
 between two waits of up to two seconds (polling once a second); a stop signal wakes the wait
-at once instead (:func:`wake`, safe in a signal handler: one write to a pipe).
+at once instead (:func:`wake`, safe in a signal handler: one write to a pipe). Once the worker
+is stopping no wait begins: Celery's loop still waits once more after it saw the stop.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import select
 import time
 from typing import Any
 
+from celery.worker import state as worker_state
 from kombu.transport import memory
 
 from celery_ratchet.celery.execution.stopping import RUNNING, stop_mode
@@ -29,6 +31,15 @@ def _fds() -> tuple[int, int]:
         os.set_blocking(write, False)
         _pipe = (read, write)
     return _pipe
+
+
+def _stopping() -> bool:
+    """A stop signal arrived, or Celery's own stop flags were set without one (as
+    ``celery.contrib.testing.worker.start_worker`` ends its worker)."""
+    return stop_mode() != RUNNING or any(
+        flag is not None and flag is not False
+        for flag in (worker_state.should_stop, worker_state.should_terminate)
+    )
 
 
 def wake() -> None:
@@ -61,7 +72,7 @@ class Transport(memory.Transport):
                 return super().drain_events(connection, timeout=0)
             except TimeoutError:
                 pass
-            if stop_mode() != RUNNING:  # stopping: the loop has to see it, not wait again
+            if _stopping():  # the loop has to see it, not wait again
                 return None
             waited = time.monotonic() - started
             if timeout is not None and waited >= timeout:
