@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from celery.worker import state as worker_state
 
+from celery_ratchet.celery.worker.transport import wake
 from tests.conftest import Servers, empty_store
 from tests.helpers import Tripwire
 from tests.integration import tasks
@@ -39,12 +42,25 @@ def make_app(url: str, broker_url: str, **conf: Any) -> Celery:
     return app
 
 
-def worker_running(app: Celery, concurrency: int = 4) -> Any:
+@contextmanager
+def worker_running(app: Celery, concurrency: int = 4, **options: Any) -> Iterator[Any]:
     """An in-process worker (thread pool, 4 threads unless told) on ``app``, as a context
     manager."""
-    return start_worker(
-        app, pool="threads", concurrency=concurrency, perform_ping_check=False, shutdown_timeout=30
-    )
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=concurrency,
+        perform_ping_check=False,
+        shutdown_timeout=30,
+        **options,
+    ) as worker:
+        try:
+            yield worker
+        finally:
+            # start_worker stops its worker by this flag alone, which the worker's main loop
+            # sees at its next poll (up to a second); the wake-up ends the wait at once.
+            worker_state.should_terminate = 0
+            wake()
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql", "mysql"])
