@@ -7,13 +7,12 @@ import logging
 from collections.abc import Iterator
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
 
 from celery_ratchet.domain.job import JobStatus
 from celery_ratchet.store.jobstore import JobStore
 from tests.helpers import wait_until
-from tests.integration.conftest import BrokerTrap, make_app
+from tests.integration.conftest import BrokerTrap, make_app, worker_running
 
 RESUMED = "ratchet: resumed, claiming again from: emails"
 PAUSED = "ratchet: paused, not claiming from: emails"
@@ -45,18 +44,17 @@ def said() -> Iterator[Said]:
 def test_a_paused_queue_waits_while_others_run_until_it_is_resumed(
     store: JobStore, broker_trap: BrokerTrap, said: Said
 ) -> None:
-    app = make_app(store.url, broker_trap.url, ratchet_queue_pause_check_seconds=0.2)
+    # An idle worker reads the pauses when it next looks for work: on PostgreSQL, which
+    # tells it of new jobs, that is every wakeup_poll_interval (10 s by default).
+    app = make_app(
+        store.url,
+        broker_trap.url,
+        ratchet_queue_pause_check_seconds=0.2,
+        ratchet_wakeup_poll_interval=0.2,
+    )
     add = app.tasks["t.add"]
     assert store.pause_queue("emails", "relay down")
-    worker = start_worker(
-        app,
-        pool="threads",
-        concurrency=4,
-        perform_ping_check=False,
-        shutdown_timeout=30,
-        queues=["celery", "emails"],
-    )
-    with worker:
+    with worker_running(app, queues=["celery", "emails"]):
         # Paused before the worker started: sent before another queue's job, still waiting
         # once that job has run.
         waiting = [add.apply_async((i, 1), queue="emails") for i in range(3)]
