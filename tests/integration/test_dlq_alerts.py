@@ -14,6 +14,7 @@ from celery_ratchet.celery.control.alerts import dead_letter_alerts
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.job import JobStatus, JobType, Settlement, error_record
 from celery_ratchet.errors import ConfigurationError
+from celery_ratchet.runtime import liveness
 from tests.conftest import Servers, empty_store
 from tests.helpers import new_job, wait_until
 from tests.integration.conftest import BrokerTrap, make_app, worker_running
@@ -80,13 +81,14 @@ def test_no_alerts_without_the_setting(servers: Servers, broker_trap: BrokerTrap
 
 @pytest.mark.parametrize("dialect", ["sqlite"])
 def test_a_worker_sends_and_runs_the_alert(
-    servers: Servers, broker_trap: BrokerTrap, dialect: str
+    servers: Servers, broker_trap: BrokerTrap, dialect: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The worker's housekeeping sends the alerts; it looks every 10 s, here every 0.2 s.
+    monkeypatch.setattr(liveness, "HOUSEKEEPING_INTERVAL", 0.2)
     app, seen = _app(empty_store(servers.url(dialect)).url, broker_trap.url, 0.5)
     app.conf.task_routes = {}
     _fail(app, "dead-w")
     with worker_running(app):
-        # The worker's housekeeping looks every 10 s.
         wait_until(lambda: seen, 30, "the worker to run the alert")
     [summary] = seen
     assert (summary["task_name"], summary["count"], summary["job_ids"]) == (
