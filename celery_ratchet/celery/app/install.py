@@ -12,7 +12,7 @@ from celery import Celery, signals
 from celery_ratchet.celery.canvas import batches, workflows
 from celery_ratchet.celery.compat import SettingsFilter, forget_cached_backend, wrap_settings_censor
 from celery_ratchet.celery.control import flower
-from celery_ratchet.celery.schedules import housekeeping
+from celery_ratchet.celery.schedules import beat_guard, housekeeping
 from celery_ratchet.celery.send import lazy_groups
 from celery_ratchet.celery.send.message import check_protocol, check_result_backend, safe_accept
 from celery_ratchet.celery.send.sender import follow_held_keys
@@ -52,6 +52,7 @@ def install(app: Celery) -> Celery:
         flower.connect()
         lazy_groups.connect()
         pool_choice.connect()
+        beat_guard.connect()
         if app.configured:
             apply_defaults(app)
         else:
