@@ -50,6 +50,23 @@ def register(
 ) -> str:
     """Create or update the master of ``business_key``; returns 'created', 'updated' or
     'revived'. ``message`` is the task message every occurrence is made from."""
+    master = master_job(
+        business_key, spec, task_name=task_name, priority=priority, message=message, now=now
+    )
+    return store.upsert_master(master)
+
+
+def master_job(
+    business_key: str,
+    spec: MasterSpec,
+    *,
+    task_name: str,
+    priority: int,
+    message: Message,
+    now: datetime | None = None,
+) -> NewJob:
+    """The master row :func:`register` writes, checked (its key's length, a first fire time
+    after ``now``) and written nowhere: a dry run makes it to check as a registration does."""
     if not business_key or len(business_key) > MAX_KEY_LENGTH:
         raise ValueError(
             f"business key of a recurring job must be 1-{MAX_KEY_LENGTH} "
@@ -62,7 +79,7 @@ def register(
             f"recurring job {business_key!r}: {spec.schedule} has no fire time "
             f"after {now.isoformat()}"
         )
-    master = NewJob(
+    return NewJob(
         job_id=master_id(business_key),
         task_name=task_name,
         queue=SCHEDULES_QUEUE,
@@ -73,7 +90,6 @@ def register(
         business_key=business_key,
         schedule_spec=spec.to_json(),
     )
-    return store.upsert_master(master)
 
 
 def pause(store: ScheduleStore, business_key: str) -> None:

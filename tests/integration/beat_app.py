@@ -33,6 +33,18 @@ if os.environ.get("BEAT_APP_CUSTOM"):
     }  # fmt: skip
 
 
+# Entries the registration refuses (BEAT_APP_REFUSED=1): each is named, the dry run too.
+if os.environ.get("BEAT_APP_REFUSED"):
+    app.conf.beat_schedule["backwards"] = {"task": "beat.report", "schedule": -5}
+    app.conf.beat_schedule["opaque"] = {
+        "task": "beat.report", "schedule": 60, "args": (object(),),
+    }  # fmt: skip
+
+# An entry whose task this app does not have (BEAT_APP_UNKNOWN=1): warned about, registered.
+if os.environ.get("BEAT_APP_UNKNOWN"):
+    app.conf.beat_schedule["typo"] = {"task": "beat.reprot", "schedule": 60}
+
+
 @app.task(name="beat.report")
 def report(n: int = 0) -> int:
     return n

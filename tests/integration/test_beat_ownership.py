@@ -162,6 +162,44 @@ def test_a_wrong_misfire_option_is_refused_naming_the_entry(
         register_all(beat_app)
 
 
+def test_a_beat_schedule_with_entries_that_cannot_be_registered_changes_nothing(
+    beat_app: Celery,
+) -> None:
+    """Each refused entry named in one error, and not one entry written: a worker does not
+    start on half of its schedule."""
+    beat_app.conf.beat_schedule.update(
+        {
+            "backwards": {"task": "t.add", "schedule": -5, "args": (1, 2)},
+            "never": {"task": "t.add", "schedule": timedelta(0), "args": (1, 2)},
+            "opaque": {"task": "t.add", "schedule": 60, "args": (object(), 2)},
+        }
+    )
+    with pytest.raises(ConfigurationError) as refused:
+        register_all(beat_app)
+    said = str(refused.value)
+    assert said.startswith("3 beat_schedule entries cannot be registered:")
+    assert "'backwards': its interval must be positive, got -5 seconds" in said
+    assert "'never': its interval must be positive, got 0 seconds" in said
+    assert "'opaque': its args or kwargs cannot be serialised" in said
+    assert _masters(beat_app) == {}
+
+
+def test_an_entry_whose_task_the_app_does_not_have_is_registered_with_a_warning(
+    beat_app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A task of another release's workers is legitimate (its ticks run there): a warning
+    that says what becomes of its ticks elsewhere, as the hand-over grace does."""
+    beat_app.conf.beat_schedule["typo"] = {"task": "t.ad", "schedule": 60}
+    with caplog.at_level(logging.WARNING, logger="celery_ratchet"):
+        register_all(beat_app)
+    assert _masters(beat_app)["typo"]["status"] == JobStatus.PENDING.value
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith(
+        "ratchet: beat_schedule entry 'typo': task 't.ad' is not registered in this app"
+    )
+    assert "ratchet_unknown_task_grace_seconds" in warning
+
+
 def test_schedules_of_the_api_and_of_recurring_keep_their_spec_text(beat_app: Celery) -> None:
     """A schedule with no origin is stored as before this field existed: registering it again
     after an upgrade is no change, which would move its next fire time."""

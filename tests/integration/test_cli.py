@@ -9,6 +9,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from celery_ratchet.cli.main import cli
@@ -219,6 +220,69 @@ def test_import_beat_prints_quartz_forms_and_registers_each_entry(tmp_path: Path
     assert gone.returncode == 0, gone.stderr
     assert "heartbeat: removed (registered from beat_schedule" in gone.stdout
     assert {m["business_key"] for m in store.list_masters()} == {"nightly-report"}
+
+
+def test_import_beat_dry_run_refuses_what_the_registration_refuses(tmp_path: Path) -> None:
+    """A non-positive interval and args the serializer cannot encode: the dry run refuses
+    them as the registration does, each named, with no traceback; the good entries go on."""
+    url = f"sqlite:///{tmp_path / 'refused.db'}"
+    store = empty_store(url)
+    for dry_run in (("--dry-run",), ()):
+        run = _celery(
+            "-A", "tests.integration.beat_app", "ratchet", "import-beat", *dry_run,
+            url=url, BEAT_APP_REFUSED="1",
+        )  # fmt: skip
+        assert run.returncode == 2, run.stderr
+        assert "Traceback" not in run.stderr
+        assert (
+            "backwards: NOT IMPORTED: beat_schedule entry 'backwards': its interval must be "
+            "positive, got -5 seconds"
+        ) in run.stderr
+        assert (
+            "opaque: NOT IMPORTED: beat_schedule entry 'opaque': its args or kwargs cannot be "
+            "serialised (Object of type object is not JSON serializable)"
+        ) in run.stderr
+        assert "2 of 4 beat_schedule entries were not imported" in run.stderr
+        verb = "would register" if dry_run else "registered"
+        assert f"heartbeat: {verb} beat.report every:900" in run.stdout
+    assert {m["business_key"] for m in store.list_masters()} == {"nightly-report", "heartbeat"}
+
+
+@pytest.mark.slow
+def test_a_worker_refuses_to_start_on_a_refused_entry_naming_it_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'start.db'}"
+    store = empty_store(url)
+    run = _celery(
+        "-A", "tests.integration.beat_app", "worker", "-P", "ratchet", "-c", "1",
+        url=url, BEAT_APP_REFUSED="1",
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    assert "Traceback" not in run.stderr and "Unrecoverable" not in run.stderr
+    assert "ratchet: the worker does not start: 2 beat_schedule entries" in run.stderr
+    assert "'backwards': its interval must be positive" in run.stderr
+    assert "'opaque': its args or kwargs cannot be serialised" in run.stderr
+    assert store.list_masters() == []
+
+
+def test_import_beat_warns_of_an_entry_whose_task_the_app_does_not_have(tmp_path: Path) -> None:
+    """Warned, not refused: the task may be one of another release's workers."""
+    url = f"sqlite:///{tmp_path / 'unknown.db'}"
+    store = empty_store(url)
+    for dry_run in (("--dry-run",), ()):
+        run = _celery(
+            "-A", "tests.integration.beat_app", "ratchet", "import-beat", *dry_run,
+            url=url, BEAT_APP_UNKNOWN="1",
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        assert (
+            "typo: WARNING: beat_schedule entry 'typo': task 'beat.reprot' is not registered "
+            "in this app"
+        ) in run.stderr
+        assert "ratchet_unknown_task_grace_seconds" in run.stderr
+        assert "nightly-report: WARNING" not in run.stderr
+    assert "typo" in {m["business_key"] for m in store.list_masters()}
 
 
 def test_jobs_filters_by_tag_and_business_key_and_cancel_revokes(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from celery import Celery
 from celery.schedules import BaseSchedule, crontab
 
 import celery_ratchet
-from celery_ratchet.celery.schedules.recurring import _register_beat_entry, crontab_to_quartz
+from celery_ratchet.celery.schedules.recurring import crontab_to_quartz, register_beat_entry
 from celery_ratchet.domain.cron import CronError, CronExpression
 from celery_ratchet.errors import ConfigurationError
 
@@ -42,7 +42,7 @@ def test_unconvertible_schedules_are_refused_naming_the_entry() -> None:
     app = Celery("t", set_as_current=False)
     entry = {"task": "x", "schedule": Sunrise()}
     with pytest.raises(ConfigurationError, match=r"'dawn'.*Sunrise schedule cannot be converted"):
-        _register_beat_entry(app, "dawn", entry)
+        register_beat_entry(app, "dawn", entry)
 
 
 def test_recurring_checks_its_arguments_at_import() -> None:

@@ -16,7 +16,7 @@ from celery_ratchet.celery.compat import offer_pool, on_every_cli_app
 from celery_ratchet.celery.schedules.recurring import (
     beat_entries_gone,
     beat_entries_kept,
-    describe_beat_entry,
+    check_beat_entry,
     register_beat_entry,
     remove_gone_beat_entries,
 )
@@ -60,7 +60,11 @@ ratchet.add_command(import_broker)
 
 
 @ratchet.command("import-beat")
-@click.option("--dry-run", is_flag=True, help="Print what would be registered; change nothing.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Check each entry as a worker's start does and print what it becomes; change nothing.",
+)
 @click.pass_context
 def import_beat(ctx: click.Context, dry_run: bool) -> None:
     """Register the app's beat_schedule as recurring jobs (no celery beat needed).
@@ -70,21 +74,25 @@ def import_beat(ctx: click.Context, dry_run: bool) -> None:
     entry registered before that beat_schedule no longer has is removed.
     """
     app: Any = ctx.find_root().obj.app
+    # The modules a worker imports at start (imports=, include=, autodiscover_tasks): the
+    # tasks the entries name are checked against the same registry.
+    app.loader.import_default_modules()
     entries = dict(app.conf.beat_schedule or {})
     if not entries:
         click.echo("beat_schedule is empty: nothing to import")
     failed = 0
     for name, entry in entries.items():
         try:
-            schedule = describe_beat_entry(app, name, entry)
-            if not dry_run:
-                register_beat_entry(app, name, entry)
+            # The dry run makes every check the registration makes, and writes nothing.
+            checked = (check_beat_entry if dry_run else register_beat_entry)(app, name, entry)
         except RatchetError as exc:
             failed += 1
             click.echo(f"{name}: NOT IMPORTED: {exc}", err=True)
             continue
         verb = "would register" if dry_run else "registered"
-        click.echo(f"{name}: {verb} {entry.get('task')} {schedule} ({app.timezone})")
+        click.echo(f"{name}: {verb} {entry.get('task')} {checked.description} ({app.timezone})")
+        for warning in checked.warnings:
+            click.echo(f"{name}: WARNING: {warning}", err=True)
     gone = (beat_entries_gone if dry_run else remove_gone_beat_entries)(app, entries)
     for name in gone:
         verb = "would remove" if dry_run else "removed"

@@ -14,6 +14,7 @@ from celery import Celery, signals
 from celery.canvas import Signature
 from celery.schedules import crontab
 from celery.schedules import schedule as interval_schedule
+from kombu.exceptions import EncodeError
 from kombu.message import Message as KombuMessage
 from kombu.utils import json as kjson
 
@@ -25,7 +26,7 @@ from celery_ratchet.domain.cron import CronExpression
 from celery_ratchet.domain.job import SCHEDULES_QUEUE, ClaimedJob, Message, NewJob
 from celery_ratchet.domain.retry import Backoff
 from celery_ratchet.domain.schedule import DEFAULT_CATCH_UP, MasterSpec, MisfirePolicy
-from celery_ratchet.errors import ConfigurationError
+from celery_ratchet.errors import ConfigurationError, RatchetError, StoreBusy, StoreUnavailable
 from celery_ratchet.runtime import recurring as masters
 
 logger = logging.getLogger(__name__)
@@ -164,13 +165,24 @@ def schedule_recurring(
     interval. Returns the business key. Nothing but a call removes it: a worker start
     removes only the ``beat_schedule`` entries gone from the configuration.
     """
-    return _register(
+    registration = _prepare(
         app, cron, zone, signature, business_key=business_key, misfire=misfire, tags=tags,
         options=options, name=name, every=every, origin=None,
     )  # fmt: skip
+    return _write(app, registration)
 
 
-def _register(
+@dataclass(frozen=True)
+class _Registration:
+    """A recurring job checked and made, not yet written: its master row and its spec."""
+
+    business_key: str
+    master: NewJob
+    spec: MasterSpec
+    zone: str
+
+
+def _prepare(
     app: Celery,
     cron: str | None,
     zone: str,
@@ -183,7 +195,9 @@ def _register(
     name: str | None,
     every: float | timedelta | None,
     origin: str | None,
-) -> str:
+) -> _Registration:
+    """Everything a registration checks and makes, with nothing written: a dry run is this
+    alone, a registration this and :func:`_write`."""
     if (cron is None) == (every is None):
         raise ValueError("give exactly one of cron and every")
     if every is not None:
@@ -211,8 +225,7 @@ def _register(
         expires_seconds=float(expires) if expires is not None else None,
         origin=origin,
     )
-    outcome = masters.register(
-        ratchet_state(app).store,
+    master = masters.master_job(
         business_key,
         spec,
         task_name=template.task_name,
@@ -222,11 +235,20 @@ def _register(
         # put it off, one behind would make fire times already past due at once.
         now=ratchet_state(app).clock.now(),
     )
+    return _Registration(business_key, master, spec, zone)
+
+
+def _write(app: Celery, registration: _Registration) -> str:
+    state = ratchet_state(app)
+    outcome = state.store.upsert_master(registration.master)
     # Workers sleep until the next due time they know of: tell them (PostgreSQL: the store
     # notified already).
-    ratchet_state(app).published([SCHEDULES_QUEUE])
-    logger.info("ratchet: recurring job %s %s (%s, %s)", business_key, outcome, spec.schedule, zone)
-    return business_key
+    state.published([SCHEDULES_QUEUE])
+    key, spec = registration.business_key, registration.spec
+    logger.info(
+        "ratchet: recurring job %s %s (%s, %s)", key, outcome, spec.schedule, registration.zone
+    )
+    return key
 
 
 def cancel_recurring(app: Celery, business_key: str) -> None:
@@ -360,10 +382,33 @@ def register_all(app: Celery) -> list[str]:
             )
         )
     beat = dict(app.conf.beat_schedule or {})
-    for entry_name, entry in beat.items():
-        keys.append(_register_beat_entry(app, entry_name, entry))
+    keys.extend(_register_beat_schedule(app, beat))
     remove_gone_beat_entries(app, beat)
     return keys
+
+
+def _register_beat_schedule(app: Celery, beat: dict[str, Any]) -> list[str]:
+    """Every entry checked before any is written: one that cannot be registered refuses the
+    whole ``beat_schedule`` (one ConfigurationError naming each such entry), changing
+    nothing, as a worker that starts with it must not run half of its schedule."""
+    prepared, problems = [], []
+    for name, entry in beat.items():
+        try:
+            prepared.append((name, entry, _prepared_beat_entry(app, name, entry)))
+        except ConfigurationError as exc:
+            problems.append(str(exc))
+    if len(problems) == 1:
+        raise ConfigurationError(problems[0])
+    if problems:
+        raise ConfigurationError(
+            f"{len(problems)} beat_schedule entries cannot be registered:\n  "
+            + "\n  ".join(problems)
+        )
+    for name, entry, registration in prepared:
+        _write(app, registration)
+        for warning in _beat_entry_warnings(app, name, entry):
+            logger.warning("ratchet: %s", warning)
+    return list(beat)
 
 
 #: The origin of the masters registered from ``beat_schedule``: owned by it.
@@ -465,7 +510,7 @@ class BeatOwnership:
             for name, entry in entries.items():
                 if name not in active:
                     with contextlib.suppress(ConfigurationError):  # said at the start
-                        _register_beat_entry(self.app, name, entry)
+                        register_beat_entry(self.app, name, entry)
                         logger.warning(
                             "ratchet: recurring job %s registered again: it was removed "
                             "while this worker started, and its beat_schedule has it",
@@ -487,14 +532,94 @@ def _function_name(task: Any) -> str:
     return str(getattr(task.run, "__name__", None) or task.name.rpartition(".")[2])
 
 
-def describe_beat_entry(app: Celery, name: str, entry: dict[str, Any]) -> str:
-    """What a ``beat_schedule`` entry becomes, without registering it: ``cron:<Quartz>`` or
-    ``every:<seconds>``, and its misfire policy; ConfigurationError when it cannot be
-    converted."""
-    kind, _, value = _beat_schedule_text(name, entry).partition(":")
-    misfire = beat_misfire(name, dict(entry.get("options") or {}))
+@dataclass(frozen=True)
+class BeatEntryCheck:
+    """A ``beat_schedule`` entry checked as its registration checks it: what it becomes
+    (``cron:<Quartz>`` or ``every:<seconds>``, and its misfire policy) and what is worth a
+    warning (its task not registered in this app)."""
+
+    description: str
+    warnings: tuple[str, ...]
+
+
+def check_beat_entry(app: Celery, name: str, entry: dict[str, Any]) -> BeatEntryCheck:
+    """Every check the registration of a ``beat_schedule`` entry makes, with nothing
+    written (``import-beat --dry-run``); ConfigurationError naming the entry when one fails."""
+    return _checked(app, name, entry, _prepared_beat_entry(app, name, entry))
+
+
+def register_beat_entry(app: Celery, name: str, entry: dict[str, Any]) -> BeatEntryCheck:
+    """Register a ``beat_schedule`` entry (after the checks of :func:`check_beat_entry`)."""
+    registration = _prepared_beat_entry(app, name, entry)
+    _write(app, registration)
+    return _checked(app, name, entry, registration)
+
+
+def _checked(
+    app: Celery, name: str, entry: dict[str, Any], registration: _Registration
+) -> BeatEntryCheck:
+    spec = registration.spec
+    kind, _, value = spec.schedule.partition(":")
     shown = f"every:{float(value):g}" if kind == "every" else f"cron:{value}"
-    return f"{shown}, misfire {misfire.to_text().lower()}"
+    return BeatEntryCheck(
+        f"{shown}, misfire {spec.misfire.lower()}", _beat_entry_warnings(app, name, entry)
+    )
+
+
+def _beat_entry_warnings(app: Celery, name: str, entry: dict[str, Any]) -> tuple[str, ...]:
+    task = entry["task"]
+    if task in app.tasks:
+        return ()
+    # Not refused: a task of another release (a rolling deploy) is run by its workers, and
+    # a worker without it hands each tick back for them, as it does any unknown task's job.
+    grace = ratchet_state(app).settings.unknown_task_grace_seconds
+    return (
+        f"beat_schedule entry {name!r}: task {task!r} is not registered in this app; each "
+        "tick is enqueued all the same and runs on a worker that has it (during a rolling "
+        "deploy, one of another release); a worker without it hands the tick back for "
+        f"{grace:g}s (ratchet_unknown_task_grace_seconds), then fails it as NotRegistered. "
+        "Check the task name, or import its module in the worker (include=, imports=, "
+        "autodiscover_tasks)",
+    )
+
+
+def _prepared_beat_entry(app: Celery, name: str, entry: dict[str, Any]) -> _Registration:
+    """The entry checked and made into its master row, nothing written. Each refusal is a
+    ConfigurationError naming the entry; an unreachable or busy store is not a refusal."""
+    when = _beat_schedule_text(name, entry)
+    options = dict(entry.get("options") or {})
+    misfire = beat_misfire(name, options)
+    kind, _, value = when.partition(":")
+    try:
+        signature = app.signature(
+            entry["task"],
+            args=tuple(entry.get("args") or ()),
+            kwargs=dict(entry.get("kwargs") or {}),
+        )
+        return _prepare(
+            app,
+            value if kind == "cron" else None,
+            _zone_name(app),
+            signature,
+            business_key=name,
+            misfire=misfire,
+            tags=(),
+            options=options,
+            name=name,
+            every=float(value) if kind == "every" else None,
+            origin=BEAT_ORIGIN,
+        )
+    except (StoreUnavailable, StoreBusy):
+        raise
+    except EncodeError as exc:
+        # The encoder's message names the type it cannot encode, never a value.
+        raise ConfigurationError(
+            f"beat_schedule entry {name!r}: its args or kwargs cannot be serialised ({exc}); "
+            "give values the task's serializer can encode (JSON: str, int, float, bool, None, "
+            "lists and dicts of them)"
+        ) from exc
+    except (RatchetError, ValueError, TypeError) as exc:
+        raise ConfigurationError(f"beat_schedule entry {name!r}: {exc}") from exc
 
 
 def _beat_schedule_text(name: str, entry: dict[str, Any]) -> str:
@@ -507,38 +632,16 @@ def _beat_schedule_text(name: str, entry: dict[str, Any]) -> str:
     if isinstance(when, (int, float, timedelta)) or type(when) is interval_schedule:
         period = when.run_every if isinstance(when, interval_schedule) else when
         seconds = period.total_seconds() if isinstance(period, timedelta) else float(period)
+        if not seconds > 0:
+            raise ConfigurationError(
+                f"beat_schedule entry {name!r}: its interval must be positive, got "
+                f"{seconds:g} seconds; give the schedule as seconds above 0 or a timedelta"
+            )
         return f"every:{seconds!r}"
     raise ConfigurationError(
         f"beat_schedule entry {name!r}: a {type(when).__name__} schedule cannot be converted "
         "(celery_ratchet runs crontab and interval schedules); use a Quartz cron expression "
         "with celery_ratchet.schedule_recurring instead"
-    )
-
-
-def register_beat_entry(app: Celery, name: str, entry: dict[str, Any]) -> str:
-    return _register_beat_entry(app, name, entry)
-
-
-def _register_beat_entry(app: Celery, name: str, entry: dict[str, Any]) -> str:
-    when = _beat_schedule_text(name, entry)
-    signature = app.signature(
-        entry["task"], args=tuple(entry.get("args") or ()), kwargs=dict(entry.get("kwargs") or {})
-    )
-    options = dict(entry.get("options") or {})
-    misfire = beat_misfire(name, options)
-    kind, _, value = when.partition(":")
-    return _register(
-        app,
-        value if kind == "cron" else None,
-        _zone_name(app),
-        signature,
-        business_key=name,
-        misfire=misfire,
-        tags=(),
-        options=options,
-        name=name,
-        every=float(value) if kind == "every" else None,
-        origin=BEAT_ORIGIN,
     )
 
 

@@ -9,16 +9,19 @@ jobs already handed to Celery.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from celery import bootsteps, signals
 from celery.concurrency.base import BasePool
 from celery.exceptions import TaskRevokedError
+from celery.platforms import EX_FAILURE
 from celery.platforms import signals as platform_signals
 from celery.utils.imports import symbol_by_name
 from celery.worker import state as worker_state
@@ -86,7 +89,8 @@ class JobConsumer(bootsteps.StartStopStep):
         app = c.app
         state = ratchet_state(app)
         _report_outcomes_to_store(app)
-        _check_task_options(app, state.settings)
+        with _refused_start():
+            _check_task_options(app, state.settings)
         _warn_refused_serializers(app, state.settings.allow_pickle)
         install_retries(app)
         c.update_strategies()
@@ -94,7 +98,8 @@ class JobConsumer(bootsteps.StartStopStep):
         # Sent from the stop signal's handler: from then on no job starts, whatever the
         # worker's main loop is doing (it notices the stop only between two waits).
         signals.worker_shutting_down.connect(self._on_shutting_down, weak=False)
-        _register_recurring(app)
+        with _refused_start():
+            _register_recurring(app)
         dispatcher = Dispatcher(c)
         runtime = WorkerRuntime(
             state.store,
@@ -192,6 +197,18 @@ def _housekeeping(app: Any, alerts: DeadLetterAlerts | None, beat: BeatOwnership
                     ratchet_state(app).published(sorted({job.queue for job in sent}))
         finally:
             beat()
+
+
+@contextlib.contextmanager
+def _refused_start() -> Iterator[None]:
+    """A configuration the worker cannot start with (a task's options, a beat_schedule
+    entry) stops it with its message alone: Celery would log any exception as an
+    "Unrecoverable error" with a traceback of its own start, which says nothing more."""
+    try:
+        yield
+    except ConfigurationError as exc:
+        logger.critical("ratchet: the worker does not start: %s", exc)
+        raise SystemExit(EX_FAILURE) from exc
 
 
 def _register_recurring(app: Any) -> None:
