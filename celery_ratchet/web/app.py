@@ -16,7 +16,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl
 
-from celery_ratchet.errors import InvalidArgument, RatchetError, StorePermissionDenied
+from celery_ratchet.errors import (
+    InvalidArgument,
+    RatchetError,
+    StorePermissionDenied,
+    ValueRefused,
+)
 from celery_ratchet.settings import mask_password
 from celery_ratchet.store.read_ports import DashboardStore
 from celery_ratchet.web import pages
@@ -113,6 +118,10 @@ class Dashboard:
             return self._send(start_response, "404 Not Found", self._error(str(exc), base))
         except (pages.BadRequest, InvalidArgument) as exc:
             return self._send(start_response, "400 Bad Request", self._error(str(exc), base))
+        except ValueRefused as exc:  # a value of the request the database cannot hold
+            return self._send(
+                start_response, "400 Bad Request", self._error(mask_password(str(exc)), base)
+            )
         except StorePermissionDenied as exc:
             message = mask_password(str(exc))
             logger.warning("ratchet web: %s", message)

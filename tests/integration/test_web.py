@@ -7,6 +7,7 @@ import base64
 import html
 import io
 import json
+import logging
 import re
 import socket
 import subprocess
@@ -166,6 +167,20 @@ def test_every_page_answers_and_shows_what_the_store_holds(store: JobStore) -> N
     assert "host-a" in nodes.body and "4242" in nodes.body
     assert call(app, "/job?id=nobody").status == 404
     assert call(app, "/jobs?status=nonsense").status == 400
+
+
+def test_a_search_the_database_cannot_hold_is_a_400_not_a_store_error(
+    server_store: JobStore, server_dialect: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # PostgreSQL refuses a NUL in text: the request's value, not the store, is at fault.
+    # MariaDB takes it and finds nothing.
+    with caplog.at_level(logging.WARNING, logger="celery_ratchet"):
+        answer = call(Dashboard(server_store), "/jobs?q=%00")
+    if server_dialect == "postgresql":
+        assert answer.status == 400 and "NUL" in answer.body, answer.body
+    else:
+        assert answer.status == 200, answer.body
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_keyset_pages_of_the_jobs_list(store: JobStore) -> None:
