@@ -343,6 +343,9 @@ def cron_next(expression: str, zone: str, after_text: str | None, count: int) ->
     if after.tzinfo is None:
         after = after.replace(tzinfo=parsed.zone)
     times = parsed.fire_times(after, count)
+    if not times:
+        fail(f"{expression!r} has no fire time after {after.isoformat()} (in {zone})")
+        return
     for moment in times:
         click.echo(f"{moment.astimezone(timezone.utc).isoformat()}  {moment.isoformat()}")
     if len(times) < count:

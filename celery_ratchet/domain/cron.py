@@ -41,6 +41,18 @@ class CronError(ValueError):
         super().__init__(f"invalid cron expression {expression!r}: {where}{problem}")
 
 
+class UnknownZone(CronError):
+    """A time zone the zone database does not know; the expression itself may be fine."""
+
+    def __init__(self, expression: str, zone: str) -> None:
+        self.expression = expression
+        self.field = "zone"
+        self.problem = f"unknown time zone {zone!r}"
+        ValueError.__init__(
+            self, f"{self.problem}: name an IANA time zone, such as 'UTC' or 'Europe/Berlin'"
+        )
+
+
 @dataclass(frozen=True)
 class _Field:
     name: str
@@ -130,7 +142,7 @@ class CronExpression:
         try:
             self.zone = ZoneInfo(zone)
         except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise CronError(expression, None, f"unknown time zone {zone!r}") from exc
+            raise UnknownZone(expression, zone) from exc
         self.zone_name = zone
         parts = expression.split()
         if len(parts) == 5:

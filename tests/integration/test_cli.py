@@ -111,6 +111,12 @@ def test_cron_next_prints_utc_and_local_times() -> None:
     bad = runner.invoke(cli, ["cron", "next", "*/5 * * * *"])
     assert bad.exit_code == 2
     assert "did you mean '0 */5 * * * ?'" in bad.output
+    never = runner.invoke(cli, ["cron", "next", "0 0 2 30 2 ?", "--after", "2026-01-01T00:00"])
+    assert never.exit_code == 2
+    assert "'0 0 2 30 2 ?' has no fire time after 2026-01-01T00:00:00+00:00" in never.output
+    zone = runner.invoke(cli, ["cron", "next", "0 0 2 * * ?", "--zone", "Mars/Base"])
+    assert zone.exit_code == 2
+    assert "unknown time zone 'Mars/Base'" in zone.output and "invalid cron" not in zone.output
 
 
 def test_dlq_list_show_retry_purge(tmp_path: Path) -> None:
