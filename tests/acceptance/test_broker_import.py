@@ -117,6 +117,7 @@ def test_a_stock_fleets_broker_is_moved_and_run_by_ratchet_workers(
     dry = import_broker(url, store.url, "--dry-run")
     assert dry.returncode == 0, dry.stdout + dry.stderr
     assert store.list_jobs(limit=10) == []
+    assert "19 would move, 0 present" in dry.stderr and " moved," not in dry.stderr, dry.stderr
     done = import_broker(url, store.url)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines()[1].split() == ["celery", "19", "0", "0"], (

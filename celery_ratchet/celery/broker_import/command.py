@@ -83,7 +83,7 @@ def import_broker(
         )
     verb = "would move" if dry_run else "moving"
     click.echo(f"{verb} queues {', '.join(names)} from {shown}", err=True)
-    progress = _Progress()
+    progress = _Progress(dry_run)
     backend = result_backend or (broker_url if scheme in _REDIS else None)
     chord_states = None
     if backend is not None and urlsplit(backend).scheme in _REDIS:
@@ -114,8 +114,9 @@ def import_broker(
 class _Progress:
     """One line on stderr at most every second while a run goes on."""
 
-    def __init__(self) -> None:
+    def __init__(self, dry_run: bool = False) -> None:
         self.shown = 0.0
+        self.moved = "would move" if dry_run else "moved"
 
     def __call__(self, summary: Summary, final: bool = False) -> None:
         now = time.monotonic()
@@ -127,7 +128,7 @@ class _Progress:
         refused = sum(c.refused for c in summary.queues.values())
         elapsed = max(now - summary.started, 1e-6)
         click.echo(
-            f"{summary.handled:,} messages: {moved:,} moved, {present:,} present, "
+            f"{summary.handled:,} messages: {moved:,} {self.moved}, {present:,} present, "
             f"{refused:,} refused ({summary.handled / elapsed:,.0f} messages/s)",
             err=True,
         )
