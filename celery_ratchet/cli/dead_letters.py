@@ -17,7 +17,7 @@ from celery_ratchet.cli.base import (
     jsonable,
     pass_cli,
 )
-from celery_ratchet.runtime.dlq import DeadLetterQueue
+from celery_ratchet.runtime.dlq import DeadLetterQueue, exception_line
 from celery_ratchet.settings import RatchetSettings
 
 
@@ -59,7 +59,10 @@ def dlq_list(
     found = letters.list(task_name=task_name, queue=queue, limit=limit)
     alerts = letters.alerts_of(found)
     columns = ["job_id", "task_name", "queue", "attempts", "finished_at", "alert", "last_error"]
-    emit([{**vars(j), "alert": alerts[j.job_id]} for j in found], columns, as_json)
+    rows = [{**vars(j), "alert": alerts[j.job_id]} for j in found]
+    if not as_json:  # the table reads as dlq show does; --json keeps the stored record
+        rows = [{**row, "last_error": exception_line(row["last_error"])} for row in rows]
+    emit(rows, columns, as_json)
 
 
 @dlq.command("show")

@@ -76,7 +76,7 @@ def exception_parts(stored: str | None) -> tuple[str, str, str | None] | None:
     return str(record["exc_type"]), "" if message is None else str(message), module
 
 
-def _exception(stored: str | None) -> str | None:
+def exception_line(stored: str | None) -> str | None:
     """``Type: message`` from Celery's stored exception record."""
     parts = exception_parts(stored)
     if parts is None:
@@ -134,7 +134,7 @@ class DeadLetterQueue:
             attempts=record.attempts,
             args=args,
             kwargs=kwargs,
-            exception=_exception(record.last_error),
+            exception=exception_line(record.last_error),
             traceback=record.error_traceback,
             finished_at=record.finished_at,
             worker=record.picked_by,
@@ -198,6 +198,6 @@ class DeadLetterAlerts:
             job_ids,
             now,
             self.interval_seconds,
-            newest_error=_exception(window.newest_error),
+            newest_error=exception_line(window.newest_error),
         )
         return self.alert_job(alert_id(window), summary.as_message())

@@ -443,3 +443,19 @@ def test_queues_are_paused_listed_and_resumed(tmp_path: Path) -> None:
     refused = runner.invoke(cli, ["--url", url, "queues", "pause", "q" * 300])
     assert refused.exit_code == 2 and "at most 255" in refused.output
     assert sorted(store.paused_queues()) == ["reports"]
+
+
+def test_dlq_list_shows_each_exception_as_dlq_show_does(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'dlq.db'}"
+    store = empty_store(url)
+    store.enqueue_many([new_job("dead-0", task="tests.charge")])
+    error = '{"exc_type": "CardDeclined", "exc_message": ["no funds"], "exc_module": "shop"}'
+    store.settle(
+        [Settlement(j.job_id, j.token, JobStatus.FAILED, error=error)
+         for j in store.claim("n", ["celery"], 10)]
+    )  # fmt: skip
+    table = CliRunner().invoke(cli, ["--url", url, "dlq", "list"])
+    assert table.exit_code == 0, table.output
+    assert "CardDeclined: no funds" in table.output and "exc_type" not in table.output
+    listed = CliRunner().invoke(cli, ["--url", url, "dlq", "list", "--json"])
+    assert json.loads(listed.output)[0]["last_error"] == error

@@ -23,7 +23,7 @@ from celery_ratchet.errors import (
     SerializerNotAllowed,
     StreamAbandoned,
 )
-from celery_ratchet.runtime.dlq import _exception as shown_in_dlq
+from celery_ratchet.runtime.dlq import exception_line as shown_in_dlq
 
 ERRORS = {
     "duplicate id": DuplicateJob("job-1"),
