@@ -42,12 +42,14 @@ class Done:
 
 @dataclass(frozen=True)
 class Confirm:
-    """Ask before doing ``what``: the same POST to ``action`` with ``values``."""
+    """Ask before doing ``what``: the same POST to ``action`` with ``values``, and with
+    ``inputs`` (name, label, value) the one asked may fill in on the way."""
 
     action: str
     what: str
     values: list[tuple[str, str]]
     back: str
+    inputs: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def _field(form: Form, name: str) -> str | None:
@@ -250,8 +252,8 @@ class Actions:
         reason = checked_reason(_field(form, "reason"))
         if _field(form, "confirmed") != "yes":
             what = f"pause queue {queue}: no worker claims from it until it is resumed"
-            values = [("queue", queue)] + ([("reason", reason)] if reason else [])
-            return Confirm("/queues/pause", what, values, "/queues")
+            reason_input = ("reason", "why (shown with the pause)", reason or "")
+            return Confirm("/queues/pause", what, [("queue", queue)], "/queues", [reason_input])
         paused = self.store.pause_queue(queue, reason)
         return Done("/queues", f"{queue}: {'paused' if paused else 'was paused already'}")
 

@@ -641,6 +641,10 @@ def test_a_queue_is_paused_and_resumed_from_the_queues_page(store: JobStore) -> 
     assert ">pause<" in call(app, "/queues").body
     asked = post(app, "/queues/pause", queue="slow", reason="<b>relay</b> down")
     assert asked.status == 200 and "pause queue slow" in asked.body  # asks first
+    # ... with the reason to fill in there, as the command's --reason
+    assert 'name="reason" value="&lt;b&gt;relay&lt;/b&gt; down"' in asked.body
+    unasked = post(app, "/queues/pause", queue="slow")
+    assert '<input type="text" name="reason" value=""' in unasked.body
     assert store.paused_queues() == {}
     done = post(app, "/queues/pause", queue="slow", reason="<b>relay</b> down", confirmed="yes")
     assert done.status == 303 and store.paused_queues()["slow"].reason == "<b>relay</b> down"
