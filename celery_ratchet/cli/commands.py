@@ -172,12 +172,19 @@ def stats(cli: CliContext, as_json: bool) -> None:
 @json_option
 @pass_cli
 def nodes(cli: CliContext, as_json: bool) -> None:
-    """Worker nodes with their last heartbeat and running jobs."""
-    emit(
-        cli.store.list_nodes(),
-        ["node_id", "hostname", "pid", "queues", "concurrency", "heartbeat_ts", "running"],
-        as_json,
-    )
+    """Worker nodes with their last heartbeat and running jobs. ``state``: ``silent`` for a
+    node whose heartbeat is older than ratchet_node_orphan_grace_seconds; another node
+    takes its running jobs back at its next orphan scan."""
+    now = cli.store.inspection.database_now()
+    grace = cli.settings().node_orphan_grace_seconds
+    rows = cli.store.list_nodes()
+    for row in rows:
+        beat = row.get("heartbeat_ts")
+        age = (now - beat).total_seconds() if isinstance(beat, datetime) else None
+        row["heartbeat_age_s"] = None if age is None else round(age, 1)
+        row["state"] = "silent" if age is None or age > grace else "alive"
+    columns = ["node_id", "hostname", "pid", "queues", "concurrency", "heartbeat_ts"]
+    emit(rows, [*columns, "heartbeat_age_s", "state", "running"], as_json)
 
 
 @click.group("batches", invoke_without_command=True)

@@ -459,3 +459,20 @@ def test_dlq_list_shows_each_exception_as_dlq_show_does(tmp_path: Path) -> None:
     assert "CardDeclined: no funds" in table.output and "exc_type" not in table.output
     listed = CliRunner().invoke(cli, ["--url", url, "dlq", "list", "--json"])
     assert json.loads(listed.output)[0]["last_error"] == error
+
+
+def test_nodes_says_which_ones_are_silent_past_the_grace(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'nodes.db'}"
+    store = empty_store(url)
+    store.register_node("alive-1", "h", 1, ["celery"], 2)
+    store.register_node("gone-1", "h", 2, ["celery"], 2)
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE scheduler_node SET heartbeat_ts = datetime('now', '-10 minutes') "
+            "WHERE node_id = 'gone-1'"
+        )
+    out = CliRunner().invoke(cli, ["--url", url, "nodes", "--json"])
+    assert out.exit_code == 0, out.output
+    states = {n["node_id"]: (n["state"], n["heartbeat_age_s"]) for n in json.loads(out.output)}
+    assert states["alive-1"][0] == "alive" and states["alive-1"][1] < 60
+    assert states["gone-1"][0] == "silent" and states["gone-1"][1] >= 590
