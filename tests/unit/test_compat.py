@@ -347,8 +347,7 @@ def test_private_method_names_what_the_release_does_not_have() -> None:
 # -- billiard's pool ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def billiard_pool() -> Iterator[Any]:
+def _billiard_pool() -> Iterator[Any]:
     from billiard.pool import Pool
 
     pool = Pool(processes=1)
@@ -358,6 +357,18 @@ def billiard_pool() -> Iterator[Any]:
         if pool_state(pool) != TERMINATE:
             pool.terminate()
             pool.join()
+
+
+@pytest.fixture
+def billiard_pool() -> Iterator[Any]:
+    """A pool of the test's own, which it may close."""
+    yield from _billiard_pool()
+
+
+@pytest.fixture(scope="module")
+def running_pool() -> Iterator[Any]:
+    """One running pool for the tests that only read it (a pool's stop takes some 2 s)."""
+    yield from _billiard_pool()
 
 
 def test_pool_help_stuff_finish_method_is_what_billiards_pool_end_calls() -> None:
@@ -411,34 +422,34 @@ def test_pool_state_reads_billiards_pool_underscore_state(billiard_pool: Any) ->
     assert pool_state(billiard_pool) == CLOSE
 
 
-def test_pool_processes_lists_billiards_pool_underscore_pool(billiard_pool: Any) -> None:
-    processes = pool_processes(billiard_pool)
+def test_pool_processes_lists_billiards_pool_underscore_pool(running_pool: Any) -> None:
+    processes = pool_processes(running_pool)
     assert len(processes) == 1
     assert processes[0].pid and processes[0].exitcode is None
 
 
-def test_process_started_reads_billiards_process_underscore_popen(billiard_pool: Any) -> None:
+def test_process_started_reads_billiards_process_underscore_popen(running_pool: Any) -> None:
     import billiard
 
-    assert process_started(pool_processes(billiard_pool)[0])
+    assert process_started(pool_processes(running_pool)[0])
     assert not process_started(billiard.Process(target=time.sleep, args=(0,)))
 
 
-def test_pool_unfinished_jobs_reads_billiards_pool_underscore_cache(billiard_pool: Any) -> None:
-    job = billiard_pool.apply_async(time.sleep, (0.3,))
-    assert pool_unfinished_jobs(billiard_pool) == [job]
+def test_pool_unfinished_jobs_reads_billiards_pool_underscore_cache(running_pool: Any) -> None:
+    job = running_pool.apply_async(time.sleep, (0.3,))
+    assert pool_unfinished_jobs(running_pool) == [job]
     job.get(timeout=10)
-    assert pool_unfinished_jobs(billiard_pool) == []
+    assert pool_unfinished_jobs(running_pool) == []
 
 
 def test_pool_task_handler_alive_reads_billiards_pool_underscore_task_handler(
-    billiard_pool: Any,
+    running_pool: Any,
 ) -> None:
-    assert pool_task_handler_alive(billiard_pool) is True
+    assert pool_task_handler_alive(running_pool) is True
 
 
-def test_pool_input_queue_is_billiards_pool_underscore_inqueue(billiard_pool: Any) -> None:
-    inqueue = pool_input_queue(billiard_pool)
+def test_pool_input_queue_is_billiards_pool_underscore_inqueue(running_pool: Any) -> None:
+    inqueue = pool_input_queue(running_pool)
     assert input_waiting(inqueue) is False  # idle: its one process waits for a job
 
 
