@@ -7,6 +7,7 @@ the end, so two runs never share rows. An unreachable server skips its tests, ex
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from collections.abc import Iterator
@@ -64,6 +65,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             unmarked.append(f"{item.nodeid}: mark it slow and infra (it starts a private server)")
     if unmarked:
         raise pytest.UsageError("tests without their tier's mark:\n  " + "\n  ".join(unmarked))
+
+
+def pytest_collection_finish() -> None:
+    """What is loaded by now (Celery, SQLAlchemy, Django, every test module) lives as long as
+    the process: Python's full collections, which the tests' garbage keeps starting, need not
+    walk it each time."""
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure() -> None:
+    """As the process ends, Python's last garbage collection walks every object the run left
+    behind: 3 to 8 s for each of the fast tier's processes, all at the same time, with
+    nothing to gain. Frozen objects are left out of it."""
+    gc.freeze()
 
 
 def _reachable(hostport: str) -> bool:
