@@ -6,6 +6,7 @@ passes the Celery configuration mapping and the environment.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -92,6 +93,14 @@ _ENV_ALIASES = {
     "async_limit_single": "RATCHET_VIRTUAL_THREAD_LIMIT_SINGLE",
     "async_limit_batch_child": "RATCHET_VIRTUAL_THREAD_LIMIT_BATCH_CHILD",
 }
+
+
+#: ``ratchet_*`` settings read elsewhere than here: they take Python objects
+#: (celery/worker/retry.py reads ``ratchet_retry_policy``).
+OTHER_SETTINGS = frozenset({"ratchet_retry_policy"})
+#: Settings a Django project gives under Celery's namespace (``CELERY_RATCHET_DATABASE``),
+#: read from Django's settings by celery/django/django_store.py.
+DJANGO_SETTINGS = frozenset({"ratchet_database"})
 
 
 @dataclass(frozen=True)
@@ -279,6 +288,7 @@ class RatchetSettings:
     ) -> RatchetSettings:
         conf = conf or {}
         environ = environ or {}
+        check_setting_names(conf)
         values: dict[str, Any] = {}
         for spec in fields(cls):
             setting = f"ratchet_{spec.name}"
@@ -374,6 +384,53 @@ class RatchetSettings:
                 f"ratchet_node_heartbeat_interval_seconds ({self.node_heartbeat_interval_seconds}),"
                 " or live nodes would be declared dead between two heartbeats"
             )
+
+
+def known_settings() -> frozenset[str]:
+    """Every ``ratchet_*`` setting an app's configuration may hold."""
+    return frozenset(f"ratchet_{spec.name}" for spec in fields(RatchetSettings)) | OTHER_SETTINGS
+
+
+def check_setting_names(conf: Mapping[str, Any]) -> None:
+    """Refuse a ``ratchet_*`` key of ``conf`` that is no setting: a misspelt ``ratchet_url``
+    would otherwise leave the store at its default, and jobs where no worker looks.
+
+    Keys under a namespace (Django's ``CELERY_RATCHET_URL`` with ``namespace="CELERY"``)
+    are checked by their name without it. Environment variables are not checked: other
+    programs use the ``RATCHET_`` prefix too."""
+    try:
+        keys = [key for key in conf if isinstance(key, str)]
+        # Known once Celery's configuration is loaded: after the keys.
+        prefix = str(getattr(conf, "prefix", None) or "")
+    except Exception:  # Celery's lazy settings may raise while loading
+        return
+    known = known_settings()
+    for key in keys:
+        namespace = ""
+        if prefix and key.upper().startswith(prefix.upper()):
+            namespace, name = key[: len(prefix)], key[len(prefix) :].lower()
+            if name in DJANGO_SETTINGS:
+                continue
+        else:
+            name = key
+        if not name.startswith("ratchet_") or name in known:
+            continue
+        # Compared without the prefix every setting shares, which would make any name close.
+        suffixes = sorted(setting.removeprefix("ratchet_") for setting in known)
+        closest = [
+            f"ratchet_{suffix}"
+            for suffix in difflib.get_close_matches(name.removeprefix("ratchet_"), suffixes, n=1)
+        ]
+        if not closest:
+            hint = "no setting has a similar name"
+        elif key.isupper():
+            hint = f"did you mean {(namespace + closest[0]).upper()}?"
+        else:
+            hint = f"did you mean {namespace}{closest[0]}?"
+        raise ConfigurationError(
+            f"unknown setting {key}: {hint} A setting celery_ratchet does not know is refused "
+            "rather than ignored; every setting is listed in docs/reference/configuration.md"
+        )
 
 
 def check_alert_task_name(name: str) -> None:

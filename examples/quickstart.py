@@ -60,7 +60,12 @@ def main() -> None:
             "-l",
             "warning",
         ],
-        env={**os.environ, "PYTHONPATH": f"{here}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+        env={
+            **os.environ,
+            "PYTHONPATH": f"{here}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            # The store this script uses, named: this script has said it is the default.
+            "RATCHET_URL": os.environ.get("RATCHET_URL", "sqlite:///ratchet.db"),
+        },
     )
     started = time.monotonic()
     try:

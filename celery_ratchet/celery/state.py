@@ -16,9 +16,9 @@ from typing import Any
 from celery import Celery
 from celery.utils.imports import symbol_by_name
 
-from celery_ratchet.celery.django.django_store import with_django_defaults
+from celery_ratchet.celery.django.django_store import explicit_url, with_django_defaults
 from celery_ratchet.runtime.node_clock import NodeClock
-from celery_ratchet.settings import RatchetSettings
+from celery_ratchet.settings import DEFAULT_URL, RatchetSettings
 from celery_ratchet.store.celery_ports import Batches, CeleryStore
 from celery_ratchet.store.engine import EngineOptions
 from celery_ratchet.store.jobstore import JobStore
@@ -30,6 +30,7 @@ _STATE_ATTR = "_ratchet_state"
 INSTALL_LOCK = threading.RLock()
 #: Broker URL of every ratchet app: an in-process transport, so nothing is ever contacted.
 NO_BROKER = "memory://localhost//"
+_default_store_told = threading.Event()
 
 
 class RatchetState:
@@ -54,7 +55,10 @@ class RatchetState:
         if self._settings is None:
             # In a Django project with celery_ratchet.contrib.django: Django's database.
             conf = with_django_defaults(self.app.conf)
-            self._settings = RatchetSettings.from_sources(conf, os.environ)
+            settings = RatchetSettings.from_sources(conf, os.environ)
+            if settings.url == DEFAULT_URL and explicit_url(conf) is None:
+                _tell_default_store()
+            self._settings = settings
         return self._settings
 
     @property
@@ -154,6 +158,20 @@ class RatchetState:
 
             sources.append(RedisWakeups(settings.events_url))
         return sources
+
+
+def _tell_default_store() -> None:
+    """Once in a process: no store URL is set, so jobs go to a file of the working directory,
+    where the fleet's workers may not look (a configuration that did not load)."""
+    if _default_store_told.is_set():
+        return
+    _default_store_told.set()
+    logger.warning(
+        "ratchet: job store: %s, the default (a file in %s): set ratchet_url (or RATCHET_URL) "
+        "to your job store's database",
+        DEFAULT_URL,
+        os.getcwd(),
+    )
 
 
 def engine_options(settings: RatchetSettings) -> EngineOptions:

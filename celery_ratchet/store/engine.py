@@ -83,6 +83,17 @@ def _split_query_hosts(url: URL) -> URL:
     return url.update_query_dict({"host": split[0] if len(split) == 1 else split})
 
 
+def _check_directory(url: str, directory: Path) -> None:
+    """A SQLite store's directory must exist: one made here from a mistyped path would hold a
+    new, empty store that no worker reads."""
+    if not directory.is_dir():
+        raise ConfigurationError(
+            f"ratchet_url {mask_url(url)}: the directory {directory} does not exist; create it "
+            "first (the job store makes the database file, not its directory, so that a "
+            "mistyped path does not make a new, empty store)"
+        )
+
+
 def sqlite_file(url: str) -> str | None:
     """The file of a SQLite job-store URL; None for other databases and in-memory ones."""
     try:
@@ -384,7 +395,7 @@ def build_engine(url: str, options: EngineOptions | None = None) -> Engine:
     if kind == "sqlite":
         database = parsed.database
         if database and database != ":memory:":
-            Path(database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+            _check_directory(url, Path(database).expanduser().resolve().parent)
         engine_options["connect_args"] = {
             "check_same_thread": False,
             "timeout": 30,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from celery_ratchet.errors import ConfigurationError
-from celery_ratchet.settings import DEFAULT_URL, RatchetSettings, mask_password
+from celery_ratchet.settings import DEFAULT_URL, RatchetSettings, known_settings, mask_password
 
 
 def test_defaults_follow_the_seeds() -> None:
@@ -88,3 +90,65 @@ def test_an_async_limit_below_one_names_its_variable() -> None:
         RatchetSettings.from_sources({}, {"RATCHET_VIRTUAL_THREAD_LIMIT_BATCH_CHILD": "0"})
     with pytest.raises(ConfigurationError, match="RATCHET_VIRTUAL_THREAD_LIMIT_SINGLE"):
         RatchetSettings.from_sources({}, {"RATCHET_VIRTUAL_THREAD_LIMIT_SINGLE": "many"})
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ({"ratchet_ulr": "postgresql://db/shop"}, "ratchet_ulr: did you mean ratchet_url?"),
+        ({"ratchet_pool_sise": 2}, "ratchet_pool_sise: did you mean ratchet_pool_size?"),
+        ({"ratchet_zzzzzz": 1}, "ratchet_zzzzzz: no setting has a similar name"),
+    ],
+)
+def test_an_unknown_setting_is_refused_with_the_closest_name(
+    conf: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=f"unknown setting {message}"):
+        RatchetSettings.from_sources(conf, {})
+
+
+#: ``app.conf.ratchet_x``, ``conf.get("ratchet_x")``, ``conf["ratchet_x"]``, ``### ratchet_x``.
+SETTING_NAMED = r"(?:conf\.|conf\.get\(\"|conf\[\"|### )(ratchet_\w+)"
+
+
+def test_every_setting_the_code_and_docs_name_is_known() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    named = {
+        name
+        for pattern in ("celery_ratchet/**/*.py", "docs/**/*.md", "examples/*.py", "README.md")
+        for path in root.glob(pattern)
+        for name in re.findall(SETTING_NAMED, path.read_text())
+    }
+    named |= {  # the docs' prose; the metrics' names share the prefix
+        name
+        for path in root.glob("docs/**/*.md")
+        if path.name != "metrics.md"
+        for name in re.findall(r"`(ratchet_\w+)", path.read_text())
+    }
+    named -= {"ratchet_ulr"}  # the misspelling the docs show refused
+    assert "ratchet_url" in named and "ratchet_retry_policy" in named
+    assert named <= known_settings(), named - known_settings()
+    conf = dict.fromkeys(named, None) | {"ratchet_retry_policy": "shop.retry:Policy"}
+    RatchetSettings.from_sources(conf, {})
+
+
+def test_environment_variables_and_other_keys_are_not_checked() -> None:
+    # The RATCHET_ prefix is shared (developer tools, test switches); other keys are Celery's.
+    env = {"RATCHET_TEST_PROCESSES": "2"}
+    s = RatchetSettings.from_sources({"task_default_queue": "q", "ratchetish": 1}, env)
+    assert s.url == DEFAULT_URL
+
+
+def test_a_namespaced_setting_is_checked_under_its_namespace() -> None:
+    class Namespaced(dict[str, object]):
+        prefix = "CELERY_"
+
+    conf = Namespaced(CELERY_RATCHET_URL="sqlite://", CELERY_RATCHET_DATABASE="default")
+    RatchetSettings.from_sources(conf, {})
+    conf["CELERY_RATCHET_ULR"] = "sqlite://"
+    with pytest.raises(
+        ConfigurationError, match="CELERY_RATCHET_ULR: did you mean CELERY_RATCHET_URL"
+    ):
+        RatchetSettings.from_sources(conf, {})

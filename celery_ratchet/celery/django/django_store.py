@@ -137,6 +137,11 @@ class _Defaults(Mapping[str, Any]):
     def __init__(self, conf: Mapping[str, Any], defaults: dict[str, Any]) -> None:
         self.conf, self.defaults = conf, defaults
 
+    @property
+    def prefix(self) -> str | None:
+        """Celery's namespace of ``conf`` (``CELERY_``), if it has one."""
+        return getattr(self.conf, "prefix", None)
+
     def get(self, key: str, default: Any = None) -> Any:
         value = _get(self.conf, key)
         return self.defaults.get(key, default) if value is None else value
