@@ -17,6 +17,7 @@ from celery_ratchet.errors import RatchetError
 from celery_ratchet.settings import RatchetSettings, mask_password
 from celery_ratchet.store.database import outages_said_by_caller
 from celery_ratchet.store.jobstore import JobStore
+from celery_ratchet.store.redact import mask_url
 
 
 class CliContext:
@@ -43,6 +44,12 @@ class CliContext:
         if self._store is None:
             self._store = self._open_store()
         return self._store
+
+    def said(self, outcome: str) -> None:
+        """A state-changing command's outcome, naming the store it changed (password
+        masked): without ``--url`` that is ``./ratchet.db`` when there is one, which may not
+        be the store the operator meant."""
+        click.echo(f"{outcome} on {mask_url(self.store.url)}")
 
     def store_to_create(self) -> JobStore:
         """The store for ``schema apply``: one whose database may not exist yet."""

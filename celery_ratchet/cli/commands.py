@@ -99,7 +99,7 @@ def jobs_cancel(cli: CliContext, job_ids: tuple[str, ...], terminate: bool) -> N
     pending, running = cli.store.request_revoke(
         job_ids, error, terminate_signal="SIGTERM" if terminate else None
     )
-    click.echo(f"cancelled {pending} pending, marked {running} running")
+    cli.said(f"cancelled {pending} pending, marked {running} running")
     untouched = len(job_ids) - pending - running
     if untouched:
         click.echo(f"{untouched} already finished or unknown, left alone")
@@ -264,7 +264,7 @@ def schema_show(ctx: click.Context, dialect: str | None) -> None:
 def schema_apply(cli: CliContext) -> None:
     """Create missing tables and their indexes."""
     created = cli.store_to_create().create_missing_tables()
-    click.echo(f"created: {', '.join(created)}" if created else "schema up to date")
+    cli.said(f"created: {', '.join(created)}" if created else "schema up to date")
 
 
 @schema.command("check")
@@ -319,7 +319,7 @@ def _schedule_action(name: str, action: Callable[[JobStore, str], None], done: s
             action(cli.store, business_key)
         except (LookupError, ValueError) as exc:
             fail(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))
-        click.echo(f"{business_key}: {done}")
+        cli.said(f"{business_key}: {done}")
 
     command.__doc__ = f"{done.capitalize()} the recurring job BUSINESS_KEY."
 

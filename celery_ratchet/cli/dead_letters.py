@@ -109,7 +109,7 @@ def dlq_retry(
     else:
         fail("name job ids, or pass --all / --task / --queue to requeue every match")
         return
-    click.echo(f"requeued {count} job{'s' if count != 1 else ''}")
+    cli.said(f"requeued {count} job{'s' if count != 1 else ''}")
 
 
 @dlq.command("purge")
@@ -128,7 +128,7 @@ def dlq_purge(
     if not (job_ids or task_name or queue or yes):
         click.confirm("delete every failed job?", abort=True)
     count = DeadLetterQueue(cli.store).purge(*job_ids, task_name=task_name, queue=queue)
-    click.echo(f"deleted {count} failed job{'s' if count != 1 else ''}")
+    cli.said(f"deleted {count} failed job{'s' if count != 1 else ''}")
 
 
 @click.command("archive")
@@ -145,4 +145,4 @@ def archive(cli: CliContext, days: float | None, batch_size: int | None) -> None
         days, size, progress=lambda n: click.echo(f"  {n} archived", err=True)
     )
     purged = cli.store.purge_logs(settings.log_retention_days)
-    click.echo(f"archived {moved} jobs; deleted {purged} job log lines")
+    cli.said(f"archived {moved} jobs; deleted {purged} job log lines")

@@ -51,9 +51,9 @@ def queues_pause(cli: CliContext, queue: str, reason: str | None) -> None:
     on; new jobs are still accepted into it. Workers see it within
     ratchet_queue_pause_check_seconds."""
     if cli.store.pause_queue(queue, reason):
-        click.echo(f"paused {queue}")
+        cli.said(f"paused {queue}")
     else:
-        click.echo(f"{queue} was paused already")
+        cli.said(f"{queue} was paused already")
 
 
 @queues.command("resume")
@@ -62,6 +62,6 @@ def queues_pause(cli: CliContext, queue: str, reason: str | None) -> None:
 def queues_resume(cli: CliContext, queue: str) -> None:
     """Let workers claim from QUEUE again."""
     if cli.store.resume_queue(queue):
-        click.echo(f"resumed {queue}")
+        cli.said(f"resumed {queue}")
     else:
-        click.echo(f"{queue} was not paused")
+        cli.said(f"{queue} was not paused")

@@ -18,7 +18,7 @@ from celery_ratchet.domain.job import JobStatus, Settlement
 from celery_ratchet.store.batches import BatchStore
 from celery_ratchet.store.ddl import ddl_script
 from celery_ratchet.store.jobstore import JobStore
-from tests.conftest import MYSQL_HOST, PG_HOST, _reachable, empty_store
+from tests.conftest import MYSQL_HOST, PG_HOST, Servers, _reachable, empty_store
 from tests.helpers import new_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,12 +142,12 @@ def test_dlq_list_show_retry_purge(tmp_path: Path) -> None:
         [1, 2], 3, "CardDeclined: no funds",
     )  # fmt: skip
     assert "Traceback: x" in run("show", "dead-0")
-    assert run("retry", "dead-0").strip() == "requeued 1 job"
+    assert run("retry", "dead-0").strip() == f"requeued 1 job on {url}"
     record = store.result("dead-0")
     assert record is not None and (record.status, record.attempts) == (JobStatus.PENDING, 0)
     assert '"retries": 0' in (record.headers or "")
     assert runner.invoke(cli, ["--url", url, "dlq", "retry"]).exit_code == 2  # nothing named
-    assert run("purge", "--yes").strip() == "deleted 2 failed jobs"
+    assert run("purge", "--yes").strip() == f"deleted 2 failed jobs on {url}"
     assert json.loads(run("list", "--json")) == []
     missing = runner.invoke(cli, ["--url", url, "dlq", "show", "dead-0"])
     assert missing.exit_code == 2 and "no failed job" in missing.output
@@ -425,9 +425,9 @@ def test_queues_are_paused_listed_and_resumed(tmp_path: Path) -> None:
     store.enqueue(new_job("mail-1", queue="emails"))
     runner = CliRunner()
     paused = runner.invoke(cli, ["--url", url, "queues", "pause", "emails", "--reason", "relay"])
-    assert (paused.exit_code, paused.output) == (0, "paused emails\n")
+    assert (paused.exit_code, paused.output) == (0, f"paused emails on {url}\n")
     again = runner.invoke(cli, ["--url", url, "queues", "pause", "emails"])
-    assert again.output == "emails was paused already\n"
+    assert again.output == f"emails was paused already on {url}\n"
     # A queue with no jobs yet can be paused ahead of them.
     assert runner.invoke(cli, ["--url", url, "queues", "pause", "reports"]).exit_code == 0
     listed = json.loads(runner.invoke(cli, ["--url", url, "queues", "list", "--json"]).output)
@@ -436,9 +436,9 @@ def test_queues_are_paused_listed_and_resumed(tmp_path: Path) -> None:
     ]  # fmt: skip
     assert "REASON" in runner.invoke(cli, ["--url", url, "queues"]).output
     resumed = runner.invoke(cli, ["--url", url, "queues", "resume", "emails"])
-    assert resumed.output == "resumed emails\n"
+    assert resumed.output == f"resumed emails on {url}\n"
     assert runner.invoke(cli, ["--url", url, "queues", "resume", "emails"]).output == (
-        "emails was not paused\n"
+        f"emails was not paused on {url}\n"
     )
     refused = runner.invoke(cli, ["--url", url, "queues", "pause", "q" * 300])
     assert refused.exit_code == 2 and "at most 255" in refused.output
@@ -476,3 +476,42 @@ def test_nodes_says_which_ones_are_silent_past_the_grace(tmp_path: Path) -> None
     states = {n["node_id"]: (n["state"], n["heartbeat_age_s"]) for n in json.loads(out.output)}
     assert states["alive-1"][0] == "alive" and states["alive-1"][1] < 60
     assert states["gone-1"][0] == "silent" and states["gone-1"][1] >= 590
+
+
+def test_every_change_names_the_store_it_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run without --url where a ./ratchet.db is, a command changes that file: it says so."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RATCHET_URL", raising=False)
+    store = empty_store("sqlite:///ratchet.db")
+    store.enqueue(new_job("waiting"))
+    runner = CliRunner()
+    said = {
+        args: runner.invoke(cli, list(args))
+        for args in [
+            ("schema", "apply"),
+            ("queues", "pause", "celery"),
+            ("queues", "resume", "celery"),
+            ("jobs", "cancel", "waiting"),
+            ("dlq", "retry", "--all"),
+            ("dlq", "purge", "--yes"),
+            ("archive",),
+        ]
+    }
+    for args, out in said.items():
+        assert out.exit_code == 0, (args, out.output)
+        assert " on sqlite:///ratchet.db\n" in out.output, (args, out.output)
+    assert said[("queues", "pause", "celery")].output == "paused celery on sqlite:///ratchet.db\n"
+
+
+def test_the_store_named_has_its_password_masked(servers: Servers) -> None:
+    url = servers.url("postgresql")
+    empty_store(url)
+    user, _, rest = url.removeprefix("postgresql://").partition("@")
+    with_password = f"postgresql://{user}:s3cret@{rest}"  # trust: any password is taken
+    out = CliRunner().invoke(cli, ["--url", with_password, "queues", "pause", "emails"])
+    assert out.exit_code == 0, out.output
+    assert out.output == f"paused emails on postgresql://{user}:***@{rest}\n"
+    assert "s3cret" not in out.output
+    JobStore(url).resume_queue("emails")
