@@ -19,6 +19,7 @@ from celery_ratchet.cli.base import (
 )
 from celery_ratchet.runtime.dlq import DeadLetterQueue, exception_line
 from celery_ratchet.settings import RatchetSettings
+from celery_ratchet.store.redact import mask_url
 
 
 @click.group("dlq", invoke_without_command=True)
@@ -102,14 +103,28 @@ def dlq_retry(
 ) -> None:
     """Requeue failed jobs: due now, attempts 0, error cleared."""
     queue_ = DeadLetterQueue(cli.store)
+    others: dict[str, str] = {}
     if job_ids:
-        count = queue_.retry(*job_ids)
+        others = queue_.not_dead_letters(job_ids)
+        letters = [job_id for job_id in dict.fromkeys(job_ids) if job_id not in others]
+        count = queue_.retry(*letters) if letters else 0
     elif everything or task_name or queue:
         count = queue_.retry_all(task_name=task_name, queue=queue)
     else:
         fail("name job ids, or pass --all / --task / --queue to requeue every match")
         return
+    left = ", ".join(f"{job_id} ({status})" for job_id, status in others.items())
+    if job_ids and not count:
+        reasons = [f"not dead letters, left alone: {left}"] if others else []
+        if len(others) < len(set(job_ids)):  # dead letters the store left FAILED
+            reasons.append(
+                "the others stay in the dead-letter queue: another active job holds their "
+                "business key"
+            )
+        fail(f"requeued nothing on {mask_url(cli.store.url)}: {'; '.join(reasons)}")
     cli.said(f"requeued {count} job{'s' if count != 1 else ''}")
+    if others:
+        click.echo(f"not dead letters, left alone: {left}")
 
 
 @dlq.command("purge")

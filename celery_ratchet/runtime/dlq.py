@@ -140,6 +140,19 @@ class DeadLetterQueue:
             worker=record.picked_by,
         )
 
+    def not_dead_letters(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """Those of ``job_ids`` not in the dead-letter queue, with their status (``unknown``
+        for an id the store does not hold): a retry leaves them alone."""
+        others = {}
+        for job_id in dict.fromkeys(job_ids):
+            record = self.store.result(job_id)
+            if record is None:
+                others[job_id] = "unknown"
+            elif record.status is not JobStatus.FAILED:
+                status = record.status
+                others[job_id] = status.value if isinstance(status, JobStatus) else status
+        return others
+
     def retry(self, *job_ids: str) -> int:
         """Requeue these failed jobs: due now, attempts 0, error cleared."""
         return self.store.retry_failed(list(job_ids), rewrite_headers=restart_retries)

@@ -515,3 +515,31 @@ def test_the_store_named_has_its_password_masked(servers: Servers) -> None:
     assert out.output == f"paused emails on postgresql://{user}:***@{rest}\n"
     assert "s3cret" not in out.output
     JobStore(url).resume_queue("emails")
+
+
+def test_dlq_retry_names_the_jobs_that_are_no_dead_letters(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'dlq.db'}"
+    store = empty_store(url)
+    for job_id in ("done", "dead"):
+        store.enqueue(new_job(job_id))
+    claimed = {j.job_id: j for j in store.claim("n", ["celery"], 10)}
+    store.settle(
+        [
+            Settlement("done", claimed["done"].token, JobStatus.SUCCEEDED),
+            Settlement("dead", claimed["dead"].token, JobStatus.FAILED, error="{}"),
+        ]
+    )
+    runner = CliRunner()
+    none = runner.invoke(cli, ["--url", url, "dlq", "retry", "done", "nope-id"])
+    assert none.exit_code == 2, none.output
+    assert none.output == (
+        f"Error: requeued nothing on {url}: not dead letters, left alone: "
+        "done (SUCCEEDED), nope-id (unknown)\n"
+    )
+    some = runner.invoke(cli, ["--url", url, "dlq", "retry", "dead", "nope-id"])
+    assert some.exit_code == 0, some.output
+    assert some.output == (
+        f"requeued 1 job on {url}\nnot dead letters, left alone: nope-id (unknown)\n"
+    )
+    record = store.result("dead")
+    assert record is not None and record.status is JobStatus.PENDING
