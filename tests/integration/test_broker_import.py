@@ -29,7 +29,9 @@ from celery_ratchet.celery.broker_import.mover import Item, Mover
 from celery_ratchet.celery.state import ratchet_state
 from celery_ratchet.domain.batch import BatchKind
 from celery_ratchet.store.jobstore import JobStore
+from tests.conftest import IN_CI, _reachable
 from tests.integration.conftest import BrokerTrap, make_app
+from tests.private_postgres import free_port
 
 STOCK = Celery("stock", broker="memory://", set_as_current=False)
 
@@ -294,3 +296,38 @@ def test_a_run_that_lost_its_redis_lock_changes_the_broker_no_more(
         for key in client.keys(f"{prefix}*"):
             client.delete(key)
         client.close()
+
+
+def _import_broker(app: Celery, url: str) -> Any:
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+
+    from celery_ratchet.celery.broker_import.command import import_broker
+
+    return CliRunner().invoke(import_broker, [url], obj=SimpleNamespace(app=app))
+
+
+@pytest.mark.parametrize("scheme", ["redis", "amqp"])
+def test_a_broker_that_cannot_be_reached_is_one_line(app: Celery, scheme: str) -> None:
+    port = free_port()  # nothing listens there
+    url = f"{scheme}://guest:s3cretpw@127.0.0.1:{port}/5"
+    out = _import_broker(app, url)
+    assert out.exit_code == 2, out.output
+    assert out.output == (
+        f"Error: cannot reach the broker at {scheme}://guest:***@127.0.0.1:{port}/5: "
+        "connection refused; nothing was moved\n"
+    )
+
+
+def test_a_broker_that_refuses_the_login_is_one_line(app: Celery) -> None:
+    if not _reachable("127.0.0.1:5672"):
+        if IN_CI:
+            pytest.fail("RabbitMQ is not reachable at 127.0.0.1:5672")
+        pytest.skip("RabbitMQ is not reachable at 127.0.0.1:5672")
+    out = _import_broker(app, "amqp://guest:wrongpw@127.0.0.1:5672//")
+    assert out.exit_code == 2, out.output
+    assert out.output == (
+        "Error: cannot reach the broker at amqp://guest:***@127.0.0.1:5672//: the broker "
+        "refused the login: check the user name and password in the URL; nothing was moved\n"
+    )

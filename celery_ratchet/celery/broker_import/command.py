@@ -65,22 +65,20 @@ def import_broker(
     names = list(queues) or default_queues(app)
     scheme = urlsplit(broker_url).scheme.split("+")[0]
     shown = mask_password(broker_url)
-    if scheme in _REDIS:
-        from celery_ratchet.celery.broker_import.redis_source import RedisSource
-
-        source: Any = RedisSource(
-            broker_url, names, dict(app.conf.broker_transport_options or {}), unacked=unacked
-        )
-        source.lock()
-    elif scheme in _AMQP:
-        from celery_ratchet.celery.broker_import.amqp_source import AmqpSource
-
-        source = AmqpSource(broker_url, names, dict(app.conf.broker_transport_options or {}))
-    else:
+    if scheme not in _REDIS + _AMQP:
         raise CommandFailed(
             f"{shown}: import-broker reads Redis (redis://, rediss://) and RabbitMQ (amqp://) "
             "brokers"
         )
+    try:
+        source = _connected(app, scheme, broker_url, names, unacked)
+    except Exception as exc:
+        reason = unreachable_reason(exc)
+        if reason is None:
+            raise
+        raise CommandFailed(
+            f"cannot reach the broker at {shown}: {reason}; nothing was moved"
+        ) from None
     verb = "would move" if dry_run else "moving"
     click.echo(f"{verb} queues {', '.join(names)} from {shown}", err=True)
     progress = _Progress(dry_run)
@@ -109,6 +107,62 @@ def import_broker(
             f"{refused} messages {'would be' if dry_run else 'were'} refused: they stay in the "
             "broker (reasons above)"
         )
+
+
+def _connected(app: Any, scheme: str, url: str, names: list[str], unacked: str) -> Any:
+    """The source of the broker's messages, its first contact with the broker made: a
+    broker that cannot be reached fails here, before anything is moved."""
+    options = dict(app.conf.broker_transport_options or {})
+    if scheme in _REDIS:
+        from celery_ratchet.celery.broker_import.redis_source import RedisSource
+
+        source = RedisSource(url, names, options, unacked=unacked)
+        source.lock()
+        return source
+    from celery_ratchet.celery.broker_import.amqp_source import AmqpSource
+
+    return AmqpSource(url, names, options)  # it opens its channel
+
+
+def unreachable_reason(exc: BaseException) -> str | None:
+    """Why a broker could not be reached, in a few words (a refused connection, a refused
+    login), or None for an error of another kind. Never the driver's text of a login: the
+    reply of some servers quotes what the client sent."""
+    refused_login = _classes(("redis.exceptions", "AuthenticationError"))
+    refused_login += _classes(("amqp.exceptions", "AccessRefused"))
+    if isinstance(exc, refused_login):
+        return "the broker refused the login: check the user name and password in the URL"
+    unreachable: tuple[type[BaseException], ...] = (
+        OSError,
+        *_classes(
+            ("redis.exceptions", "ConnectionError"),
+            ("redis.exceptions", "TimeoutError"),
+            ("amqp.exceptions", "ConnectionError"),
+        ),
+    )
+    if not isinstance(exc, unreachable):
+        return None
+    seen: BaseException | None = exc
+    while seen is not None:  # the socket's own error says it best: "connection refused"
+        if isinstance(seen, OSError) and seen.strerror:
+            return seen.strerror[0].lower() + seen.strerror[1:]
+        if isinstance(seen, TimeoutError):
+            return "timed out"
+        seen = seen.__cause__ or seen.__context__
+    return type(exc).__name__
+
+
+def _classes(*names: tuple[str, str]) -> tuple[type[BaseException], ...]:
+    """The exception classes of drivers that are installed."""
+    import importlib
+
+    found = []
+    for module, name in names:
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
 
 
 class _Progress:
