@@ -290,17 +290,34 @@ class Database:
                 if is_not_a_database(exc):
                     raise not_a_database(self.display_url, exc) from exc
                 if is_missing_table(exc):
-                    raise SchemaMissing(
-                        f"the job store at {self.display_url} has no ratchet tables (or not all "
-                        f"of them); create them with `ratchet --url URL schema apply`, or start "
-                        f"a worker once; {what}"
-                    ) from exc
+                    raise self._schema_missing(what) from exc
                 raise
             except Exception as exc:
                 if is_unavailable(exc):
                     maybe_sent = maybe_sent or connected
                     raise unavailable(self.url, exc, what, sent=maybe_sent) from exc
                 raise
+
+    def _schema_missing(self, what: str) -> SchemaMissing:
+        """Advice that fits this process: with ``ratchet_create_schema`` off, starting a
+        worker creates nothing. A read's ``what`` ("nodes were not read") says nothing a
+        reader needs: with no tables, nothing was read or written."""
+        if self._create_schema:
+            create = (
+                "create them with `ratchet --url URL schema apply`, or start a worker (with "
+                "ratchet_create_schema on, the default, it creates them)"
+            )
+        else:
+            create = (
+                "create them with `ratchet --url URL schema apply` (ratchet_create_schema is "
+                "off for this process: it creates none), or start a worker with "
+                "ratchet_create_schema on"
+            )
+        outcome = "" if what.endswith("not read") else f"; {what}"
+        return SchemaMissing(
+            f"the job store at {self.display_url} has no ratchet tables (or not all of them): "
+            f"{create}{outcome}"
+        )
 
     @property
     def schema_ready(self) -> bool:

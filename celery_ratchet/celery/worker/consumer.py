@@ -45,7 +45,14 @@ from celery_ratchet.celery.worker.breaker import parse as parse_breaker
 from celery_ratchet.celery.worker.remote import RemoteCommands
 from celery_ratchet.celery.worker.retry import install_retries
 from celery_ratchet.celery.worker.transport import wake as wake_main_loop
-from celery_ratchet.errors import ConfigurationError, StoreBusy, StoreUnavailable
+from celery_ratchet.errors import (
+    ConfigurationError,
+    SchemaMissing,
+    SchemaNotCreated,
+    SchemaOutdated,
+    StoreBusy,
+    StoreUnavailable,
+)
 from celery_ratchet.runtime.dlq import DeadLetterAlerts
 from celery_ratchet.runtime.fence import current_fence
 from celery_ratchet.runtime.worker import WorkerRuntime
@@ -53,6 +60,15 @@ from celery_ratchet.store.database import quiet_outages
 from celery_ratchet.store.job_rows import REVOKE_ONLY
 
 logger = logging.getLogger(__name__)
+
+
+#: The exit status of a worker whose job store's schema stops it (sysexits' EX_CONFIG).
+EX_CONFIG = 78
+
+
+class CannotStart(SystemExit):
+    """A worker stopped at its start by what no retry can fix (the job store's tables): a
+    ``SystemExit``, which Celery's worker takes as its exit status without a traceback."""
 
 
 class JobConsumer(bootsteps.StartStopStep):
@@ -86,6 +102,15 @@ class JobConsumer(bootsteps.StartStopStep):
         if self.runtime is not None:  # the consumer restarted: keep the same node
             self.runtime.resume()
             return
+        try:
+            self._start(c)
+        except (SchemaMissing, SchemaNotCreated, SchemaOutdated) as exc:
+            # Its message says what to do; the driver's traceback and SQL under it would
+            # bury that (Celery logs an Unrecoverable error with its traceback otherwise).
+            logger.critical("ratchet: the worker cannot start: %s", exc)
+            raise CannotStart(EX_CONFIG) from None
+
+    def _start(self, c: Any) -> None:
         app = c.app
         state = ratchet_state(app)
         _report_outcomes_to_store(app)
