@@ -58,6 +58,24 @@ def normalize_url(url: str) -> str:
     return f"{driver}://{rest}"
 
 
+def _anchored(url: str) -> str:
+    """A SQLite URL with a relative path (``sqlite:///ratchet.db``) made absolute, in the
+    working directory of now: SQLite resolves a relative path at each connect, so an engine
+    kept for the URL would open a new connection of its pool in whatever directory the
+    process has moved to since, and make a new, empty store there."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return url
+    database = parsed.database
+    if family(parsed.get_backend_name()) != "sqlite" or database in (None, "", ":memory:"):
+        return url
+    if database.startswith("file:") or Path(database).expanduser().is_absolute():
+        return url
+    absolute = str(Path(database).expanduser().resolve())
+    return parsed.set(database=absolute).render_as_string(hide_password=False)
+
+
 def _host_list_to_query(rest: str) -> str:
     """libpq's multi-host form ``user@a:5432,b:5433/db`` as ``user@/db?host=a:5432&host=b:5433``,
     the form SQLAlchemy parses (it reads the port of ``a:5432,b:5433`` as one number)."""
@@ -526,7 +544,7 @@ def libpq_conninfo(url: str, options: EngineOptions | None = None) -> str:
 def engine_for(url: str, options: EngineOptions | None = None) -> Engine:
     """One engine (and connection pool) per URL and options per process."""
     options = options or EngineOptions()
-    key = (normalize_url(url), options.key())
+    key = (_anchored(normalize_url(url)), options.key())
     global _fork_hook_registered
     with _engines_lock:
         if not _fork_hook_registered and hasattr(os, "register_at_fork"):

@@ -76,3 +76,29 @@ def test_a_sqlite_path_into_a_missing_directory_is_refused_not_made(workdir: Pat
         app.tasks["typo.add"].delay(1, 2)
     assert f"the directory {missing} does not exist; create it" in str(raised.value)
     assert not (workdir / "no").exists()
+
+
+def test_a_relative_sqlite_path_stays_in_the_directory_of_its_first_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SQLite resolves a relative path at each connect: an engine kept for the URL opened its
+    # next connection in whatever directory the process was in by then, making a stray store.
+    from sqlalchemy import text
+
+    from celery_ratchet.store.engine import engine_for
+
+    first, then = tmp_path / "first", tmp_path / "then"
+    first.mkdir()
+    then.mkdir()
+    monkeypatch.chdir(first)
+    engine = engine_for("sqlite:///ratchet.db")
+    with engine.connect() as conn:
+        conn.execute(text("CREATE TABLE marker (x INTEGER)"))
+    monkeypatch.chdir(then)
+    engine.dispose()  # the next connection is a new one
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM marker")).scalar() == 0
+    assert engine_for("sqlite:///ratchet.db") is not engine
+    engine_for("sqlite:///ratchet.db").dispose()
+    engine.dispose()
+    assert list(then.iterdir()) == []
