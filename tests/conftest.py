@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from sqlalchemy import create_engine, text
 
 from celery_ratchet.store.engine import engine_for
@@ -38,6 +39,11 @@ if not DIALECTS or not set(DIALECTS) <= set(ALL_DIALECTS):
         f"name some of {', '.join(ALL_DIALECTS)}, separated by commas"
     )
 
+
+# Property tests check what holds, never how fast: on a machine shared with other runs, the
+# per-example deadline and the too-slow check of input generation failed them at random.
+settings.register_profile("ratchet", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ratchet")
 
 ACCEPTANCE = Path(__file__).parent / "acceptance"
 #: Fixtures that start a server of the test's own.
