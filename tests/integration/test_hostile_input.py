@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from celery import Celery
 from click.testing import CliRunner
-from sqlalchemy import update
+from sqlalchemy import create_engine, update
 
 from celery_ratchet.celery.results.backend import UNKNOWN_STATE
 from celery_ratchet.celery.state import ratchet_state
@@ -260,15 +260,22 @@ def test_rows_that_cannot_be_read_are_listed_on_every_page_and_command(
     odd, deep, fine = (add.delay(i, i).id for i in range(3))
     store = _store(client_app)
     time = UNREADABLE_TIME[store.family]
-    with store.engine.connect() as conn:
-        if store.family == "mysql":
-            conn.exec_driver_sql("SET SESSION sql_mode = ''")  # as a client's default takes it
-        conn.exec_driver_sql(
-            "UPDATE scheduler_job SET status = 'FAILED', created_at = {t}, finished_at = {t}, "
-            "claimed_at = {t}, started_at = {t} WHERE job_id = {j}".format(
-                t=f"'{time}'", j=f"'{odd}'"
+    # Another client's session, on an engine of its own: a lax sql_mode set on a connection
+    # of the store's pool would go back to that pool, shared by every later test of the
+    # process for this URL, and let them write what a strict session refuses.
+    other_client = create_engine(store.engine.url, isolation_level="AUTOCOMMIT")
+    try:
+        with other_client.connect() as conn:
+            if store.family == "mysql":
+                conn.exec_driver_sql("SET SESSION sql_mode = ''")  # as a client's default takes it
+            conn.exec_driver_sql(
+                "UPDATE scheduler_job SET status = 'FAILED', created_at = {t}, finished_at = {t}, "
+                "claimed_at = {t}, started_at = {t} WHERE job_id = {j}".format(
+                    t=f"'{time}'", j=f"'{odd}'"
+                )
             )
-        )
+    finally:
+        other_client.dispose()
     _forge(store, deep, status="FAILED", last_error=DEEP_RECORD, headers=DEEP_RECORD)
     dashboard = Dashboard(store)
     pages = ["/", "/jobs", "/jobs?status=FAILED", "/tasks", "/task?name=t.add", "/queues",
