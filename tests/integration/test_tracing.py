@@ -5,6 +5,7 @@ tick is a trace of its own. An in-process worker, spans kept in memory."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -72,6 +73,14 @@ def traced(
         def traced_tick(self: Any) -> None:
             RUNS[key].append(self.request.id)
 
+        @app.task(name="t.traced_flaky", bind=True, shared=False)
+        def traced_flaky(self: Any, failures: int) -> str:
+            if self.request.retries == 0:
+                SENT[self.request.id].wait(TIMEOUT)
+            if self.request.retries < failures:
+                raise self.retry(countdown=0.1, exc=RuntimeError(f"try {self.request.retries}"))
+            return f"done after {self.request.retries}"
+
         app.conf.tick_key = key
         traced = Traced(app, provider)
         # One slot: OpenTelemetry's instrumentation keeps one open span per task id, so a
@@ -113,9 +122,18 @@ def test_a_send_inside_a_span_joins_the_callers_trace(traced: Traced) -> None:
     assert _trace_ids(traced.spans(result.id)) == {outer.get_span_context().trace_id}
 
 
+#: Set once the test's send of a task id has returned. OpenTelemetry's instrumentation keeps
+#: one open send span per task id, closed by after_task_publish in the sending thread: a
+#: retry sent (same id) by the worker before that would take the slot over, and the test
+#: thread's send span would stay current for every test after it.
+SENT: dict[str, threading.Event] = {}
+
+
 def test_each_retry_runs_in_the_trace_of_the_first_send(traced: Traced) -> None:
-    key = f"flaky-{uuid.uuid4().hex[:6]}"
-    result = traced.app.tasks["t.flaky"].delay(key, 2)
+    task_id = uuid.uuid4().hex
+    SENT[task_id] = threading.Event()
+    result = traced.app.tasks["t.traced_flaky"].apply_async((2,), task_id=task_id)
+    SENT[task_id].set()
     assert result.get(timeout=TIMEOUT) == "done after 2"
     wait_until(lambda: len(traced.spans(result.id)) >= 6, TIMEOUT, "three sends, three runs")
     spans = traced.spans(result.id)

@@ -3,6 +3,8 @@ ends it, whether a stop signal or Celery's own stop flags said so."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -10,12 +12,20 @@ from celery.worker import state as worker_state
 from kombu import Connection
 
 from celery_ratchet.celery.execution import stopping
+from celery_ratchet.celery.worker import transport
 from celery_ratchet.celery.worker.transport import Transport, wake
 
 
 @pytest.fixture
-def connection() -> Iterator[Connection]:
+def connection(monkeypatch: pytest.MonkeyPatch) -> Iterator[Connection]:
+    # What in-process workers of other tests may have left in this process: Celery's stop
+    # flags, and a wake-up not read yet.
     stopping.reset_stop()
+    monkeypatch.setattr(worker_state, "should_stop", None)
+    monkeypatch.setattr(worker_state, "should_terminate", None)
+    with contextlib.suppress(BlockingIOError):
+        while os.read(transport._fds()[0], 4096):
+            pass
     with Connection(transport=Transport) as conn:
         yield conn
     stopping.reset_stop()
