@@ -194,3 +194,45 @@ def test_a_fresh_process_watches_apps_whatever_it_imports_first(first_import: st
         [sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_stock_app_keeps_celerys_classes_beside_a_ratchet_app_with_shared_tasks() -> None:
+    # In a process of its own: the shared task stays on every app made after it. A process
+    # in the middle of a migration: a stock app on its broker, and a ratchet app whose task
+    # is shared (Celery's default) and has a base class of its own, which Celery makes anew,
+    # with that base, on the stock app as it is finalized.
+    check = textwrap.dedent(
+        f"""
+        from celery import Celery
+        from celery.app.amqp import AMQP
+        from celery.app.control import Control
+        from celery.app.events import Events
+        from celery.backends.base import DisabledBackend
+        from celery_ratchet import RatchetTask
+
+        ratchet = Celery("shop", task_cls="celery_ratchet:RatchetTask", set_as_current=False)
+
+        class ShopTask(ratchet.Task):
+            pass
+
+        @ratchet.task(name="shop.noop", base=ShopTask)
+        def noop():
+            pass
+
+        stock = Celery("stock", broker="{CLOSED_BROKER}", set_as_current=False)
+        assert isinstance(stock.tasks["shop.noop"], RatchetTask), "shared task not made anew"
+        assert not stock.__dict__.get("_ratchet_installed"), "stock app installed"
+        assert type(stock.amqp) is AMQP, stock.amqp
+        assert type(stock.control) is Control, stock.control
+        assert type(stock.events) is Events, stock.events
+        assert type(stock.backend) is DisabledBackend, stock.backend
+        assert stock.conf.result_backend is None, stock.conf.result_backend
+        assert stock.conf.broker_url == "{CLOSED_BROKER}", stock.conf.broker_url
+        assert ratchet.__dict__.get("_ratchet_installed"), "ratchet app not installed"
+        assert ratchet.conf.result_backend == "ratchet://", ratchet.conf.result_backend
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]

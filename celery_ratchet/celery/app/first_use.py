@@ -54,6 +54,16 @@ def _on_new_app(app: Any) -> None:
         _install(app)
 
 
+def install_if_ratchet_app(app: Any) -> None:
+    """Install ratchet on ``app`` now if its own task class, known already, is a
+    ``RatchetTask``; otherwise leave it as it is (an unresolved one is decided at the first
+    use). What a bound task's class is says nothing of its app: a shared task (Celery's
+    default) declared with a ``RatchetTask`` base is made anew, with that base, on every app
+    of the process, a stock Celery app too."""
+    if not _installed(app) and _marks_ratchet_app(_task_class_if_loaded(app.task_cls)):
+        _install(app)
+
+
 def _task_class_if_loaded(name: Any) -> Any:
     """The task class ``name`` stands for if resolving it imports nothing of the user's (its
     module is imported already, or is celery_ratchet's own); None otherwise, or when it cannot

@@ -9,8 +9,7 @@ from typing import Any
 
 from celery import Celery, Task
 
-from celery_ratchet.celery.app.first_use import watch_new_apps
-from celery_ratchet.celery.app.install import install
+from celery_ratchet.celery.app.first_use import install_if_ratchet_app, watch_new_apps
 from celery_ratchet.celery.compat import django_task_method
 from celery_ratchet.celery.execution.aio import wrap_async
 from celery_ratchet.celery.send.sender import follow_in_open_batch
@@ -25,8 +24,10 @@ class RatchetTask(Task):
     """A Celery task whose sends land in the job store and whose runs are claimed from it.
 
     An app whose task class this is (or a subclass) is a ratchet app from its first send,
-    result read or control call on (``first_use``), and binding a task of this class to an
-    app installs ratchet on that app too.
+    result read or control call on (``first_use``), and binding a task to such an app
+    installs ratchet there at once. Binding a task of this class to an app of another task
+    class leaves that app as it is: Celery makes each shared task anew, with the base it was
+    declared with, on every app of the process as that app is finalized.
     """
 
     Request = "celery_ratchet.celery.execution.request:RatchetRequest"
@@ -111,5 +112,5 @@ class RatchetTask(Task):
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:
-        install(app)
+        install_if_ratchet_app(app)
         super().on_bound(app)
