@@ -686,12 +686,7 @@ def test_request_announce_revoked_method_is_where_a_revoke_of_a_request_ends() -
 def test_request_already_revoked_reads_requests_underscore_already_revoked() -> None:
     from celery.worker import state as worker_state
 
-    app = _app()
-    # The revoke is recorded by the app's result backend: one in memory. Left unset, in the
-    # fast tier's processes it ended as the store's (ratchet://, on the default
-    # sqlite:///ratchet.db), and the revoke wrote a REVOKED job into <repository>/ratchet.db.
-    app.conf.result_backend = "cache+memory://"
-    request = _request(app)
+    request = _request(_app())
     assert request_already_revoked(request) is False
     worker_state.revoked.add(request.id)
     try:
