@@ -461,17 +461,22 @@ def test_dlq_list_shows_each_exception_as_dlq_show_does(tmp_path: Path) -> None:
     assert json.loads(listed.output)[0]["last_error"] == error
 
 
-def test_nodes_says_which_ones_are_silent_past_the_grace(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'nodes.db'}"
-    store = empty_store(url)
+_TEN_MINUTES_EARLIER = {
+    "sqlite": "datetime(heartbeat_ts, '-10 minutes')",
+    "postgresql": "heartbeat_ts - INTERVAL '10 minutes'",
+    "mysql": "heartbeat_ts - INTERVAL 10 MINUTE",
+}
+
+
+def test_nodes_says_which_ones_are_silent_past_the_grace(store: JobStore, dialect: str) -> None:
     store.register_node("alive-1", "h", 1, ["celery"], 2)
     store.register_node("gone-1", "h", 2, ["celery"], 2)
     with store.engine.begin() as conn:
         conn.exec_driver_sql(
-            "UPDATE scheduler_node SET heartbeat_ts = datetime('now', '-10 minutes') "
+            f"UPDATE scheduler_node SET heartbeat_ts = {_TEN_MINUTES_EARLIER[dialect]} "
             "WHERE node_id = 'gone-1'"
         )
-    out = CliRunner().invoke(cli, ["--url", url, "nodes", "--json"])
+    out = CliRunner().invoke(cli, ["--url", store.url, "nodes", "--json"])
     assert out.exit_code == 0, out.output
     states = {n["node_id"]: (n["state"], n["heartbeat_age_s"]) for n in json.loads(out.output)}
     assert states["alive-1"][0] == "alive" and states["alive-1"][1] < 60
